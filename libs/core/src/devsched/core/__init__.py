@@ -1,0 +1,1 @@
+"""devsched.core: the domain, kept pure (no I/O, no clock: `now` is always a parameter)."""

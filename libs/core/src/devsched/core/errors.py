@@ -1,0 +1,137 @@
+"""The error hierarchy: one root, a stable protocol code and HTTP-like number per class.
+
+Raised by the domain rules, the store and the services alike; the transport maps `code` and
+`status` onto the NATS service error headers in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class DevschedError(Exception):
+    """Something went wrong in devsched."""
+
+    #: Machine code from the protocol's error table.
+    code: ClassVar[str] = "internal"
+    #: HTTP-like number carried in `Nats-Service-Error-Code`.
+    status: ClassVar[int] = 500
+    #: Whether repeating the same request may succeed.
+    retryable: ClassVar[bool] = False
+
+    def __init__(self, message: str | None = None, **details: Any) -> None:
+        self.message = message or (self.__doc__ or self.code).strip().splitlines()[0]
+        self.details: dict[str, Any] = details
+        super().__init__(self.message)
+
+
+class InvalidRequest(DevschedError):
+    """The request is malformed or out of range."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class NotFound(DevschedError):
+    """No such task, host or device."""
+
+    code = "not_found"
+    status = 404
+
+
+class Conflict(DevschedError):
+    """The request conflicts with the current state; nothing changed."""
+
+    code = "conflict"
+    status = 409
+
+
+class LeaseExpired(Conflict):
+    """The lease has expired."""
+
+    code = "lease_expired"
+
+
+class LeaseSuperseded(Conflict):
+    """The attempt or lease is not the task's current one."""
+
+    code = "lease_superseded"
+
+
+class LeaseForeign(Conflict):
+    """The lease belongs to another host."""
+
+    code = "lease_foreign"
+
+
+class TaskTerminal(Conflict):
+    """The task has already ended."""
+
+    code = "task_terminal"
+
+
+class OutcomeConflict(Conflict):
+    """The attempt already recorded a different outcome."""
+
+    code = "outcome_conflict"
+
+
+class CancelNotRequested(Conflict):
+    """No cancellation was requested for this task."""
+
+    code = "cancel_not_requested"
+
+
+class DeviceConflict(Conflict):
+    """The device id is registered by another host."""
+
+    code = "device_conflict"
+
+
+class TooLarge(DevschedError):
+    """The payload is larger than the configured limit."""
+
+    code = "too_large"
+    status = 413
+
+
+class Unavailable(DevschedError):
+    """The database is unreachable; nothing changed, and the request may be retried."""
+
+    code = "unavailable"
+    status = 503
+    retryable = True
+
+
+class Internal(DevschedError):
+    """Internal error; nothing changed."""
+
+    code = "internal"
+    status = 500
+
+
+class IllegalTransition(DevschedError):
+    """A state change that the lifecycle table does not allow (a bug, never user input)."""
+
+    code = "internal"
+    status = 500
+
+
+#: Every concrete error class by its protocol code, for decoding error replies.
+BY_CODE: dict[str, type[DevschedError]] = {
+    cls.code: cls
+    for cls in (
+        InvalidRequest,
+        NotFound,
+        LeaseExpired,
+        LeaseSuperseded,
+        LeaseForeign,
+        TaskTerminal,
+        OutcomeConflict,
+        CancelNotRequested,
+        DeviceConflict,
+        TooLarge,
+        Unavailable,
+        Internal,
+    )
+}

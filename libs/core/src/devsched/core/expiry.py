@@ -1,0 +1,44 @@
+"""What happens to a task whose lease expired before a report: bounded retry, or cancellation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from devsched.core.lifecycle import Trigger, next_status
+from devsched.core.records import TaskRecord
+from devsched.core.status import AttemptStatus, EventKind, TaskReason, TaskStatus
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiryDecision:
+    """The task's next status and reason, and the event to emit."""
+
+    trigger: Trigger
+    task_status: TaskStatus
+    reason: TaskReason | None
+    event: EventKind
+
+
+def is_expired(task: TaskRecord, now: datetime) -> bool:
+    """Whether the task's current lease is active but past its expiry at `now` (the database clock)."""
+    cur = task.current
+    return cur is not None and cur.status is AttemptStatus.ACTIVE and now >= cur.expires_at
+
+
+def decide_expiry(task: TaskRecord) -> ExpiryDecision:
+    """Cancel if a cancellation is pending; else requeue if attempts remain; else fail.
+
+    A pending cancellation wins whatever the attempts left: the user asked for the task to stop.
+    """
+    if task.cancel_requested:
+        trigger, reason, event = (
+            Trigger.EXPIRE_CANCEL,
+            TaskReason.CANCELLED_AFTER_LEASE_EXPIRED,
+            EventKind.CANCELLED,
+        )
+    elif task.attempt_count >= task.max_attempts:
+        trigger, reason, event = Trigger.EXPIRE_FAIL, TaskReason.LEASE_EXPIRED, EventKind.FAILED
+    else:
+        trigger, reason, event = Trigger.EXPIRE_REQUEUE, None, EventKind.REQUEUED
+    return ExpiryDecision(trigger, next_status(task.status, trigger), reason, event)

@@ -1,0 +1,140 @@
+"""Lease rules for claim, renew and report: pure decisions from the rows, the request and `now`.
+
+Conflicts are checked in the order PROTOCOL.md fixes, so every caller reports the same code:
+not_found -> lease_foreign -> lease_superseded -> (report) recorded outcome -> (cancelled report)
+cancel_not_requested -> task_terminal -> lease_expired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from devsched.core.errors import (
+    CancelNotRequested,
+    LeaseExpired,
+    LeaseForeign,
+    LeaseSuperseded,
+    OutcomeConflict,
+    TaskTerminal,
+)
+from devsched.core.lifecycle import Trigger, next_status
+from devsched.core.records import AttemptRecord, LeaseRef, TaskRecord
+from devsched.core.status import TERMINAL, AttemptStatus, Outcome, TaskStatus
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """A granted claim or renewal: the new expiry, and whether a cancellation is pending."""
+
+    expires_at: datetime
+    ttl_s: int
+    cancel_requested: bool
+    #: True only for the first claim, which moves the task from assigned to dispatched.
+    dispatch: bool = False
+
+
+class ReportKind(StrEnum):
+    """How a report is answered."""
+
+    #: First report of this attempt: record it and end the task.
+    ACCEPT = "accept"
+    #: The same outcome was already recorded: answer with the recorded one, change nothing.
+    DUPLICATE = "duplicate"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportDecision:
+    """What to do with a report."""
+
+    kind: ReportKind
+    task_status: TaskStatus
+    attempt_status: AttemptStatus
+
+
+_REPORT_TRIGGER = {
+    Outcome.DONE: Trigger.REPORT_DONE,
+    Outcome.FAILED: Trigger.REPORT_FAILED,
+    Outcome.CANCELLED: Trigger.REPORT_CANCELLED,
+}
+
+
+def _check_identity(task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef) -> AttemptRecord:
+    """Foreign, then superseded: is `named` this host's and the task's current lease?"""
+    if named is not None and named.host_id != ref.host_id:
+        raise LeaseForeign(host_id=ref.host_id, owner=named.host_id)
+    if named is None or ref.attempt != task.attempt_count or named.lease_id != ref.lease_id:
+        raise LeaseSuperseded(current_attempt=task.attempt_count)
+    return named
+
+
+def _check_live(task: TaskRecord, attempt: AttemptRecord, now: datetime) -> None:
+    """Terminal, then expired: may the lease still be used at `now`?"""
+    if task.status in TERMINAL:
+        raise TaskTerminal(status=task.status.value)
+    if attempt.status is not AttemptStatus.ACTIVE or now >= attempt.expires_at:
+        raise LeaseExpired(expires_at=attempt.expires_at.isoformat())
+
+
+def _extend(task: TaskRecord, now: datetime, *, dispatch: bool) -> Extension:
+    return Extension(
+        expires_at=now + timedelta(seconds=task.lease_ttl_s),
+        ttl_s=task.lease_ttl_s,
+        cancel_requested=task.cancel_requested,
+        dispatch=dispatch,
+    )
+
+
+def decide_renew(task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef, now: datetime) -> Extension:
+    """Extend a live lease by the task's ttl from `now`; the attempt and device stay as they are.
+
+    Raises:
+        LeaseForeign, LeaseSuperseded, TaskTerminal, LeaseExpired: in that order of precedence.
+    """
+    attempt = _check_identity(task, named, ref)
+    _check_live(task, attempt, now)
+    return _extend(task, now, dispatch=False)
+
+
+def decide_claim(task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef, now: datetime) -> Extension:
+    """Start an assigned attempt; a repeated claim of a dispatched one is answered as a renewal.
+
+    Raises:
+        LeaseForeign, LeaseSuperseded, TaskTerminal, LeaseExpired: in that order of precedence.
+    """
+    attempt = _check_identity(task, named, ref)
+    _check_live(task, attempt, now)
+    dispatch = task.status is TaskStatus.ASSIGNED
+    if dispatch:
+        next_status(task.status, Trigger.CLAIM)
+    return _extend(task, now, dispatch=dispatch)
+
+
+def decide_report(
+    task: TaskRecord,
+    named: AttemptRecord | None,
+    ref: LeaseRef,
+    outcome: Outcome,
+    now: datetime,
+    *,
+    cancel_requested_for_attempt: bool,
+) -> ReportDecision:
+    """Accept a terminal report from the live lease, or recognise an identical repeat.
+
+    `cancel_requested_for_attempt` says whether a cancellation request was ever recorded against the
+    named attempt (a `cancelled` report needs one).
+
+    Raises:
+        LeaseForeign, LeaseSuperseded, OutcomeConflict, CancelNotRequested, TaskTerminal, LeaseExpired.
+    """
+    attempt = _check_identity(task, named, ref)
+    if attempt.status in (AttemptStatus.DONE, AttemptStatus.FAILED, AttemptStatus.CANCELLED):
+        if attempt.status is outcome.attempt_status:
+            return ReportDecision(ReportKind.DUPLICATE, task.status, attempt.status)
+        raise OutcomeConflict(recorded=attempt.status.value, reported=outcome.value)
+    if outcome is Outcome.CANCELLED and not cancel_requested_for_attempt:
+        raise CancelNotRequested()
+    _check_live(task, attempt, now)
+    status = next_status(task.status, _REPORT_TRIGGER[outcome])
+    return ReportDecision(ReportKind.ACCEPT, status, outcome.attempt_status)

@@ -1,0 +1,67 @@
+"""The task lifecycle: one table of transitions, the single source of truth.
+
+ARCHITECTURE.md's table, encoded. Every state change the store makes goes through `next_status`,
+so an illegal move is a bug caught before it reaches the database (which checks it again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+
+from devsched.core.errors import IllegalTransition
+from devsched.core.status import TaskStatus
+
+
+class Trigger(StrEnum):
+    """What moves a task."""
+
+    SUBMIT = "submit"
+    ASSIGN = "assign"
+    CLAIM = "claim"
+    REPORT_DONE = "report_done"
+    REPORT_FAILED = "report_failed"
+    REPORT_CANCELLED = "report_cancelled"
+    EXPIRE_REQUEUE = "expire_requeue"
+    EXPIRE_FAIL = "expire_fail"
+    EXPIRE_CANCEL = "expire_cancel"
+    CANCEL = "cancel"
+
+
+_Q, _A, _D = TaskStatus.QUEUED, TaskStatus.ASSIGNED, TaskStatus.DISPATCHED
+
+TRANSITIONS: Mapping[tuple[TaskStatus | None, Trigger], TaskStatus] = {
+    (None, Trigger.SUBMIT): _Q,
+    (_Q, Trigger.ASSIGN): _A,
+    (_A, Trigger.CLAIM): _D,
+    (_Q, Trigger.CANCEL): TaskStatus.CANCELLED,
+    **{
+        (src, trigger): dst
+        for src in (_A, _D)
+        for trigger, dst in (
+            (Trigger.REPORT_DONE, TaskStatus.DONE),
+            (Trigger.REPORT_FAILED, TaskStatus.FAILED),
+            (Trigger.REPORT_CANCELLED, TaskStatus.CANCELLED),
+            (Trigger.EXPIRE_REQUEUE, _Q),
+            (Trigger.EXPIRE_FAIL, TaskStatus.FAILED),
+            (Trigger.EXPIRE_CANCEL, TaskStatus.CANCELLED),
+        )
+    },
+}
+
+
+def next_status(current: TaskStatus | None, trigger: Trigger) -> TaskStatus:
+    """The status `trigger` moves a task in `current` to.
+
+    Raises:
+        IllegalTransition: the table has no such move.
+    """
+    try:
+        return TRANSITIONS[(current, trigger)]
+    except KeyError:
+        raise IllegalTransition(f"no transition from {current} on {trigger}") from None
+
+
+def sources(trigger: Trigger) -> frozenset[TaskStatus]:
+    """The statuses from which `trigger` is allowed (for compare-and-set WHERE clauses)."""
+    return frozenset(src for (src, trig) in TRANSITIONS if trig is trigger and src is not None)

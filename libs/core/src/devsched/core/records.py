@@ -1,0 +1,75 @@
+"""Value objects: what the rules need to know of the stored rows, and what a host asks."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from devsched.core.status import AttemptStatus, TaskStatus
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """One attempt of a task: a lease on one device of one host."""
+
+    attempt: int
+    lease_id: uuid.UUID
+    host_id: str
+    device_id: str
+    status: AttemptStatus
+    expires_at: datetime
+    dispatched: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    """A task as the rules see it.
+
+    `current` is the attempt numbered `attempt_count` (the newest), if any. `cancel_requested` says
+    whether a cancellation request is recorded against that attempt.
+    """
+
+    task_id: uuid.UUID
+    status: TaskStatus
+    attempt_count: int
+    max_attempts: int
+    lease_ttl_s: int
+    current: AttemptRecord | None = None
+    cancel_requested: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRef:
+    """What a host names in claim, renew and report: its id (from the subject) and the lease."""
+
+    host_id: str
+    task_id: uuid.UUID
+    attempt: int
+    lease_id: uuid.UUID
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """Which devices a task may run on: every label pair must match, and the device id if given."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    device_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """A device that is free to reserve now (online, in service, out of its grace)."""
+
+    device_id: str
+    host_id: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuedTask:
+    """A queued task waiting for a device, in the order it should be served."""
+
+    task_id: uuid.UUID
+    selector: Selector
