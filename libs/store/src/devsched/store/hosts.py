@@ -1,0 +1,176 @@
+"""Hosts and devices: registration, heartbeats, listing, and draining."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from devsched.core.errors import DeviceConflict, NotFound
+from devsched.core.status import DeviceState
+from devsched.store.liveness import touch_host
+from devsched.store.views import DeviceSpec, DeviceView, HostView
+
+_UPSERT_HOST = text(
+    """
+    INSERT INTO hosts (host_id, agent_version, heartbeat_interval_s, registered_at, last_seen_at)
+    VALUES (:host_id, :version, :interval, :now, :now)
+    ON CONFLICT (host_id) DO UPDATE
+    SET agent_version = EXCLUDED.agent_version, heartbeat_interval_s = EXCLUDED.heartbeat_interval_s,
+        registered_at = EXCLUDED.registered_at, last_seen_at = EXCLUDED.last_seen_at
+    """
+)
+
+#: Devices named in the registration that another host holds: still listed there, or still running work.
+_TAKEN = text(
+    """
+    SELECT d.device_id, d.host_id FROM devices d
+    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id
+      AND (d.registered OR EXISTS (SELECT 1 FROM reservations r
+                                   WHERE r.device_id = d.device_id AND r.attempt_status = 'active'))
+    FOR UPDATE OF d
+    """
+)
+
+_UPSERT_DEVICES = text(
+    """
+    INSERT INTO devices (device_id, host_id, labels, registered, updated_at)
+    SELECT id, :host_id, CAST(l AS jsonb), true, :now
+    FROM unnest(CAST(:ids AS text[]), CAST(:labels AS text[])) AS u(id, l)
+    ON CONFLICT (device_id) DO UPDATE
+    SET host_id = EXCLUDED.host_id, labels = EXCLUDED.labels, registered = true, updated_at = EXCLUDED.updated_at
+    """
+)
+
+_DROP_OTHERS = text(
+    """
+    UPDATE devices SET registered = false, updated_at = :now
+    WHERE host_id = :host_id AND registered AND NOT (device_id = ANY(CAST(:ids AS text[])))
+    """
+)
+
+
+async def register_host(
+    conn: AsyncConnection,
+    now: datetime,
+    host_id: str,
+    devices: Sequence[DeviceSpec],
+    agent_version: str | None,
+    heartbeat_interval_s: float,
+) -> None:
+    """Register `host_id` with exactly `devices`, replacing its previous list.
+
+    A dropped device keeps a running attempt until it ends or expires, and gets no new work. A drained
+    device stays drained. A device id another host holds is a conflict, and nothing changes.
+
+    Raises:
+        DeviceConflict: a device id is registered by another host.
+    """
+    ids = [d.device_id for d in devices]
+    taken = (await conn.execute(_TAKEN, {"ids": ids, "host_id": host_id})).all()
+    if taken:
+        raise DeviceConflict(
+            f"device {taken[0].device_id} is registered by host {taken[0].host_id}",
+            devices={r.device_id: r.host_id for r in taken},
+        )
+    await conn.execute(
+        _UPSERT_HOST,
+        {"host_id": host_id, "version": agent_version, "interval": heartbeat_interval_s, "now": now},
+    )
+    if ids:
+        await conn.execute(
+            _UPSERT_DEVICES,
+            {
+                "host_id": host_id,
+                "ids": ids,
+                "labels": [json.dumps(dict(d.labels)) for d in devices],
+                "now": now,
+            },
+        )
+    await conn.execute(_DROP_OTHERS, {"host_id": host_id, "ids": ids, "now": now})
+
+
+async def heartbeat(conn: AsyncConnection, now: datetime, host_id: str) -> None:
+    """Record a sign of life.
+
+    Raises:
+        NotFound: the host never registered.
+    """
+    await touch_host(conn, host_id, now)
+
+
+_DEVICE_COLUMNS = """
+    d.device_id, d.host_id, d.labels, d.drained, d.drain_reason,
+    h.last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * h.heartbeat_interval_s) AS online,
+    EXISTS (SELECT 1 FROM reservations r
+            WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
+"""
+
+
+def _device_view(row: Any) -> DeviceView:
+    if row.drained:
+        state = DeviceState.DRAINED
+    elif row.busy:
+        state = DeviceState.RESERVED
+    elif not row.online:
+        state = DeviceState.OFFLINE
+    else:
+        state = DeviceState.AVAILABLE
+    return DeviceView(row.device_id, row.host_id, row.labels, state, row.drained, row.drain_reason)
+
+
+_HOSTS = text(
+    """
+    SELECT host_id, agent_version, last_seen_at,
+           last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * heartbeat_interval_s) AS online
+    FROM hosts ORDER BY host_id
+    """
+)
+_LISTED_DEVICES = text(
+    f"""
+    SELECT {_DEVICE_COLUMNS}
+    FROM devices d JOIN hosts h ON h.host_id = d.host_id
+    WHERE d.registered OR EXISTS (SELECT 1 FROM reservations r
+                                  WHERE r.device_id = d.device_id AND r.attempt_status = 'active')
+    ORDER BY d.device_id
+    """
+)
+
+
+async def list_hosts(conn: AsyncConnection, now: datetime) -> tuple[HostView, ...]:
+    """Every host with its devices (a dropped device is listed while it still runs an attempt)."""
+    by_host: dict[str, list[DeviceView]] = {}
+    for row in (await conn.execute(_LISTED_DEVICES, {"now": now})).all():
+        by_host.setdefault(row.host_id, []).append(_device_view(row))
+    return tuple(
+        HostView(h.host_id, bool(h.online), h.last_seen_at, h.agent_version, tuple(by_host.get(h.host_id, ())))
+        for h in (await conn.execute(_HOSTS, {"now": now})).all()
+    )
+
+
+_DRAIN = text(
+    """
+    UPDATE devices SET drained = :drained, drain_reason = CASE WHEN :drained THEN :reason END,
+                       updated_at = :now
+    WHERE device_id = :device_id
+    """
+)
+_ONE_DEVICE = text(f"SELECT {_DEVICE_COLUMNS} FROM devices d JOIN hosts h USING (host_id) WHERE device_id = :id")
+
+
+async def drain_device(
+    conn: AsyncConnection, now: datetime, device_id: str, drained: bool, reason: str | None
+) -> DeviceView:
+    """Take a device out of service (its running attempt goes on to its end), or return it.
+
+    Raises:
+        NotFound: no such device.
+    """
+    result = await conn.execute(_DRAIN, {"device_id": device_id, "drained": drained, "reason": reason, "now": now})
+    if result.rowcount == 0:
+        raise NotFound(f"no device {device_id}", device_id=device_id)
+    return _device_view((await conn.execute(_ONE_DEVICE, {"id": device_id, "now": now})).one())

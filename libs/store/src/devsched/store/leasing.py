@@ -1,0 +1,173 @@
+"""Claim, renew and report: the owning host's side of a lease."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from devsched.core.errors import Conflict, LeaseExpired
+from devsched.core.leases import ReportKind, decide_claim, decide_renew, decide_report
+from devsched.core.records import LeaseRef
+from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.store.liveness import Rejected, touch_host
+from devsched.store.outbox import Outbox
+from devsched.store.rows import lock_task, named_attempt
+from devsched.store.views import LeaseGrant, ReportReceipt
+
+_EXTEND = text(
+    """
+    WITH old AS (SELECT progress FROM attempts WHERE task_id = :task_id AND attempt = :attempt)
+    UPDATE attempts a
+    SET expires_at = :expires_at,
+        dispatched_at = CASE WHEN :dispatch THEN COALESCE(a.dispatched_at, :now) ELSE a.dispatched_at END,
+        progress = COALESCE(CAST(:progress AS jsonb), a.progress)
+    FROM old
+    WHERE a.task_id = :task_id AND a.attempt = :attempt AND a.lease_id = :lease_id AND a.status = 'active'
+    RETURNING CAST(:progress AS jsonb) IS NOT NULL AND old.progress IS DISTINCT FROM a.progress AS progressed,
+              a.device_id
+    """
+)
+
+_DISPATCH = text(
+    """
+    UPDATE tasks SET status = 'dispatched', updated_at = :now, event_seq = event_seq + 1
+    WHERE task_id = :task_id AND status = 'assigned'
+    RETURNING event_seq
+    """
+)
+
+_PROGRESS_SEQ = text(
+    """
+    UPDATE tasks SET event_seq = event_seq + 1, updated_at = :now WHERE task_id = :task_id
+    RETURNING event_seq, status
+    """
+)
+
+
+async def extend(
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    ref: LeaseRef,
+    *,
+    claim: bool,
+    progress: Mapping[str, Any] | None = None,
+) -> LeaseGrant | Rejected:
+    """Claim (first time: assigned -> dispatched) or renew a live lease by its ttl from `now`."""
+    await touch_host(conn, ref.host_id, now)
+    task = await lock_task(conn, ref.task_id)
+    named, _ = await named_attempt(conn, task, ref.attempt)
+    decide = decide_claim if claim else decide_renew
+    try:
+        ext = decide(task, named, ref, now)
+    except Conflict as exc:
+        return Rejected(exc)
+    row = (
+        await conn.execute(
+            _EXTEND,
+            {
+                "task_id": ref.task_id,
+                "attempt": ref.attempt,
+                "lease_id": ref.lease_id,
+                "expires_at": ext.expires_at,
+                "dispatch": ext.dispatch,
+                "now": now,
+                "progress": json.dumps(dict(progress)) if progress is not None else None,
+            },
+        )
+    ).one_or_none()
+    if row is None:  # cannot happen under the task lock; the compare-and-set makes sure
+        raise LeaseExpired()
+    common = {"task_id": ref.task_id, "attempt": ref.attempt, "host_id": ref.host_id, "device_id": row.device_id}
+    if ext.dispatch:
+        seq = (await conn.execute(_DISPATCH, {"task_id": ref.task_id, "now": now})).scalar_one()
+        outbox.event(seq=seq, kind=EventKind.DISPATCHED, status=TaskStatus.DISPATCHED, at=now, **common)
+    if row.progressed:
+        prow = (await conn.execute(_PROGRESS_SEQ, {"task_id": ref.task_id, "now": now})).one()
+        outbox.event(
+            seq=prow.event_seq,
+            kind=EventKind.PROGRESS,
+            status=TaskStatus(prow.status),
+            at=now,
+            progress=progress,
+            **common,
+        )
+    await outbox.flush(conn, now)
+    return LeaseGrant(expires_at=ext.expires_at, ttl_s=ext.ttl_s, cancel_requested=ext.cancel_requested)
+
+
+_END_ATTEMPT = text(
+    """
+    UPDATE attempts
+    SET status = :status, end_reason = :status, ended_at = :now, report_reason = :reason,
+        result = CAST(:result AS jsonb)
+    WHERE task_id = :task_id AND attempt = :attempt AND lease_id = :lease_id AND status = 'active'
+    RETURNING device_id
+    """
+)
+
+_END_TASK = text(
+    """
+    UPDATE tasks
+    SET status = :status, reason = :reason, result = CAST(:result AS jsonb), updated_at = :now,
+        event_seq = event_seq + 1
+    WHERE task_id = :task_id AND status IN ('assigned', 'dispatched')
+    RETURNING event_seq
+    """
+)
+
+_RECORDED_AT = text("SELECT ended_at FROM attempts WHERE task_id = :task_id AND attempt = :attempt")
+
+
+async def report(
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    ref: LeaseRef,
+    outcome: Outcome,
+    reason: str | None,
+    result: Mapping[str, Any] | None,
+) -> ReportReceipt | Rejected:
+    """Record the terminal outcome of the live lease, or answer an identical repeat with the first answer."""
+    await touch_host(conn, ref.host_id, now)
+    task = await lock_task(conn, ref.task_id)
+    named, cancel_for_attempt = await named_attempt(conn, task, ref.attempt)
+    try:
+        decision = decide_report(task, named, ref, outcome, now, cancel_requested_for_attempt=cancel_for_attempt)
+    except Conflict as exc:
+        return Rejected(exc)
+    if decision.kind is ReportKind.DUPLICATE:
+        recorded = (await conn.execute(_RECORDED_AT, {"task_id": ref.task_id, "attempt": ref.attempt})).scalar_one()
+        return ReportReceipt(ref.task_id, ref.attempt, task.status, recorded, duplicate=True)
+    params = {
+        "task_id": ref.task_id,
+        "attempt": ref.attempt,
+        "lease_id": ref.lease_id,
+        "now": now,
+        "reason": reason,
+        "result": json.dumps(dict(result)) if result is not None else None,
+    }
+    device_id = (
+        await conn.execute(_END_ATTEMPT, {**params, "status": decision.attempt_status.value})
+    ).scalar_one_or_none()
+    if device_id is None:
+        raise LeaseExpired()
+    seq = (await conn.execute(_END_TASK, {**params, "status": decision.task_status.value})).scalar_one()
+    outbox.event(
+        task_id=ref.task_id,
+        seq=seq,
+        kind=EventKind(decision.task_status.value),
+        status=decision.task_status,
+        at=now,
+        attempt=ref.attempt,
+        host_id=ref.host_id,
+        device_id=device_id,
+        reason=reason,
+    )
+    await outbox.flush(conn, now)
+    return ReportReceipt(ref.task_id, ref.attempt, decision.task_status, now, duplicate=False)

@@ -1,0 +1,39 @@
+"""Host liveness: any request of a registered host counts as a sign of life, whatever its answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from devsched.core.errors import DevschedError, NotFound
+
+#: Liveness is written at most once a second per host: renewals of many devices of one host would
+#: otherwise all queue on the host row.
+_TOUCH = text(
+    """
+    UPDATE hosts SET last_seen_at = :now
+    WHERE host_id = :host_id AND last_seen_at < CAST(:now AS timestamptz) - interval '1 second'
+    """
+)
+_EXISTS = text("SELECT 1 FROM hosts WHERE host_id = :host_id")
+
+
+async def touch_host(conn: AsyncConnection, host_id: str, now: datetime) -> None:
+    """Record a sign of life of `host_id`.
+
+    Raises:
+        NotFound: the host never registered.
+    """
+    result = await conn.execute(_TOUCH, {"host_id": host_id, "now": now})
+    if result.rowcount == 0 and (await conn.execute(_EXISTS, {"host_id": host_id})).first() is None:
+        raise NotFound(f"host {host_id} is not registered; register first", host_id=host_id)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """A conflict decided after liveness was recorded: the transaction commits, then this is raised."""
+
+    error: DevschedError

@@ -1,0 +1,165 @@
+"""Read-only views: one task with its attempts, task listings, and why a queued task waits."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from devsched.core.errors import InvalidRequest, NotFound
+from devsched.core.records import Selector
+from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.store.views import AttemptView, TaskPage, TaskView
+
+_TASK_SELECT = """
+    SELECT t.*, (t.status IN ('assigned', 'dispatched') AND EXISTS (
+        SELECT 1 FROM cancel_requests c WHERE c.task_id = t.task_id AND c.attempt = t.attempt_count
+    )) AS cancel_pending
+    FROM tasks t
+"""
+
+
+def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | None = None) -> TaskView:
+    return TaskView(
+        task_id=row.task_id,
+        name=row.name,
+        status=TaskStatus(row.status),
+        priority=row.priority,
+        max_attempts=row.max_attempts,
+        attempt_count=row.attempt_count,
+        lease_ttl_s=row.lease_ttl_s,
+        cancel_requested=bool(row.cancel_pending),
+        selector=Selector(labels=row.selector_labels, device_id=row.selector_device_id),
+        plan=row.plan,
+        metadata=row.metadata,
+        idempotency_key=row.idempotency_key,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        reason=row.reason,
+        result=row.result,
+        pending_reason=pending,
+        attempts=attempts,
+    )
+
+
+_ATTEMPTS = text(
+    """
+    SELECT a.*, EXISTS (SELECT 1 FROM cancel_requests c
+                        WHERE c.task_id = a.task_id AND c.attempt = a.attempt) AS cancel_requested
+    FROM attempts a WHERE a.task_id = :task_id ORDER BY a.attempt
+    """
+)
+
+#: Matching devices of a queued task, with what stops each from taking it.
+_CANDIDATES = text(
+    """
+    SELECT d.device_id, d.drained, d.available_after,
+           h.last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * h.heartbeat_interval_s) AS online,
+           EXISTS (SELECT 1 FROM reservations r
+                   WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
+    FROM devices d JOIN hosts h ON h.host_id = d.host_id
+    WHERE d.registered AND d.labels @> CAST(:labels AS jsonb)
+      AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)
+    """
+)
+
+
+async def pending_reason(conn: AsyncConnection, row: Any, now: datetime) -> str:
+    """Why a queued task waits, as a stable code then a colon and a human explanation."""
+    rows = (
+        await conn.execute(
+            _CANDIDATES,
+            {"labels": json.dumps(row.selector_labels), "device_id": row.selector_device_id, "now": now},
+        )
+    ).all()
+    online = [r for r in rows if r.online]
+    if not online:
+        if rows:
+            return "no_online_device: every device matching the selector is on an offline host"
+        return "no_matching_device: no registered device matches the selector"
+    in_service = [r for r in online if not r.drained]
+    if not in_service:
+        return "devices_drained: every online device matching the selector is drained"
+    free = [r for r in in_service if not r.busy]
+    if not free:
+        return f"devices_busy: all {len(in_service)} matching devices are running other tasks"
+    ready = [r for r in free if r.available_after is None or r.available_after <= now]
+    if not ready:
+        until = min(r.available_after for r in free)
+        return f"device_grace: matching devices are in their post-expiry grace until {until.isoformat()}"
+    return "awaiting_assignment: a matching device is free; the scheduler assigns it shortly"
+
+
+async def get_task(conn: AsyncConnection, now: datetime, task_id: uuid.UUID) -> TaskView:
+    """The task view with every attempt, in order.
+
+    Raises:
+        NotFound: no such task.
+    """
+    row = (await conn.execute(text(_TASK_SELECT + " WHERE t.task_id = :id"), {"id": task_id})).one_or_none()
+    if row is None:
+        raise NotFound(f"no task {task_id}", task_id=str(task_id))
+    attempts = tuple(
+        AttemptView(
+            attempt=a.attempt,
+            lease_id=a.lease_id,
+            host_id=a.host_id,
+            device_id=a.device_id,
+            status=AttemptStatus(a.status),
+            assigned_at=a.assigned_at,
+            dispatched_at=a.dispatched_at,
+            expires_at=a.expires_at,
+            ended_at=a.ended_at,
+            end_reason=EndReason(a.end_reason) if a.end_reason else None,
+            progress=a.progress,
+            cancel_requested=bool(a.cancel_requested),
+            report_reason=a.report_reason,
+            result=a.result,
+        )
+        for a in (await conn.execute(_ATTEMPTS, {"task_id": task_id})).all()
+    )
+    pending = await pending_reason(conn, row, now) if row.status == TaskStatus.QUEUED else None
+    return _task_view(row, attempts, pending)
+
+
+def _encode_cursor(created_at: datetime, task_id: uuid.UUID) -> str:
+    raw = f"{created_at.isoformat()}|{task_id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        ts, tid = raw.split("|")
+        return datetime.fromisoformat(ts), uuid.UUID(tid)
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise InvalidRequest(
+            "invalid cursor", errors=[{"path": "after", "message": "not a cursor returned by this endpoint"}]
+        ) from exc
+
+
+async def list_tasks(conn: AsyncConnection, status: TaskStatus | None, limit: int, after: str | None) -> TaskPage:
+    """Tasks newest first, `limit` per page, continuing after the cursor of the previous page."""
+    if not 1 <= limit <= 1000:
+        raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": "must be 1..1000"}])
+    where: list[str] = []
+    params: dict[str, Any] = {"limit": limit + 1}
+    if status is not None:
+        where.append("t.status = :status")
+        params["status"] = status.value
+    if after is not None:
+        created_at, task_id = _decode_cursor(after)
+        where.append("(t.created_at, t.task_id) < (:c_at, :c_id)")
+        params.update({"c_at": created_at, "c_id": task_id})
+    sql = _TASK_SELECT + (" WHERE " + " AND ".join(where) if where else "")
+    sql += " ORDER BY t.created_at DESC, t.task_id DESC LIMIT :limit"
+    rows = (await conn.execute(text(sql), params)).all()
+    page = rows[:limit]
+    nxt = _encode_cursor(page[-1].created_at, page[-1].task_id) if len(rows) > limit else None
+    return TaskPage(tuple(_task_view(r) for r in page), nxt)

@@ -1,0 +1,240 @@
+"""The Store: one method per domain operation, each exactly one database transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from devsched.core.errors import InvalidRequest
+from devsched.core.ids import is_token, new_task_id
+from devsched.core.records import LeaseRef
+from devsched.core.status import Outcome, TaskStatus
+from devsched.store import assignment, hosts, leasing, outbox, queries, sweeping, tasks
+from devsched.store.clock import Clock, DatabaseClock
+from devsched.store.engine import DatabaseTimeouts, make_engine
+from devsched.store.liveness import Rejected
+from devsched.store.transaction import Transactor
+from devsched.store.views import (
+    AssignmentMessage,
+    CancelReceipt,
+    DeviceSpec,
+    DeviceView,
+    ExpiredLease,
+    HostView,
+    LeaseGrant,
+    NewTask,
+    ReportReceipt,
+    Submitted,
+    TaskPage,
+    TaskView,
+)
+
+T = TypeVar("T")
+
+
+def _unwrap(value: T | Rejected) -> T:
+    if isinstance(value, Rejected):
+        raise value.error
+    return value
+
+
+class Store:
+    """The devsched repository over Postgres.
+
+    Args:
+        engine: an asyncpg engine (see `make_engine`).
+        prefix: the subject prefix for outbox messages.
+        clock: where `now` comes from; the database clock unless a test controls time.
+        heartbeat_interval_s: the interval hosts are told to heartbeat at; 3 missed make a host offline.
+        device_grace_s: how long a device whose lease expired stays out of use; default its task's ttl.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        prefix: str = "devsched",
+        clock: Clock | None = None,
+        heartbeat_interval_s: float = 5.0,
+        device_grace_s: float | None = None,
+    ) -> None:
+        if not is_token(prefix):
+            raise ValueError(f"subject prefix {prefix!r} is not a token (1-64 of A-Z a-z 0-9 _ -)")
+        self.engine = engine
+        self.prefix = prefix
+        self.clock: Clock = clock or DatabaseClock()
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.device_grace_s = device_grace_s
+        self._tx = Transactor(engine, self.clock)
+
+    @classmethod
+    def connect(cls, url: str, *, timeouts: DatabaseTimeouts | None = None, **kwargs: Any) -> Store:
+        """A Store with its own engine for `url` (`postgresql+asyncpg://...`)."""
+        pool = {k: kwargs.pop(k) for k in ("pool_size", "max_overflow") if k in kwargs}
+        return cls(make_engine(url, timeouts=timeouts, **pool), **kwargs)
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()
+
+    def _outbox(self) -> outbox.Outbox:
+        return outbox.Outbox(self.prefix)
+
+    # -- users -------------------------------------------------------------------------------
+
+    async def submit(self, new: NewTask) -> Submitted:
+        """Queue a task (or return the existing one for a repeated idempotency key)."""
+        task_id = new_task_id()
+
+        async def op(conn: AsyncConnection, now: datetime) -> Submitted:
+            return await tasks.submit(conn, now, self._outbox(), new, task_id)
+
+        return await self._tx.run(op, name="submit")
+
+    async def request_cancel(self, task_id: uuid.UUID, reason: str | None = None) -> CancelReceipt:
+        """Cancel a queued task now, or record a cancellation request against an in-flight one."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> CancelReceipt:
+            return await tasks.request_cancel(conn, now, self._outbox(), task_id, reason)
+
+        return await self._tx.run(op, name="cancel")
+
+    async def get_task(self, task_id: uuid.UUID) -> TaskView:
+        """The task with its attempts and, while queued, why it waits."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> TaskView:
+            return await queries.get_task(conn, now, task_id)
+
+        return await self._tx.run(op, name="get_task")
+
+    async def list_tasks(
+        self, *, status: TaskStatus | None = None, limit: int = 100, after: str | None = None
+    ) -> TaskPage:
+        """One page of tasks, newest first."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> TaskPage:
+            return await queries.list_tasks(conn, status, limit, after)
+
+        return await self._tx.run(op, name="list_tasks")
+
+    # -- hosts -------------------------------------------------------------------------------
+
+    async def register_host(
+        self, host_id: str, devices: Sequence[DeviceSpec], agent_version: str | None = None
+    ) -> float:
+        """Register a host with exactly these devices; returns the heartbeat interval to use."""
+        if not is_token(host_id):
+            raise InvalidRequest(
+                f"host id {host_id!r} is not a token", errors=[{"path": "host_id", "message": "not a token"}]
+            )
+
+        async def op(conn: AsyncConnection, now: datetime) -> None:
+            await hosts.register_host(conn, now, host_id, devices, agent_version, self.heartbeat_interval_s)
+
+        await self._tx.run(op, name="register")
+        return self.heartbeat_interval_s
+
+    async def heartbeat(self, host_id: str) -> float:
+        """Record a sign of life; returns the heartbeat interval."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> None:
+            await hosts.heartbeat(conn, now, host_id)
+
+        await self._tx.run(op, name="heartbeat")
+        return self.heartbeat_interval_s
+
+    async def list_hosts(self) -> tuple[HostView, ...]:
+        """Every host with its devices and their states."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[HostView, ...]:
+            return await hosts.list_hosts(conn, now)
+
+        return await self._tx.run(op, name="list_hosts")
+
+    async def drain_device(self, device_id: str, drained: bool, reason: str | None = None) -> DeviceView:
+        """Take a device out of service, or return it."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> DeviceView:
+            return await hosts.drain_device(conn, now, device_id, drained, reason)
+
+        return await self._tx.run(op, name="drain")
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def claim(self, ref: LeaseRef) -> LeaseGrant:
+        """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> LeaseGrant | Rejected:
+            return await leasing.extend(conn, now, self._outbox(), ref, claim=True)
+
+        return _unwrap(await self._tx.run(op, name="claim"))
+
+    async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> LeaseGrant:
+        """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> LeaseGrant | Rejected:
+            return await leasing.extend(conn, now, self._outbox(), ref, claim=False, progress=progress)
+
+        return _unwrap(await self._tx.run(op, name="renew"))
+
+    async def report(
+        self,
+        ref: LeaseRef,
+        outcome: Outcome,
+        *,
+        reason: str | None = None,
+        result: Mapping[str, Any] | None = None,
+    ) -> ReportReceipt:
+        """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> ReportReceipt | Rejected:
+            return await leasing.report(conn, now, self._outbox(), ref, outcome, reason, result)
+
+        return _unwrap(await self._tx.run(op, name="report"))
+
+    # -- scheduler and sweeper ---------------------------------------------------------------
+
+    async def assign(self, *, limit: int = 200, device_limit: int = 2000) -> list[AssignmentMessage]:
+        """Assign up to `limit` queued tasks to free matching devices."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> list[AssignmentMessage]:
+            return await assignment.assign(conn, now, self._outbox(), limit=limit, device_limit=device_limit)
+
+        return await self._tx.run(op, name="assign")
+
+    async def sweep_expired(self, *, limit: int = 500) -> list[ExpiredLease]:
+        """End up to `limit` expired leases: requeue, fail (`lease_expired`) or cancel their tasks."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> list[ExpiredLease]:
+            return await sweeping.sweep_expired(
+                conn, now, self._outbox(), limit=limit, device_grace_s=self.device_grace_s
+            )
+
+        return await self._tx.run(op, name="sweep")
+
+    async def relay_outbox(self, publish: outbox.Publish, *, limit: int = 200) -> int:
+        """Publish unsent outbox messages in order; returns how many were published.
+
+        Raises:
+            Exception: the publish error that stopped the pass, after the published ones were marked.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[int, Exception | None]:
+            return await outbox.relay(conn, now, publish, limit)
+
+        count, error = await self._tx.run(op, name="relay")
+        if error is not None:
+            raise error
+        return count
+
+    async def unsent_count(self) -> int:
+        """How many outbox messages wait to be published."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> int:
+            return await outbox.unsent_count(conn)
+
+        return await self._tx.run(op, name="unsent_count")

@@ -1,0 +1,128 @@
+"""The lease sweep: end expired attempts and requeue, fail or cancel their tasks.
+
+Safe with several sweepers and with racing reports: tasks are locked with SKIP LOCKED, re-read after
+the lock, and the attempt is ended by a compare-and-set that re-checks, at write time, that it is still
+active and expired (River's issue 1302: a sweeper that trusted its earlier read overwrote a report).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from devsched.core.expiry import decide_expiry, is_expired
+from devsched.store.outbox import Outbox
+from devsched.store.rows import TASK_COLUMNS, task_record
+from devsched.store.views import ExpiredLease
+
+_CANDIDATES = text(
+    """
+    SELECT t.task_id
+    FROM attempts a JOIN tasks t ON t.task_id = a.task_id AND t.attempt_count = a.attempt
+    WHERE a.status = 'active' AND a.expires_at <= :now
+    ORDER BY a.expires_at
+    LIMIT :limit
+    FOR UPDATE OF t SKIP LOCKED
+    """
+)
+
+_REREAD = text(
+    f"""
+    SELECT {TASK_COLUMNS}
+    FROM tasks t JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt_count
+    WHERE t.task_id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
+_EXPIRE_ATTEMPTS = text(
+    """
+    UPDATE attempts a SET status = 'expired', end_reason = 'lease_expired', ended_at = :now
+    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[])) AS u(t, n)
+    WHERE a.task_id = u.t AND a.attempt = u.n AND a.status = 'active' AND a.expires_at <= :now
+    RETURNING a.task_id
+    """
+)
+
+_END_TASKS = text(
+    """
+    UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1
+    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[])) AS u(id, s, r)
+    WHERE t.task_id = u.id AND t.status IN ('assigned', 'dispatched')
+    RETURNING t.task_id, t.event_seq
+    """
+)
+
+#: Chubby's lock-delay: the agent that lost the lease may still be running a step on the device.
+_GRACE = text(
+    """
+    UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, u.g), u.g)
+    FROM unnest(CAST(:device_ids AS text[]), CAST(:until AS timestamptz[])) AS u(id, g)
+    WHERE d.device_id = u.id
+    """
+)
+
+
+async def sweep_expired(
+    conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_grace_s: float | None
+) -> list[ExpiredLease]:
+    """End up to `limit` expired leases (oldest expiry first) and decide each task's fate."""
+    ids = list((await conn.execute(_CANDIDATES, {"now": now, "limit": limit})).scalars())
+    if not ids:
+        return []
+    tasks = [task_record(r) for r in (await conn.execute(_REREAD, {"ids": ids})).all()]
+    expired = [t for t in tasks if is_expired(t, now)]
+    if not expired:
+        return []
+    ended = set(
+        (
+            await conn.execute(
+                _EXPIRE_ATTEMPTS,
+                {
+                    "task_ids": [t.task_id for t in expired],
+                    "attempts": [t.attempt_count for t in expired],
+                    "now": now,
+                },
+            )
+        ).scalars()
+    )
+    expired = [t for t in expired if t.task_id in ended]
+    decisions = {t.task_id: decide_expiry(t) for t in expired}
+    ended_rows = await conn.execute(
+        _END_TASKS,
+        {
+            "task_ids": [t.task_id for t in expired],
+            "statuses": [decisions[t.task_id].task_status.value for t in expired],
+            "reasons": [d.reason.value if (d := decisions[t.task_id]).reason else None for t in expired],
+            "now": now,
+        },
+    )
+    seqs: dict[uuid.UUID, int] = {r.task_id: r.event_seq for r in ended_rows.all()}
+    out: list[ExpiredLease] = []
+    grace_until: dict[str, datetime] = {}
+    for t in expired:
+        cur, d = t.current, decisions[t.task_id]
+        assert cur is not None
+        grace = device_grace_s if device_grace_s is not None else float(t.lease_ttl_s)
+        until = now + timedelta(seconds=grace)
+        grace_until[cur.device_id] = max(until, grace_until.get(cur.device_id, until))
+        reason = d.reason.value if d.reason else None
+        outbox.event(
+            task_id=t.task_id,
+            seq=seqs[t.task_id],
+            kind=d.event,
+            status=d.task_status,
+            at=now,
+            attempt=cur.attempt,
+            host_id=cur.host_id,
+            device_id=cur.device_id,
+            reason=reason or "lease_expired",
+        )
+        out.append(
+            ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)
+        )
+    await conn.execute(_GRACE, {"device_ids": list(grace_until), "until": list(grace_until.values())})
+    await outbox.flush(conn, now)
+    return out

@@ -1,0 +1,108 @@
+"""Submit and cancel: the user's side of a task."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from devsched.core.cancellation import CancelKind, decide_cancel
+from devsched.core.status import EventKind, TaskReason, TaskStatus
+from devsched.store.outbox import Outbox
+from devsched.store.rows import bump_seq, lock_task
+from devsched.store.views import CancelReceipt, NewTask, Submitted
+
+_INSERT = text(
+    """
+    INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
+                       selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq)
+    VALUES (:task_id, :name, 'queued', :priority, :max_attempts, :lease_ttl_s, CAST(:labels AS jsonb),
+            :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, :now, :now, 1)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING task_id
+    """
+)
+_BY_KEY = text("SELECT task_id, status FROM tasks WHERE idempotency_key = :key")
+
+
+async def submit(conn: AsyncConnection, now: datetime, outbox: Outbox, new: NewTask, task_id: uuid.UUID) -> Submitted:
+    """Queue a new task, or return the one already submitted with the same idempotency key."""
+    inserted = (
+        await conn.execute(
+            _INSERT,
+            {
+                "task_id": task_id,
+                "name": new.name,
+                "priority": new.priority,
+                "max_attempts": new.max_attempts,
+                "lease_ttl_s": new.lease_ttl_s,
+                "labels": json.dumps(dict(new.selector.labels)),
+                "device_id": new.selector.device_id,
+                "plan": json.dumps(dict(new.plan)),
+                "metadata": json.dumps(dict(new.metadata)),
+                "key": new.idempotency_key,
+                "now": now,
+            },
+        )
+    ).scalar_one_or_none()
+    if inserted is None:
+        row = (await conn.execute(_BY_KEY, {"key": new.idempotency_key})).one()
+        return Submitted(row.task_id, TaskStatus(row.status), created=False)
+    outbox.event(task_id=task_id, seq=1, kind=EventKind.SUBMITTED, status=TaskStatus.QUEUED, at=now)
+    await outbox.flush(conn, now)
+    return Submitted(task_id, TaskStatus.QUEUED, created=True)
+
+
+_CANCEL_QUEUED = text(
+    """
+    UPDATE tasks SET status = 'cancelled', reason = :reason, updated_at = :now, event_seq = event_seq + 1
+    WHERE task_id = :task_id AND status = 'queued'
+    RETURNING event_seq
+    """
+)
+_RECORD_REQUEST = text(
+    """
+    INSERT INTO cancel_requests (task_id, attempt, requested_at, reason)
+    VALUES (:task_id, :attempt, :now, :reason)
+    """
+)
+
+
+async def request_cancel(
+    conn: AsyncConnection, now: datetime, outbox: Outbox, task_id: uuid.UUID, reason: str | None
+) -> CancelReceipt:
+    """Cancel a queued task now; record a durable request against an in-flight task's attempt."""
+    task = await lock_task(conn, task_id)
+    kind = decide_cancel(task)
+    if kind is CancelKind.TERMINAL:
+        return CancelReceipt(task_id, task.status, cancel_requested=False)
+    if kind is CancelKind.CANCEL_NOW:
+        why = TaskReason.CANCELLED_WHILE_QUEUED.value
+        seq = (await conn.execute(_CANCEL_QUEUED, {"task_id": task_id, "reason": why, "now": now})).scalar_one()
+        outbox.event(
+            task_id=task_id, seq=seq, kind=EventKind.CANCELLED, status=TaskStatus.CANCELLED, at=now, reason=why
+        )
+        await outbox.flush(conn, now)
+        return CancelReceipt(task_id, TaskStatus.CANCELLED, cancel_requested=False)
+    current = task.current
+    assert current is not None
+    nudge = (current.host_id, current.attempt)
+    if kind is CancelKind.ALREADY_REQUESTED:
+        return CancelReceipt(task_id, task.status, cancel_requested=True, nudge=nudge)
+    await conn.execute(_RECORD_REQUEST, {"task_id": task_id, "attempt": current.attempt, "now": now, "reason": reason})
+    outbox.event(
+        task_id=task_id,
+        seq=await bump_seq(conn, task_id, now),
+        kind=EventKind.CANCEL_REQUESTED,
+        status=task.status,
+        at=now,
+        attempt=current.attempt,
+        host_id=current.host_id,
+        device_id=current.device_id,
+        reason=reason,
+    )
+    await outbox.flush(conn, now)
+    return CancelReceipt(task_id, task.status, cancel_requested=True, nudge=nudge)

@@ -1,0 +1,120 @@
+"""One choke point for every repository call: one transaction, typed errors, safe cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import TypeVar
+
+import sqlalchemy.exc
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from devsched.core.errors import DevschedError, Internal, InvalidRequest, Unavailable
+from devsched.store.clock import Clock
+
+T = TypeVar("T")
+Operation = Callable[[AsyncConnection, datetime], Awaitable[T]]
+
+log = logging.getLogger("devsched.store")
+
+#: Serialization failure, deadlock: the transaction lost a race and can simply run again.
+_RETRY_STATES = frozenset({"40001", "40P01"})
+#: Unique indexes that two racing writers can both pass the reads of; the loser runs again and then
+#: sees the winner's row (an idempotency key already used, a device or task already reserved).
+_RETRY_CONSTRAINTS = frozenset(
+    {
+        "uq_tasks_idempotency_key",
+        "uq_reservations_one_active_per_device",
+        "uq_attempts_one_active_per_task",
+        "pk_attempts",
+        "pk_cancel_requests",
+        "hosts_pkey",
+        "devices_pkey",
+    }
+)
+#: Query cancelled by statement_timeout, lock_timeout, or the server going away: nothing was applied.
+_UNAVAILABLE_STATES = frozenset({"57014", "55P03", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006"})
+
+
+def _pg_details(exc: sqlalchemy.exc.DBAPIError) -> tuple[str | None, str | None]:
+    """(sqlstate, constraint name) of the driver error behind `exc`, where the driver gives them."""
+    orig: object = exc.orig
+    for candidate in (orig, getattr(orig, "__cause__", None)):
+        state = getattr(candidate, "sqlstate", None)
+        if state:
+            return str(state), getattr(candidate, "constraint_name", None)
+    return None, None
+
+
+class Transactor:
+    """Runs an operation in one transaction, translating driver errors into `DevschedError`s.
+
+    `now` is read from the clock inside the transaction and handed to the operation, so every rule sees
+    one consistent time per operation.
+    """
+
+    def __init__(self, engine: AsyncEngine, clock: Clock, *, attempts: int = 5) -> None:
+        self._engine = engine
+        self._clock = clock
+        self._attempts = attempts
+
+    async def run(self, op: Operation[T], *, name: str) -> T:
+        """Run `op` to completion even if the caller is cancelled meanwhile.
+
+        A `CancelledError` delivered inside `execute` can hand a broken connection back to the pool
+        (SQLAlchemy issues 6592, 6652, 8145). The transaction therefore runs in its own task, shielded;
+        a cancelled caller waits for it to commit or roll back (bounded by the statement timeout) and
+        then sees the cancellation.
+        """
+        task = asyncio.ensure_future(self._with_retries(op, name))
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            await asyncio.wait({task})
+            if not task.cancelled():
+                task.exception()  # retrieved, so it is not logged as never retrieved
+            raise
+
+    async def _with_retries(self, op: Operation[T], name: str) -> T:
+        for attempt in range(1, self._attempts + 1):
+            try:
+                return await self._once(op)
+            except _Retry as retry:
+                if attempt == self._attempts:
+                    raise Unavailable(f"{name}: gave up after {attempt} conflicting attempts") from retry
+                log.debug("retrying %s after %s", name, retry)
+                await asyncio.sleep(0.005 * attempt)
+        raise AssertionError("unreachable")
+
+    async def _once(self, op: Operation[T]) -> T:
+        try:
+            async with self._engine.begin() as conn:
+                now = await self._clock.now(conn)
+                return await op(conn, now)
+        except DevschedError:
+            raise
+        except sqlalchemy.exc.DBAPIError as exc:
+            raise _translate(exc) from exc
+        except (OSError, TimeoutError, sqlalchemy.exc.TimeoutError) as exc:
+            raise Unavailable(f"database unreachable: {exc.__class__.__name__}") from exc
+        except sqlalchemy.exc.SQLAlchemyError as exc:
+            log.exception("unexpected database error")
+            raise Internal() from exc
+
+
+class _Retry(Exception):
+    """The transaction lost a benign race; run it again."""
+
+
+def _translate(exc: sqlalchemy.exc.DBAPIError) -> Exception:
+    state, constraint = _pg_details(exc)
+    if state in _RETRY_STATES or (state == "23505" and constraint in _RETRY_CONSTRAINTS):
+        return _Retry(f"{state} {constraint or ''}".strip())
+    if exc.connection_invalidated or state in _UNAVAILABLE_STATES or state is None:
+        return Unavailable(f"database unavailable ({state or exc.orig.__class__.__name__})")
+    if state in ("23514", "22001", "22003", "22P02", "23502"):
+        return InvalidRequest(f"rejected by the database: {state}", constraint=constraint)
+    log.error("database error %s on constraint %s: %s", state, constraint, exc.orig)
+    return Internal()
