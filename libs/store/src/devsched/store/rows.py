@@ -21,12 +21,15 @@ TASK_COLUMNS = """
             WHERE c.task_id = t.task_id AND c.attempt = t.attempt_count) AS cancel_requested
 """
 
-_LOCK_TASK = text(
+_LOCK = text("SELECT 1 FROM tasks WHERE task_id = :task_id FOR UPDATE")
+
+#: Read in a statement of its own AFTER the lock: a locking read that waited re-checks only the locked
+#: row, so a join in the same statement could pair the task's new version with its attempt's old one.
+_READ_TASK = text(
     f"""
     SELECT {TASK_COLUMNS}
     FROM tasks t LEFT JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt_count
     WHERE t.task_id = :task_id
-    FOR UPDATE OF t
     """
 )
 
@@ -72,10 +75,9 @@ async def lock_task(conn: AsyncConnection, task_id: uuid.UUID) -> TaskRecord:
     Raises:
         NotFound: no such task.
     """
-    row = (await conn.execute(_LOCK_TASK, {"task_id": task_id})).one_or_none()
-    if row is None:
+    if (await conn.execute(_LOCK, {"task_id": task_id})).first() is None:
         raise NotFound(f"no task {task_id}", task_id=str(task_id))
-    return task_record(row)
+    return task_record((await conn.execute(_READ_TASK, {"task_id": task_id})).one())
 
 
 async def named_attempt(conn: AsyncConnection, task: TaskRecord, attempt: int) -> tuple[AttemptRecord | None, bool]:
