@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 from sqlalchemy import text
-from support.store_lab import Lab, ref
 
 from devsched.core.errors import LeaseExpired
 from devsched.core.status import AttemptStatus, Outcome, TaskStatus
 from devsched.store import DeviceSpec, ManualClock, NewTask, Store
+from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
 
@@ -72,9 +72,7 @@ async def test_two_sweepers_never_requeue_one_attempt_twice(lab: Lab, stores: Ca
     assert len(set(swept)) == 40, "no attempt was expired twice"
     async with lab.store.engine.connect() as conn:
         events = Counter(
-            (
-                await conn.execute(text("SELECT payload->>'event' FROM outbox WHERE subject LIKE '%.events.%'"))
-            ).scalars()
+            (await conn.execute(text("SELECT payload->>'event' FROM outbox WHERE subject LIKE '%.events.%'"))).scalars()
         )
     assert events["requeued"] == 40
     page = await lab.store.list_tasks(limit=100)

@@ -6,7 +6,6 @@ import dataclasses
 import uuid
 
 import pytest
-from support.store_lab import Lab, snapshot
 
 from devsched.core.errors import (
     CancelNotRequested,
@@ -21,6 +20,7 @@ from devsched.core.errors import (
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome
 from devsched.store import DeviceSpec
+from support.store_lab import Lab, snapshot
 
 pytestmark = pytest.mark.integration
 

@@ -9,10 +9,10 @@ import dataclasses
 import uuid
 
 import pytest
-from support.store_lab import Lab, snapshot
 
 from devsched.core.errors import LeaseExpired, LeaseForeign, LeaseSuperseded
 from devsched.core.status import AttemptStatus, Outcome, TaskStatus
+from support.store_lab import Lab, snapshot
 
 pytestmark = pytest.mark.integration
 
