@@ -10,7 +10,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class Clock(Protocol):
-    """Where a transaction reads `now`. Read once per operation, after its row locks are taken."""
+    """Where a transaction reads `now`: once per operation, as its first statement.
+
+    A request is judged at the time it is served: one that waited on a row lock is not penalised for
+    the wait (the lock holder, had it been the sweeper, would have ended the lease, and the re-read
+    after the lock sees that).
+    """
 
     async def now(self, conn: AsyncConnection) -> datetime:
         """The current time, for the transaction running on `conn`."""
@@ -20,8 +25,8 @@ class Clock(Protocol):
 class DatabaseClock:
     """The database's clock.
 
-    `clock_timestamp()` rather than `now()`: `now()` is the transaction's start, which can be well before
-    a lock wait ended; comparing an expiry against it could accept a lease that had already run out.
+    `clock_timestamp()`, the server's wall clock, so every replica of every service shares one clock and
+    no agent's or scheduler's clock ever decides an expiry.
     """
 
     async def now(self, conn: AsyncConnection) -> datetime:

@@ -31,15 +31,14 @@ def make_engine(
 ) -> AsyncEngine:
     """An asyncpg engine for `url` (`postgresql+asyncpg://...`).
 
-    `pool_pre_ping` makes a pool survive a database restart: a dead connection is replaced on checkout
-    instead of failing the first request after the restart.
+    No `pool_pre_ping` (a round trip per checkout): the Transactor instead retries an operation whose
+    connection turns out dead on its first statement, before anything can have been applied.
     """
     t = timeouts or DatabaseTimeouts()
     return create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,
         pool_recycle=1800,
         connect_args={
             "timeout": t.connect_s,

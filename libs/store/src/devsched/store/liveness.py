@@ -14,11 +14,13 @@ from devsched.core.errors import DevschedError, NotFound
 #: otherwise all queue on the host row.
 _TOUCH = text(
     """
-    UPDATE hosts SET last_seen_at = :now
-    WHERE host_id = :host_id AND last_seen_at < CAST(:now AS timestamptz) - interval '1 second'
+    WITH touched AS (
+        UPDATE hosts SET last_seen_at = :now
+        WHERE host_id = :host_id AND last_seen_at < CAST(:now AS timestamptz) - interval '1 second'
+    )
+    SELECT 1 FROM hosts WHERE host_id = :host_id
     """
 )
-_EXISTS = text("SELECT 1 FROM hosts WHERE host_id = :host_id")
 
 
 async def touch_host(conn: AsyncConnection, host_id: str, now: datetime) -> None:
@@ -27,8 +29,7 @@ async def touch_host(conn: AsyncConnection, host_id: str, now: datetime) -> None
     Raises:
         NotFound: the host never registered.
     """
-    result = await conn.execute(_TOUCH, {"host_id": host_id, "now": now})
-    if result.rowcount == 0 and (await conn.execute(_EXISTS, {"host_id": host_id})).first() is None:
+    if (await conn.execute(_TOUCH, {"host_id": host_id, "now": now})).first() is None:
         raise NotFound(f"host {host_id} is not registered; register first", host_id=host_id)
 
 

@@ -89,13 +89,18 @@ class Transactor:
         raise AssertionError("unreachable")
 
     async def _once(self, op: Operation[T]) -> T:
+        started = False
         try:
             async with self._engine.begin() as conn:
                 now = await self._clock.now(conn)
+                started = True
                 return await op(conn, now)
         except DevschedError:
             raise
         except sqlalchemy.exc.DBAPIError as exc:
+            if exc.connection_invalidated and not started:
+                # a pooled connection that died (database restart): nothing ran, so run again on a new one
+                raise _Retry("stale pooled connection") from exc
             raise _translate(exc) from exc
         except (OSError, TimeoutError, sqlalchemy.exc.TimeoutError) as exc:
             raise Unavailable(f"database unreachable: {exc.__class__.__name__}") from exc

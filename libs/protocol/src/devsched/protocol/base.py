@@ -1,0 +1,129 @@
+"""Base models and field types shared by every message.
+
+Strict by default: JSON numbers are never coerced (`"3"`, `3.0` and `true` are not the integer 3),
+timestamps must carry an offset, ids are UUIDs, and floats must be finite. Unknown fields are an error
+when a model is built in Python (a typo fails loudly) and when a request is decoded (the protocol's
+error table says so); replies and stream messages are decoded ignoring them at any depth, because the
+contract lets a newer server ADD fields and an older client must keep working.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import uuid
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    PlainSerializer,
+    Strict,
+    StringConstraints,
+)
+from pydantic_core import PydanticCustomError
+
+from devsched.core.ids import TOKEN_PATTERN
+
+#: RFC 3339 date-time with a mandatory offset. pydantic alone would also take `"1735787045"` (unix time).
+_RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)")
+
+
+def _parse_rfc3339(value: Any) -> Any:
+    # Parsing here (not in pydantic) also keeps strict mode happy: after a before-validator pydantic
+    # treats the value as Python input, where a strict datetime must already be a datetime.
+    if not isinstance(value, str):
+        return value
+    if _RFC3339.fullmatch(value):
+        try:
+            return datetime.fromisoformat(value.upper())
+        except ValueError:
+            pass  # well-formed but impossible, such as month 13
+    raise PydanticCustomError(
+        "rfc3339", "Input should be an RFC 3339 timestamp with an offset, like 2025-01-02T03:04:05.000000Z"
+    )
+
+
+def _to_utc(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before year 1 in UTC
+        raise PydanticCustomError("timestamp_range", "Timestamp is out of range in UTC") from None
+
+
+def format_timestamp(value: datetime) -> str:
+    """RFC 3339 in UTC with microseconds and a `Z`: `2025-01-02T03:04:05.000006Z`.
+
+    One fixed width and suffix, so timestamps sort as strings and compare byte for byte in tests.
+    """
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+
+
+def _finite(value: Any) -> Any:
+    # JSON has no NaN or Infinity; a model built in Python must not smuggle them onto the wire.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("NaN and Infinity are not JSON")
+    if isinstance(value, dict):
+        for item in value.values():
+            _finite(item)
+    elif isinstance(value, list):
+        for item in value:
+            _finite(item)
+    return value
+
+
+#: A single subject token (prefix, host id, device id): 1 to 64 of `A-Z a-z 0-9 _ -`.
+Token = Annotated[str, StringConstraints(pattern=TOKEN_PATTERN)]
+
+#: An aware datetime, normalised to UTC, written as RFC 3339 with microseconds and `Z`.
+Timestamp = Annotated[
+    AwareDatetime,
+    BeforeValidator(_parse_rfc3339),
+    AfterValidator(_to_utc),
+    PlainSerializer(format_timestamp, return_type=str, when_used="json"),
+]
+
+#: A task or lease id.
+Id = uuid.UUID
+
+#: A duration in seconds: fractional allowed, finite, above zero.
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+#: A free-form JSON object (step args, task metadata) without NaN or Infinity.
+JsonObject = Annotated[dict[str, JsonValue], AfterValidator(_finite)]
+
+_E = TypeVar("_E", bound=StrEnum)
+
+#: A status enum that also accepts its string value when a model is built in Python (JSON is the same
+#: either way), so the scheduler can pass values read from the database without converting them.
+Lax = Annotated[_E, Strict(False)]
+
+#: A string that is not empty (names, actions).
+Name = Annotated[str, StringConstraints(min_length=1)]
+
+
+class WireModel(BaseModel):
+    """Common configuration: strict types, immutable values, no unknown fields, field docstrings."""
+
+    model_config = ConfigDict(
+        strict=True,
+        frozen=True,
+        use_attribute_docstrings=True,
+        allow_inf_nan=False,
+        extra="forbid",
+    )
+
+
+class RequestModel(WireModel):
+    """A message a server receives: decoding rejects unknown fields (`invalid_request`)."""
+
+
+class ReplyModel(WireModel):
+    """A reply or a published message: `codec.decode` ignores unknown fields, at any depth."""

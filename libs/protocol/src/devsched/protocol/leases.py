@@ -1,0 +1,68 @@
+"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|report`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from devsched.core.status import Outcome, TaskStatus
+from devsched.protocol.base import Id, Lax, ReplyModel, RequestModel, Timestamp
+from devsched.protocol.plans import Progress, RunResult
+
+
+class LeaseRequest(RequestModel):
+    """The lease a host names; the host id comes from the subject."""
+
+    task_id: Id
+    """The task."""
+    attempt: int = Field(ge=1)
+    """The attempt number from the assignment."""
+    lease_id: Id
+    """The lease id from the assignment."""
+
+
+class ClaimRequest(LeaseRequest):
+    """`P.host.<host_id>.claim`: the host starts the attempt (`assigned` -> `dispatched`)."""
+
+
+class RenewRequest(LeaseRequest):
+    """`P.host.<host_id>.renew`: extend the lease from the database's now by its ttl."""
+
+    progress: Progress | None = None
+    """Where the run is; sent at every step boundary."""
+
+
+class LeaseReply(ReplyModel):
+    """Answer to claim and renew."""
+
+    expires_at: Timestamp
+    """New expiry (database clock); for display only: agents schedule from `ttl_s`."""
+    ttl_s: int = Field(ge=1)
+    """Lease length in seconds; the agent renews at about a third of it on its monotonic clock."""
+    cancel_requested: bool
+    """Whether a cancellation request is pending: stop at the next step boundary."""
+
+
+class ReportRequest(LeaseRequest):
+    """`P.host.<host_id>.report`: how the attempt ended."""
+
+    outcome: Lax[Outcome]
+    """`done`, `failed`, or `cancelled` (only when the host stopped for a cancellation request)."""
+    reason: str | None = None
+    """The agent's explanation, kept as the task's `reason`."""
+    result: RunResult | None = None
+    """Every step of the plan in order with its status."""
+
+
+class ReportReply(ReplyModel):
+    """Answer to a report; a duplicate gets the first report's answer."""
+
+    task_id: Id
+    """The task."""
+    attempt: int = Field(ge=1)
+    """The attempt."""
+    status: Lax[TaskStatus]
+    """The task's status after the report."""
+    recorded_at: Timestamp
+    """When the (first) report was recorded."""
+    duplicate: bool = False
+    """True when this attempt had already recorded the same outcome."""

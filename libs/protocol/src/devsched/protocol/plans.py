@@ -1,0 +1,170 @@
+"""What a task runs and where: steps, plans, selectors, progress and per-step results."""
+
+from __future__ import annotations
+
+from collections import Counter
+from enum import StrEnum
+from typing import Any
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds, Timestamp, Token
+
+#: Most steps a plan may have.
+MAX_STEPS = 100
+
+
+class ShellArgs(RequestModel):
+    """Arguments of the built-in `shell` action."""
+
+    command: Name
+    """The shell command line to run."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables, on top of the device's `env` and the `DEVSCHED_*` ones."""
+    cwd: str | None = None
+    """Working directory; the agent's own when null."""
+
+
+class SleepArgs(RequestModel):
+    """Arguments of the built-in `sleep` action."""
+
+    seconds: Seconds
+    """How long to sleep; fractional allowed, > 0."""
+
+
+class NoopArgs(RequestModel):
+    """Arguments of the built-in `noop` action: none."""
+
+
+#: Argument models of the built-in actions; any other action is a plug-in and its args are free-form.
+BUILTIN_ARGS: dict[str, type[RequestModel]] = {"shell": ShellArgs, "sleep": SleepArgs, "noop": NoopArgs}
+
+
+def _dotted(loc: tuple[int | str, ...]) -> str:
+    return ".".join(str(part) for part in loc)
+
+
+class Step(RequestModel):
+    """One step of a plan."""
+
+    name: Name
+    """Unique within the plan; reported back in progress and results."""
+    action: Name
+    """`shell`, `sleep`, `noop`, or a plugged-in action."""
+    args: JsonObject = Field(default_factory=dict, validate_default=True)
+    """Arguments of the action; checked here for the built-in actions so a typo fails at submit."""
+    timeout_s: Seconds = 3600.0
+    """Longest the step may run, in seconds (fractional allowed, > 0)."""
+    interruptible: bool = False
+    """Whether a stop (cancellation, lease loss) may interrupt the step instead of waiting for it."""
+    always: bool = False
+    """Run even after an earlier failure or a cancellation stop (teardown), while the lease is held."""
+
+    @field_validator("args")
+    @classmethod
+    def _check_builtin_args(cls, args: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        model = BUILTIN_ARGS.get(info.data.get("action", ""))
+        if model is not None:
+            try:
+                model.model_validate(args)
+            except ValidationError as exc:
+                # pydantic gives no way to extend the location from here, so the inner path leads the text.
+                problems = "; ".join(f"{_dotted(e['loc'])}: {e['msg']}" for e in exc.errors())
+                raise PydanticCustomError(
+                    "invalid_args",
+                    "invalid {action} args: {problems}",
+                    {"action": info.data["action"], "problems": problems},
+                ) from None
+        return args
+
+    def builtin_args(self) -> ShellArgs | SleepArgs | NoopArgs | None:
+        """The typed arguments of a built-in action, or None for a plug-in action."""
+        model = BUILTIN_ARGS.get(self.action)
+        if model is None:
+            return None
+        parsed = model.model_validate(self.args)
+        assert isinstance(parsed, ShellArgs | SleepArgs | NoopArgs)
+        return parsed
+
+
+class Plan(RequestModel):
+    """The steps of a task, run in order on one device."""
+
+    steps: list[Step] = Field(min_length=1, max_length=MAX_STEPS)
+    """1 to 100 steps with unique names."""
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_names(cls, steps: list[Step]) -> list[Step]:
+        repeated = sorted(name for name, n in Counter(s.name for s in steps).items() if n > 1)
+        if repeated:
+            raise PydanticCustomError(
+                "duplicate_step_name", "step names must be unique; repeated: {names}", {"names": ", ".join(repeated)}
+            )
+        return steps
+
+
+class Selector(RequestModel):
+    """Which devices a task may run on. The default matches any device."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """A device matches when its labels contain every one of these pairs."""
+    device_id: Token | None = None
+    """Names one device, when set."""
+
+
+class Progress(RequestModel):
+    """Where a running attempt is: the step it is at, by name and position."""
+
+    step: Name
+    """Name of the current step."""
+    index: int = Field(ge=0)
+    """0-based position of the step in the plan."""
+    of: int = Field(ge=1, le=MAX_STEPS)
+    """Number of steps in the plan."""
+
+    @model_validator(mode="after")
+    def _index_in_range(self) -> Progress:
+        if self.index >= self.of:
+            raise PydanticCustomError("index_out_of_range", "index must be below of")
+        return self
+
+
+class StepStatus(StrEnum):
+    """How one step of a reported run ended."""
+
+    #: Ran and succeeded.
+    DONE = "done"
+    #: Ran and failed (non-zero exit, action error).
+    FAILED = "failed"
+    #: Ran past its `timeout_s` and was stopped.
+    TIMED_OUT = "timed_out"
+    #: Stopped by a cancellation or lease loss while running (interruptible steps only).
+    INTERRUPTED = "interrupted"
+    #: Never started (an earlier step failed, or the run stopped).
+    SKIPPED = "skipped"
+
+
+class StepResult(RequestModel):
+    """The result of one step, as the agent reports it."""
+
+    name: Name
+    """The step's name, in plan order."""
+    status: Lax[StepStatus]
+    """`done`, `failed`, `timed_out`, `interrupted` or `skipped`."""
+    exit_code: int | None = None
+    """Exit status of a `shell` step; null when not applicable."""
+    started_at: Timestamp | None = None
+    """When the step started; null when skipped."""
+    finished_at: Timestamp | None = None
+    """When the step ended; null when skipped."""
+    output_tail: str | None = None
+    """The last part of the step's combined output."""
+
+
+class RunResult(RequestModel):
+    """What a host reports of a run: every step of the plan, in order."""
+
+    steps: list[StepResult] = Field(default_factory=list, max_length=MAX_STEPS)
+    """One entry per plan step."""

@@ -1,0 +1,193 @@
+"""Subject, stream, service and consumer names, all derived from one prefix.
+
+Deriving every name from the prefix is what lets two deployments share one NATS account untouched.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from enum import StrEnum
+
+from devsched.core.ids import is_token
+
+#: The prefix when none is configured.
+DEFAULT_PREFIX = "devsched"
+
+
+class HostVerb(StrEnum):
+    """The last token of a host subject `P.host.<host_id>.<verb>`."""
+
+    #: Request: replace the host's device list.
+    REGISTER = "register"
+    #: Request: a sign of life.
+    HEARTBEAT = "heartbeat"
+    #: Request: start an assigned attempt.
+    CLAIM = "claim"
+    #: Request: extend a lease, report progress.
+    RENEW = "renew"
+    #: Request: the outcome of an attempt.
+    REPORT = "report"
+    #: Published by the scheduler (core NATS): renew now, a cancellation is pending.
+    NUDGE = "nudge"
+
+
+#: The host verbs served as request/reply endpoints (nudge is published, not served).
+HOST_ENDPOINT_VERBS: tuple[HostVerb, ...] = (
+    HostVerb.REGISTER,
+    HostVerb.HEARTBEAT,
+    HostVerb.CLAIM,
+    HostVerb.RENEW,
+    HostVerb.REPORT,
+)
+
+
+def _require_token(what: str, value: str) -> str:
+    if not is_token(value):
+        raise ValueError(f"{what} must be 1 to 64 of A-Z a-z 0-9 _ -, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """All names for one prefix (`P` in PROTOCOL.md).
+
+    Raises:
+        ValueError: the prefix is not a single subject token.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        _require_token("prefix", self.prefix)
+
+    # -- operator/client endpoints -------------------------------------------------------------------
+
+    @property
+    def tasks_submit(self) -> str:
+        """`P.api.tasks.submit`."""
+        return f"{self.prefix}.api.tasks.submit"
+
+    @property
+    def tasks_get(self) -> str:
+        """`P.api.tasks.get`."""
+        return f"{self.prefix}.api.tasks.get"
+
+    @property
+    def tasks_list(self) -> str:
+        """`P.api.tasks.list`."""
+        return f"{self.prefix}.api.tasks.list"
+
+    @property
+    def tasks_cancel(self) -> str:
+        """`P.api.tasks.cancel`."""
+        return f"{self.prefix}.api.tasks.cancel"
+
+    @property
+    def hosts_list(self) -> str:
+        """`P.api.hosts.list`."""
+        return f"{self.prefix}.api.hosts.list"
+
+    @property
+    def devices_drain(self) -> str:
+        """`P.api.devices.drain`."""
+        return f"{self.prefix}.api.devices.drain"
+
+    # -- host subjects ---------------------------------------------------------------------------------
+
+    def host(self, host_id: str, verb: HostVerb | str) -> str:
+        """`P.host.<host_id>.<verb>`: what a host sends to (or, for nudge, listens on).
+
+        Raises:
+            ValueError: `host_id` is not a token (a `*` or `.` would widen the subject), or unknown verb.
+        """
+        return f"{self.prefix}.host.{_require_token('host id', host_id)}.{HostVerb(verb)}"
+
+    def host_endpoint(self, verb: HostVerb | str) -> str:
+        """`P.host.*.<verb>`: the wildcard subject the scheduler serves one verb on, for every host."""
+        return f"{self.prefix}.host.*.{HostVerb(verb)}"
+
+    def parse_host(self, subject: str) -> tuple[str, HostVerb]:
+        """The host id and verb of a concrete host subject, such as a request's subject in a handler.
+
+        Raises:
+            ValueError: not `P.host.<host_id>.<verb>` for this prefix, or the id is not a token.
+        """
+        parts = subject.split(".")
+        if len(parts) != 4 or parts[0] != self.prefix or parts[1] != "host":
+            raise ValueError(f"not a host subject of prefix {self.prefix!r}: {subject!r}")
+        try:
+            verb = HostVerb(parts[3])
+        except ValueError:
+            raise ValueError(f"unknown host verb in {subject!r}") from None
+        return _require_token("host id", parts[2]), verb
+
+    def host_id_of(self, subject: str) -> str:
+        """The host id of a concrete host subject (see `parse_host`)."""
+        return self.parse_host(subject)[0]
+
+    # -- JetStream ---------------------------------------------------------------------------------------
+
+    def assign(self, host_id: str) -> str:
+        """`P.assign.<host_id>`: where the host's assignments are published."""
+        return f"{self.prefix}.assign.{_require_token('host id', host_id)}"
+
+    @property
+    def assign_all(self) -> str:
+        """`P.assign.>`: the subjects of the assignments stream."""
+        return f"{self.prefix}.assign.>"
+
+    def task_events(self, task_id: uuid.UUID | str) -> str:
+        """`P.events.task.<task_id>`: where one task's events are published."""
+        return f"{self.prefix}.events.task.{uuid.UUID(str(task_id))}"
+
+    @property
+    def task_events_all(self) -> str:
+        """`P.events.task.*`: every task's events (for watchers)."""
+        return f"{self.prefix}.events.task.*"
+
+    @property
+    def events_all(self) -> str:
+        """`P.events.>`: the subjects of the events stream."""
+        return f"{self.prefix}.events.>"
+
+    @property
+    def _stream_prefix(self) -> str:
+        return self.prefix.upper().replace("-", "_")
+
+    @property
+    def assignments_stream(self) -> str:
+        """`<PU>_ASSIGNMENTS`, e.g. `DEVSCHED_ASSIGNMENTS`."""
+        return f"{self._stream_prefix}_ASSIGNMENTS"
+
+    @property
+    def events_stream(self) -> str:
+        """`<PU>_EVENTS`, e.g. `DEVSCHED_EVENTS`."""
+        return f"{self._stream_prefix}_EVENTS"
+
+    @staticmethod
+    def consumer(host_id: str) -> str:
+        """`host-<host_id>`: the durable pull consumer of one host on the assignments stream."""
+        return f"host-{_require_token('host id', host_id)}"
+
+    # -- the service -----------------------------------------------------------------------------------
+
+    @property
+    def service_name(self) -> str:
+        """`P-scheduler`: `devsched-scheduler` by default, distinct per deployment in `nats micro ls`."""
+        return f"{self.prefix}-scheduler"
+
+    @property
+    def queue_group(self) -> str:
+        """The queue group every scheduler replica's endpoints join (one per deployment)."""
+        return f"{self.prefix}-scheduler"
+
+
+def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
+    """`Nats-Msg-Id` of an assignment: `<task_id>.<attempt>`, so a re-relayed one is stored once."""
+    return f"{uuid.UUID(str(task_id))}.{attempt}"
+
+
+def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
+    """`Nats-Msg-Id` of a task event: `<task_id>.<seq>` (an addition: the protocol only asks for uniqueness)."""
+    return f"{uuid.UUID(str(task_id))}.{seq}"

@@ -1,0 +1,171 @@
+"""Operator/client endpoints on tasks: `P.api.tasks.submit|get|list|cancel`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.plans import Plan, Progress, RunResult, Selector
+
+#: Range and default of `priority` (higher runs first).
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = -1000, 1000, 0
+#: Range and default of `max_attempts`.
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 100, 3
+#: Range and default of `lease_ttl_s`.
+LEASE_TTL_MIN_S, LEASE_TTL_MAX_S, LEASE_TTL_DEFAULT_S = 1, 3600, 30
+#: Range and default of a list page's `limit`.
+LIST_LIMIT_MIN, LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT = 1, 1000, 100
+
+
+class SubmitRequest(RequestModel):
+    """`P.api.tasks.submit`: a new task. Only `plan` is required."""
+
+    name: Name | None = None
+    """A label for people; not unique."""
+    selector: Selector = Field(default_factory=Selector)
+    """Which devices may run it; any device by default."""
+    plan: Plan
+    """The steps to run."""
+    priority: int = Field(default=PRIORITY_DEFAULT, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    """Higher runs first; ties go to the oldest submit (a requeued task keeps its place)."""
+    max_attempts: int = Field(default=MAX_ATTEMPTS_DEFAULT, ge=MAX_ATTEMPTS_MIN, le=MAX_ATTEMPTS_MAX)
+    """How many attempts (leases) the task may use before a lease expiry fails it."""
+    lease_ttl_s: int = Field(default=LEASE_TTL_DEFAULT_S, ge=LEASE_TTL_MIN_S, le=LEASE_TTL_MAX_S)
+    """How long a lease lasts without renewal, in whole seconds."""
+    idempotency_key: Name | None = None
+    """A repeated key returns the existing task with `created: false` and creates nothing."""
+    metadata: JsonObject = Field(default_factory=dict)
+    """Free-form data kept with the task."""
+
+
+class SubmitReply(ReplyModel):
+    """Answer to a submit."""
+
+    task_id: Id
+    """The new (or, for a repeated idempotency key, the existing) task."""
+    status: Lax[TaskStatus]
+    """The task's status now: `queued` for a new task."""
+    created: bool
+    """False when an earlier submit with the same idempotency key created the task."""
+
+
+class GetTaskRequest(RequestModel):
+    """`P.api.tasks.get`: one task with its attempts."""
+
+    task_id: Id
+    """The task to show."""
+
+
+class AttemptView(ReplyModel):
+    """One attempt of a task: a lease on one device, kept for audit after it ends."""
+
+    attempt: int = Field(ge=1)
+    """1, 2, 3, ... with no gaps."""
+    lease_id: Id
+    """The lease's id: a fencing token that external systems can compare."""
+    host_id: Token
+    """The host that owns the device."""
+    device_id: Token
+    """The reserved device."""
+    status: Lax[AttemptStatus]
+    """`active`, `expired`, `done`, `failed` or `cancelled`."""
+    assigned_at: Timestamp
+    """When the scheduler created the attempt."""
+    dispatched_at: Timestamp | None = None
+    """When the host claimed it; null until then."""
+    expires_at: Timestamp
+    """When the lease runs out (database clock) unless renewed."""
+    ended_at: Timestamp | None = None
+    """When the attempt ended; null while active."""
+    end_reason: Lax[EndReason] | None = None
+    """`done`, `failed`, `cancelled` (reported) or `lease_expired`; null while active."""
+    progress: Progress | None = None
+    """The latest progress the host renewed with."""
+
+
+class TaskSummary(ReplyModel):
+    """A task as `P.api.tasks.list` shows it: the task view without attempts."""
+
+    task_id: Id
+    """The task's id."""
+    name: str | None = None
+    """The submitted name."""
+    status: Lax[TaskStatus]
+    """Where the task is in its lifecycle."""
+    priority: int
+    """The submitted priority."""
+    max_attempts: int
+    """The submitted attempt limit."""
+    attempt_count: int
+    """Attempts made so far (the newest attempt's number)."""
+    cancel_requested: bool
+    """Whether a cancellation request is pending against the current attempt."""
+    selector: Selector
+    """The submitted selector."""
+    plan: Plan
+    """The submitted plan."""
+    created_at: Timestamp
+    """Submit time; the queue order among equal priorities."""
+    updated_at: Timestamp
+    """Last change of the task row."""
+    reason: str | None = None
+    """Why the task ended: the agent's reason, or `lease_expired`, `cancelled_while_queued`,
+    `cancelled_after_lease_expired`."""
+    result: RunResult | None = None
+    """The result of the report that ended the task."""
+    pending_reason: str | None = None
+    """While queued: why it waits (no online device matches, every match is busy, ...)."""
+    lease_ttl_s: int | None = None
+    """Addition: the submitted lease ttl."""
+    idempotency_key: str | None = None
+    """Addition: the submitted idempotency key."""
+    metadata: JsonObject = Field(default_factory=dict)
+    """Addition: the submitted metadata."""
+
+
+class TaskView(TaskSummary):
+    """`P.api.tasks.get` reply: the task and every attempt, oldest first."""
+
+    attempts: list[AttemptView] = Field(default_factory=list)
+    """Every attempt, oldest first."""
+
+
+class ListTasksRequest(RequestModel):
+    """`P.api.tasks.list`: one page of tasks, newest first."""
+
+    status: Lax[TaskStatus] | None = None
+    """Only tasks in this status; all statuses when null."""
+    limit: int = Field(default=LIST_LIMIT_DEFAULT, ge=LIST_LIMIT_MIN, le=LIST_LIMIT_MAX)
+    """Page size, 1 to 1000."""
+    after: Name | None = None
+    """The `next` cursor of the previous page; null for the first page."""
+
+
+class ListTasksReply(ReplyModel):
+    """One page of tasks."""
+
+    tasks: list[TaskSummary]
+    """The page, newest first."""
+    next: str | None = None
+    """Opaque cursor for the next page; null on the last page."""
+
+
+class CancelRequest(RequestModel):
+    """`P.api.tasks.cancel`: cancel now if queued, else request a stop from the host."""
+
+    task_id: Id
+    """The task to cancel."""
+    reason: str | None = None
+    """Kept on the cancellation request and carried by the `cancel_requested` event."""
+
+
+class CancelReply(ReplyModel):
+    """Answer to a cancel."""
+
+    task_id: Id
+    """The task."""
+    status: Lax[TaskStatus]
+    """The task's status after the request."""
+    cancel_requested: bool
+    """True while a stop is pending with the host; false when nothing is pending."""

@@ -1,0 +1,218 @@
+"""devsched.protocol.transport against a real nats-server: typed micro endpoints and `request()`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import nats
+import nats.micro
+import pytest
+from nats.aio.client import Client
+from opentelemetry import trace
+
+from devsched.core.errors import InvalidRequest, LeaseForeign, NotFound, TooLarge
+from devsched.core.status import TaskStatus
+from devsched.protocol import messages as m
+from devsched.protocol.codec import ERROR_CODE_HEADER, ERROR_HEADER
+from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.tracing import TRACEPARENT, extract, use_context
+from devsched.protocol.transport import NoReply, add_typed_endpoint, request
+
+NATS_SERVER = Path(sys.prefix) / "bin" / "nats-server"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(not NATS_SERVER.exists(), reason=f"no nats-server at {NATS_SERVER}"),
+]
+
+LIMIT = 1024
+TASK_ID = uuid.UUID("0b6f8d7e-2c1a-4e59-9a7f-3d2b1c0e9f11")
+LEASE_ID = uuid.UUID("5e1d2c3b-4a59-4687-9a1b-2c3d4e5f6a7b")
+PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="module")
+def own_nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A nats-server of this module's own, on a free port, stopped by its pid afterwards."""
+    port = _free_port()
+    store = tmp_path_factory.mktemp("js")
+    cmd = [str(NATS_SERVER), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"nats-server did not start: {cmd}") from None
+                time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+async def nc(own_nats_url: str) -> AsyncIterator[Client]:
+    """Overrides the shared `nc`: this module runs its own nats-server and needs nothing else."""
+    client = await nats.connect(own_nats_url, connect_timeout=2, max_reconnect_attempts=0)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+def subjects() -> Subjects:
+    return Subjects(f"t{uuid.uuid4().hex[:10]}")
+
+
+class Scheduler:
+    """A stand-in scheduler: the typed endpoints, recording what they saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    async def get(self, req: m.GetTaskRequest, subject: str) -> m.CancelReply:
+        self.seen.append((subject, trace.get_current_span().get_span_context().trace_id))
+        if req.task_id != TASK_ID:
+            raise NotFound("no such task", task_id=str(req.task_id))
+        return m.CancelReply(task_id=req.task_id, status=TaskStatus.QUEUED, cancel_requested=False)
+
+    async def claim(self, req: m.ClaimRequest, subject: str) -> m.LeaseReply:
+        prefix = subject.split(".", 1)[0]
+        host_id = Subjects(prefix).host_id_of(subject)
+        self.seen.append((subject, 0))
+        if host_id != "h1":
+            raise LeaseForeign(f"the lease belongs to h1, not {host_id}", owner="h1")
+        return m.LeaseReply(expires_at=datetime.now(UTC) + timedelta(seconds=30), ttl_s=30, cancel_requested=False)
+
+
+@pytest.fixture
+async def scheduler(nc: Client, subjects: Subjects) -> AsyncIterator[Scheduler]:
+    """The typed endpoints served as one micro service, the way the scheduler does it."""
+    scheduler = Scheduler()
+    svc = await nats.micro.add_service(
+        nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group
+    )
+    # Endpoints go on the service itself: a micro Group would prefix our already complete subjects.
+    await add_typed_endpoint(
+        svc,
+        name="tasks-get",
+        subject=subjects.tasks_get,
+        request_type=m.GetTaskRequest,
+        handler=scheduler.get,
+        max_payload_bytes=LIMIT,
+    )
+    await add_typed_endpoint(
+        svc,
+        name="host-claim",
+        subject=subjects.host_endpoint(HostVerb.CLAIM),
+        request_type=m.ClaimRequest,
+        handler=scheduler.claim,
+        max_payload_bytes=LIMIT,
+    )
+    yield scheduler
+    await svc.stop()
+
+
+async def test_a_typed_endpoint_answers(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    reply = await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+    assert reply == m.CancelReply(task_id=TASK_ID, status=TaskStatus.QUEUED, cancel_requested=False)
+    assert scheduler.seen[0][0] == subjects.tasks_get
+
+
+async def test_a_bad_body_gets_400_with_headers_and_paths(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    msg = await nc.request(subjects.tasks_get, b'{"task_id": "nope", "bogus": 1}', timeout=2)
+    assert msg.headers is not None
+    assert msg.headers[ERROR_CODE_HEADER] == "400"
+    assert msg.headers[ERROR_HEADER].startswith("invalid request")
+    error = json.loads(msg.data)["error"]
+    assert error["code"] == "invalid_request"
+    assert sorted(e["path"] for e in error["details"]["errors"]) == ["bogus", "task_id"]
+    assert scheduler.seen == []
+
+
+async def test_a_duplicate_key_gets_400(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    body = f'{{"task_id": "{TASK_ID}", "task_id": "{TASK_ID}"}}'.encode()
+    msg = await nc.request(subjects.tasks_get, body, timeout=2)
+    assert msg.headers is not None
+    assert msg.headers[ERROR_CODE_HEADER] == "400"
+
+
+async def test_an_oversize_body_gets_413(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    msg = await nc.request(subjects.tasks_get, b" " * (LIMIT + 1), timeout=2)
+    assert msg.headers is not None
+    assert msg.headers[ERROR_CODE_HEADER] == "413"
+    assert json.loads(msg.data)["error"]["details"] == {"size": LIMIT + 1, "limit": LIMIT}
+    # Through request(): the size is checked before the schema (a CancelRequest is the wrong type here).
+    big = m.CancelRequest(task_id=TASK_ID, reason="x" * LIMIT)
+    with pytest.raises(TooLarge):
+        await request(nc, subjects.tasks_get, big, m.CancelReply, timeout=2)
+    assert scheduler.seen == []
+
+
+async def test_request_raises_the_typed_error(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    other = uuid.uuid4()
+    with pytest.raises(NotFound) as raised:
+        await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=other), m.CancelReply, timeout=2)
+    assert raised.value.message == "no such task"
+    assert raised.value.details == {"task_id": str(other)}
+    with pytest.raises(InvalidRequest) as invalid:
+        await request(nc, subjects.tasks_get, m.ListTasksRequest(), m.CancelReply, timeout=2)
+    assert "task_id" in [e["path"] for e in invalid.value.details["errors"]]
+
+
+async def test_host_wildcard_endpoint_sees_the_concrete_subject(
+    nc: Client, subjects: Subjects, scheduler: Scheduler
+) -> None:
+    claim = m.ClaimRequest(task_id=TASK_ID, attempt=1, lease_id=LEASE_ID)
+    reply = await request(nc, subjects.host("h1", HostVerb.CLAIM), claim, m.LeaseReply, timeout=2)
+    assert reply.ttl_s == 30
+    with pytest.raises(LeaseForeign) as raised:
+        await request(nc, subjects.host("h2", HostVerb.CLAIM), claim, m.LeaseReply, timeout=2)
+    assert raised.value.details == {"owner": "h1"}
+    assert [s for s, _ in scheduler.seen] == [subjects.host("h1", "claim"), subjects.host("h2", "claim")]
+
+
+async def test_the_trace_crosses_the_request(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    with use_context(extract({TRACEPARENT: PARENT})):
+        await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+    assert scheduler.seen == [(subjects.tasks_get, int(PARENT.split("-")[1], 16))]
+
+
+async def test_no_responders_is_no_reply(nc: Client, subjects: Subjects) -> None:
+    with pytest.raises(NoReply) as raised:
+        await request(
+            nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=1, retries=1, backoff=0.01
+        )
+    assert raised.value.details["reason"] == "no_responders"
+
+
+async def test_the_service_is_discoverable(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
+    msg = await nc.request(f"$SRV.INFO.{subjects.service_name}", b"", timeout=2)
+    info = json.loads(msg.data)
+    assert info["name"] == subjects.service_name
+    assert {(e["name"], e["subject"], e["queue_group"]) for e in info["endpoints"]} == {
+        ("tasks-get", subjects.tasks_get, subjects.queue_group),
+        ("host-claim", subjects.host_endpoint(HostVerb.CLAIM), subjects.queue_group),
+    }
