@@ -64,4 +64,4 @@ def next_status(current: TaskStatus | None, trigger: Trigger) -> TaskStatus:
 
 def sources(trigger: Trigger) -> frozenset[TaskStatus]:
     """The statuses from which `trigger` is allowed (for compare-and-set WHERE clauses)."""
-    return frozenset(src for (src, trig) in TRANSITIONS if trig is trigger and src is not None)
+    return frozenset(src for (src, trig) in TRANSITIONS if trig == trigger and src is not None)
