@@ -133,7 +133,7 @@ def test_subjects_is_an_immutable_value() -> None:
 
 def test_msg_ids() -> None:
     assert assignment_msg_id(TASK_ID, 2) == f"{TASK_ID}.2"
-    assert event_msg_id(str(TASK_ID), 7) == f"{TASK_ID}.7"
+    assert event_msg_id(str(TASK_ID), 7) == f"{TASK_ID}:7"
 
 
 @given(prefix=st.from_regex(TOKEN_PATTERN, fullmatch=True), host_id=st.from_regex(TOKEN_PATTERN, fullmatch=True))

@@ -189,5 +189,9 @@ def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
 
 
 def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
-    """`Nats-Msg-Id` of a task event: `<task_id>.<seq>` (an addition: the protocol only asks for uniqueness)."""
-    return f"{uuid.UUID(str(task_id))}.{seq}"
+    """`Nats-Msg-Id` of a task event: `<task_id>:<seq>` (an addition: the protocol only asks for uniqueness).
+
+    A colon, not a dot, so it can never equal an assignment's `<task_id>.<attempt>` in the outbox, where
+    message ids of both streams share one unique column.
+    """
+    return f"{uuid.UUID(str(task_id))}:{seq}"
