@@ -69,3 +69,28 @@ async def test_database_outage_is_unavailable_then_recovers(postgres_server: Pos
         assert len((await store.list_tasks()).tasks) == 2
     finally:
         await store.close()
+
+
+async def test_losing_a_unique_race_is_retried_not_an_error(lab: Lab) -> None:
+    """Force the race the assigners can lose: a reservation that appears between the read and the insert."""
+    from datetime import datetime
+
+    from sqlalchemy.ext.asyncio import AsyncConnection
+
+    calls = 0
+
+    async def insert_twice(conn: AsyncConnection, now: datetime) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the first run collides with a row that another session committed meanwhile
+            await conn.execute(
+                text(
+                    "INSERT INTO tasks (task_id, status, priority, max_attempts, lease_ttl_s, plan, "
+                    "created_at, updated_at, idempotency_key) VALUES (gen_random_uuid(), 'queued', "
+                    "0, 1, 1, '{}', now(), now(), 'dup'), (gen_random_uuid(), 'queued', 0, 1, 1, "
+                    "'{}', now(), now(), 'dup')"
+                )
+            )
+        return calls
+
+    assert await lab.store._tx.run(insert_twice, name="race") == 2

@@ -40,12 +40,11 @@ _UNAVAILABLE_STATES = frozenset({"57014", "55P03", "57P01", "57P02", "57P03", "5
 
 def _pg_details(exc: sqlalchemy.exc.DBAPIError) -> tuple[str | None, str | None]:
     """(sqlstate, constraint name) of the driver error behind `exc`, where the driver gives them."""
-    orig: object = exc.orig
-    for candidate in (orig, getattr(orig, "__cause__", None)):
-        state = getattr(candidate, "sqlstate", None)
-        if state:
-            return str(state), getattr(candidate, "constraint_name", None)
-    return None, None
+    # SQLAlchemy's adapted error carries the sqlstate; the asyncpg error behind it also the constraint.
+    candidates = (exc.orig, getattr(exc.orig, "__cause__", None))
+    states = [s for c in candidates if (s := getattr(c, "sqlstate", None))]
+    constraints = [n for c in candidates if (n := getattr(c, "constraint_name", None))]
+    return (str(states[0]) if states else None), (str(constraints[0]) if constraints else None)
 
 
 class Transactor:

