@@ -213,7 +213,8 @@ class StoreMachine(RuleBasedStateMachine):
                 assert (one.scalar_one() or 0) <= 1, "a device has two active reservations"
                 act = await conn.execute(
                     text(
-                        "SELECT max(n) FROM (SELECT count(*) n FROM attempts WHERE status = 'active' GROUP BY task_id) x"
+                        "SELECT max(n) FROM (SELECT count(*) n FROM attempts WHERE status = 'active' "
+                        "GROUP BY task_id) x"
                     )
                 )
                 assert (act.scalar_one() or 0) <= 1, "a task has two active attempts"
