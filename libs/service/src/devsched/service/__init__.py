@@ -1,0 +1,23 @@
+"""devsched.service: plumbing shared by the control-plane services (never imported by libraries)."""
+
+from devsched.service.connection import Stopped, close_nats, connect_nats, flush_subscriptions, wake_subject
+from devsched.service.lifecycle import Backoff, run, sleep_or_stop
+from devsched.service.logs import bind, configure_logging
+from devsched.service.settings import ServiceSettings, SettingsError, parse_settings, settings_from
+
+__all__ = [
+    "Backoff",
+    "ServiceSettings",
+    "SettingsError",
+    "Stopped",
+    "bind",
+    "close_nats",
+    "configure_logging",
+    "connect_nats",
+    "flush_subscriptions",
+    "parse_settings",
+    "run",
+    "settings_from",
+    "sleep_or_stop",
+    "wake_subject",
+]

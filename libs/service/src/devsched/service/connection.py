@@ -1,0 +1,103 @@
+"""The NATS connection of a service: reconnect forever, log state changes once, drain quickly."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from nats.aio.client import Client
+
+from devsched.service.settings import ServiceSettings
+
+log = logging.getLogger("devsched.service.nats")
+
+
+class Stopped(Exception):
+    """The service was asked to stop before the connection came up."""
+
+
+async def connect_nats(settings: ServiceSettings, *, name: str, stop: asyncio.Event) -> Client:
+    """Connect to `settings.nats_url`, retrying until it answers or `stop` is set.
+
+    With `max_reconnect_attempts=-1` nats-py retries the first connection as well as later ones, so a
+    service may start before NATS does. Subscriptions are restored after a reconnect by nats-py.
+
+    Raises:
+        Stopped: `stop` was set first.
+    """
+    last_error: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        if not last_error or last_error[-1] != text:  # once per distinct error, not once per retry
+            log.warning("nats error: %s", text)
+            last_error[:] = [text]
+
+    async def on_disconnected() -> None:
+        if not (nc.is_closed or nc.is_draining):  # our own drain at shutdown is not news
+            log.warning("nats disconnected")
+
+    async def on_reconnected() -> None:
+        last_error.clear()
+        log.info("nats reconnected", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
+
+    nc = Client()
+    # nats-py annotates these durations as int but uses them as floats (asyncio timeouts).
+    connecting = asyncio.ensure_future(
+        nc.connect(
+            servers=[url.strip() for url in settings.nats_url.split(",") if url.strip()],
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]
+            connect_timeout=2,
+            drain_timeout=settings.drain_timeout_s,  # type: ignore[arg-type]
+            user_credentials=str(settings.nats_creds) if settings.nats_creds is not None else None,
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+        )
+    )
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        await nc.close()
+        raise Stopped()
+    connecting.result()
+    log.info("nats connected", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
+    return nc
+
+
+async def close_nats(nc: Client) -> None:
+    """Drain the connection (bounded by its drain_timeout), or close it if draining is not possible."""
+    if nc.is_closed:
+        return
+    try:
+        await nc.drain()
+    except Exception as exc:  # a drain that times out or meets a closed socket: close is what is left
+        log.warning("nats drain failed (%s); closing", type(exc).__name__)
+        await nc.close()
+
+
+async def flush_subscriptions(nc: Client, timeout: float = 5.0) -> None:  # noqa: ASYNC109
+    """Return once the server has every subscription made so far.
+
+    nats-py 2.16's `flush()` writes its PING straight to the socket while SUB commands may still sit in
+    the client's pending buffer, so its PONG can come back before the server has seen them (a request
+    right after "ready" then meets no responders). The first flush pushes the buffer out behind its PING;
+    the second one's PONG comes after the server processed it.
+    """
+    await nc.flush(timeout=timeout)  # type: ignore[arg-type]
+    await nc.flush(timeout=timeout)  # type: ignore[arg-type]
+
+
+def wake_subject(prefix: str) -> str:
+    """`P.internal.wake`: core NATS, fire and forget; wakes every scheduler's assignment loop and relay.
+
+    An addition to the protocol (the sweeper publishes it after releasing leases).
+    """
+    return f"{prefix}.internal.wake"

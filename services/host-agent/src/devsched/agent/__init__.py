@@ -1,0 +1,1 @@
+"""devsched.agent: the host agent (registration, assignment consumer, plan runner, renewals, reports)."""

@@ -1,0 +1,185 @@
+"""One assigned attempt on one device: claim it, run its plan while keeping its lease, report how it ended."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from enum import StrEnum
+
+from devsched.agent.actions import ActionRegistry
+from devsched.agent.backoff import backoff_delay
+from devsched.agent.client import HostClient
+from devsched.agent.config import DeviceConfig
+from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
+from devsched.agent.reporter import Reporter
+from devsched.agent.runner import PlanRunner, Progress, RunResult
+from devsched.agent.steps import RunIdentity
+from devsched.agent.stop import StopReason, StopSignal
+from devsched.protocol import messages as wire
+
+logger = logging.getLogger(__name__)
+
+
+class ClaimOutcome(StrEnum):
+    """How a claim ended."""
+
+    #: The attempt is ours: run it.
+    CLAIMED = "claimed"
+    #: 409 or 404: the assignment is stale (expired, superseded, the task ended); drop it.
+    STALE = "stale"
+    #: No answer before the assignment's lease must have run out, or the agent is stopping.
+    GAVE_UP = "gave_up"
+
+
+AttemptKey = tuple[str, int]
+
+
+def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest:
+    """The report of a run."""
+    steps = [
+        wire.StepResult(
+            name=step.name,
+            status=wire.StepStatus(step.status.value),
+            exit_code=step.exit_code,
+            started_at=step.started_at,
+            finished_at=step.finished_at,
+            output_tail=step.output_tail,
+        )
+        for step in result.steps
+    ]
+    return wire.ReportRequest(
+        task_id=report_of.task_id,
+        attempt=report_of.attempt,
+        lease_id=report_of.lease_id,
+        outcome=result.outcome,
+        reason=result.reason,
+        result=wire.RunResult(steps=steps),
+    )
+
+
+class Attempt:
+    """Claim, run, renew and report one attempt."""
+
+    def __init__(
+        self,
+        assignment: wire.Assignment,
+        device: DeviceConfig,
+        *,
+        client: HostClient,
+        reporter: Reporter,
+        registry: ActionRegistry,
+        stop_grace_s: float,
+        request_timeout_s: float,
+    ) -> None:
+        self.assignment = assignment
+        self.device = device
+        self._client = client
+        self._reporter = reporter
+        self._registry = registry
+        self._stop_grace_s = stop_grace_s
+        self._request_timeout_s = request_timeout_s
+        self.stop = StopSignal()
+        self.keeper = LeaseKeeper(
+            self._renew_call,
+            self.stop,
+            request_timeout_s=request_timeout_s,
+            context={"task_id": str(assignment.task_id), "attempt": assignment.attempt},
+        )
+        self.received_at = time.monotonic()
+
+    @property
+    def key(self) -> AttemptKey:
+        """`(task_id, attempt)`: what makes an assignment unique."""
+        return str(self.assignment.task_id), self.assignment.attempt
+
+    def log_fields(self) -> dict[str, object]:
+        """The ids every log line of this attempt carries."""
+        a = self.assignment
+        return {"task_id": str(a.task_id), "attempt": a.attempt, "lease_id": str(a.lease_id), "device_id": a.device_id}
+
+    async def _renew_call(self, progress: Progress | None) -> Grant:
+        a = self.assignment
+        wire_progress = (
+            None if progress is None else wire.Progress(step=progress.step, index=progress.index, of=progress.of)
+        )
+        reply = await self._client.renew(
+            a.task_id, a.attempt, a.lease_id, wire_progress, timeout_s=self._request_timeout_s
+        )
+        return Grant(ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested)
+
+    async def claim(self, stopping: asyncio.Event) -> ClaimOutcome:
+        """Claim the attempt, retrying transient failures until the assignment's lease must have run out.
+
+        The lease was granted for `ttl_s` no later than the message was received, so past that (on the
+        monotonic clock) the claim cannot succeed any more and the sweeper will requeue the task.
+        """
+        a = self.assignment
+        give_up_at = self.received_at + a.ttl_s
+        failures = 0
+        while not stopping.is_set():
+            sent_at = self.keeper.clock.now()
+            timeout = min(self._request_timeout_s, max(give_up_at - sent_at, 0.05))
+            try:
+                reply = await self._client.claim(a.task_id, a.attempt, a.lease_id, timeout_s=timeout)
+            except Exception as exc:
+                if ends_lease(exc):
+                    logger.info("assignment is stale", extra={**self.log_fields(), "error": repr(exc)})
+                    return ClaimOutcome.STALE
+                failures += 1
+                logger.warning("claim failed, will retry", extra={**self.log_fields(), "error": repr(exc)})
+                delay = backoff_delay(failures, base_s=0.1, cap_s=max(a.ttl_s / 6, 0.1))
+                if time.monotonic() + delay >= give_up_at:
+                    return ClaimOutcome.GAVE_UP
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await stopping.wait()
+                continue
+            self.keeper.granted(sent_at, Grant(ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested))
+            logger.info("attempt claimed", extra={**self.log_fields(), "ttl_s": reply.ttl_s})
+            return ClaimOutcome.CLAIMED
+        return ClaimOutcome.GAVE_UP
+
+    async def run(self) -> RunResult:
+        """Run the plan while the keeper renews the lease."""
+        a = self.assignment
+        identity = RunIdentity(
+            task_id=str(a.task_id), attempt=a.attempt, lease_id=str(a.lease_id), device_id=a.device_id
+        )
+        runner = PlanRunner(
+            a.plan.steps,
+            identity=identity,
+            stop=self.stop,
+            renew=self.keeper.renew,
+            lease_live=self.keeper.live,
+            device_env=self.device.env,
+            registry=self._registry,
+            stop_grace_s=self._stop_grace_s,
+        )
+        keeping = asyncio.create_task(self.keeper.run())
+        try:
+            result = await runner.run()
+        finally:
+            self.keeper.close()
+            await keeping
+        logger.info(
+            "attempt ended", extra={**self.log_fields(), "outcome": result.outcome.value, "reason": result.reason}
+        )
+        return result
+
+    async def report(self, result: RunResult, *, give_up: asyncio.Event | None = None) -> None:
+        """Spool the report, then deliver it (it stays spooled if `give_up` is set first)."""
+        spooled = await self._reporter.store(to_wire(result, self.assignment))
+        await self._reporter.deliver(spooled, give_up=give_up)
+
+    def nudge(self) -> None:
+        """Renew at once: the scheduler says a cancellation may be pending."""
+        self.keeper.nudge()
+
+    def shut_down(self, *, kill: bool = False) -> None:
+        """Stop as for a lease loss; with `kill`, interrupt even non-interruptible steps."""
+        if kill:
+            self.stop.kill("agent shutting down; grace period over")
+        else:
+            self.stop.request(StopReason.SHUTDOWN, "agent shutting down")

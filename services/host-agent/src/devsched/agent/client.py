@@ -1,0 +1,91 @@
+"""The host's side of the scheduler's host endpoints: `P.host.<host_id>.register|heartbeat|claim|renew|report`.
+
+Every call is one try (no retries here): the caller knows whether and when to repeat, and the lease
+keeper needs the send time of the very try that succeeded. Error replies raise the typed errors of
+`devsched.core.errors`; no reply raises `NoReply` (retryable).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import nats.errors
+from nats.aio.client import Client
+
+from devsched.core.errors import Internal, InvalidRequest
+from devsched.protocol.codec import decode, raise_for_error
+from devsched.protocol.messages import (
+    ClaimRequest,
+    DeviceRegistration,
+    HeartbeatRequest,
+    LeaseReply,
+    Progress,
+    RegisterReply,
+    RegisterRequest,
+    RenewRequest,
+    ReportReply,
+)
+from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.tracing import inject
+from devsched.protocol.transport import NoReply, request
+
+
+class HostClient:
+    """Typed requests of one host over one NATS connection."""
+
+    def __init__(self, nc: Client, subjects: Subjects, host_id: str, *, timeout_s: float) -> None:
+        self._nc = nc
+        self._subjects = subjects
+        self.host_id = host_id
+        self.timeout_s = timeout_s
+
+    def _subject(self, verb: HostVerb) -> str:
+        return self._subjects.host(self.host_id, verb)
+
+    async def register(self, devices: list[DeviceRegistration], agent_version: str | None) -> RegisterReply:
+        """Replace this host's device list; the reply gives the heartbeat interval."""
+        body = RegisterRequest(devices=devices, agent_version=agent_version)
+        return await request(self._nc, self._subject(HostVerb.REGISTER), body, RegisterReply, timeout=self.timeout_s)
+
+    async def heartbeat(self) -> RegisterReply:
+        """A sign of life; the reply gives the heartbeat interval."""
+        return await request(
+            self._nc, self._subject(HostVerb.HEARTBEAT), HeartbeatRequest(), RegisterReply, timeout=self.timeout_s
+        )
+
+    async def claim(self, task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID, *, timeout_s: float) -> LeaseReply:
+        """Start an assigned attempt (a repeat for the same lease is answered as a renewal)."""
+        body = ClaimRequest(task_id=task_id, attempt=attempt, lease_id=lease_id)
+        return await request(self._nc, self._subject(HostVerb.CLAIM), body, LeaseReply, timeout=timeout_s)
+
+    async def renew(
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_id: uuid.UUID,
+        progress: Progress | None,
+        *,
+        timeout_s: float,
+    ) -> LeaseReply:
+        """Extend the lease, carrying `progress`."""
+        body = RenewRequest(task_id=task_id, attempt=attempt, lease_id=lease_id, progress=progress)
+        return await request(self._nc, self._subject(HostVerb.RENEW), body, LeaseReply, timeout=timeout_s)
+
+    async def report(self, body: bytes) -> ReportReply:
+        """Send an encoded report exactly as spooled, so every retry carries the identical bytes.
+
+        Raises:
+            DevschedError: the typed error of an error reply.
+            NoReply: no reply in time, or nothing serves the subject.
+        """
+        subject = self._subject(HostVerb.REPORT)
+        try:
+            msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            reason = "timeout" if isinstance(exc, nats.errors.TimeoutError) else "no_responders"
+            raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
+        raise_for_error(msg.headers, msg.data)
+        try:
+            return decode(ReportReply, msg.data)
+        except InvalidRequest as exc:
+            raise Internal(f"malformed ReportReply from {subject}", **exc.details) from exc

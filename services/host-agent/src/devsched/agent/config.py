@@ -1,0 +1,143 @@
+"""The agent's configuration: a TOML file, with the NATS settings overridable by environment.
+
+```toml
+host_id = "bench-07"
+spool_dir = "/var/lib/devsched-agent"
+[[devices]]
+device_id = "pixel-7-a"
+labels = { platform = "android" }
+env = { ANDROID_SERIAL = "33ab12" }
+```
+
+`DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX` and `DEVSCHED_NATS_CREDS` override `nats_url`,
+`subject_prefix` and `nats_creds` from the file (the same names the other services read).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from devsched.core.ids import TOKEN_PATTERN
+
+#: A single NATS subject token: the prefix, host ids and device ids.
+Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
+#: A duration in seconds: finite and > 0.
+Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class ConfigError(Exception):
+    """The agent's configuration file is missing, unreadable or invalid."""
+
+
+class DeviceConfig(BaseModel):
+    """One device attached to this host."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: Unique across all hosts; a subject token.
+    device_id: Token
+    #: What selectors match on (`platform = "android"`).
+    labels: dict[str, str] = Field(default_factory=dict)
+    #: Given to every step that runs on this device.
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class AgentConfig(BaseModel):
+    """Everything the agent needs to know about its host, its devices and the control plane."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: This host's id; a subject token, used in every host subject.
+    host_id: Token
+    #: Where reports wait until the scheduler has answered them; survives restarts.
+    spool_dir: Path
+    #: The devices this host runs work on (may be empty).
+    devices: tuple[DeviceConfig, ...] = ()
+    #: NATS server URL(s), comma-separated for a cluster.
+    nats_url: str = "nats://127.0.0.1:4222"
+    #: Subject prefix of the deployment.
+    subject_prefix: Token = "devsched"
+    #: Optional NATS credentials file (JWT + nkey seed).
+    nats_creds: Path | None = None
+    #: How long a process group gets between SIGTERM and SIGKILL when a step is stopped or timed out.
+    stop_grace_s: Seconds = 5.0
+    #: On SIGTERM, how long running attempts may go on before they stop as for a lease loss.
+    shutdown_grace_s: Seconds = 10.0
+    #: Timeout of one request to the scheduler (claim, renew, report, register, heartbeat).
+    request_timeout_s: Seconds = 5.0
+    #: Bound on draining the NATS connection at shutdown (nats-py's default of 30 s is too long).
+    drain_timeout_s: Seconds = 2.0
+
+    @field_validator("devices")
+    @classmethod
+    def _unique_device_ids(cls, devices: tuple[DeviceConfig, ...]) -> tuple[DeviceConfig, ...]:
+        seen: set[str] = set()
+        for device in devices:
+            if device.device_id in seen:
+                raise ValueError(f"duplicate device_id {device.device_id!r}")
+            seen.add(device.device_id)
+        return devices
+
+    def device(self, device_id: str) -> DeviceConfig | None:
+        """The configured device with this id, if any."""
+        return next((d for d in self.devices if d.device_id == device_id), None)
+
+
+class EnvOverrides(BaseSettings):
+    """The settings that the environment may override (empty variables count as unset)."""
+
+    model_config = SettingsConfigDict(env_prefix="DEVSCHED_", env_ignore_empty=True, extra="ignore")
+
+    nats_url: str | None = None
+    subject_prefix: str | None = None
+    nats_creds: str | None = None
+
+
+def _describe(error: ValidationError) -> list[str]:
+    lines = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        if item["type"] == "missing":
+            lines.append(f"{where}: required key is missing")
+        elif item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown key")
+        elif item["type"] == "value_error":
+            lines.append(f"{where}: {item['ctx']['error']}")
+        else:
+            lines.append(f"{where}: {item['msg']}")
+    return lines
+
+
+def parse_config(data: dict[str, Any], *, source: str = "<config>") -> AgentConfig:
+    """Validate an already parsed configuration mapping.
+
+    Raises:
+        ConfigError: naming `source` and every offending key.
+    """
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"invalid agent config {source}:\n  " + "\n  ".join(_describe(exc))) from None
+
+
+def load_config(path: Path, *, environ: bool = True) -> AgentConfig:
+    """Read, override from the environment (when `environ`) and validate the TOML file at `path`.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or invalid; the message names the file and the keys.
+    """
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read agent config {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"agent config {path} is not valid TOML: {exc}") from None
+    if environ:
+        overrides = EnvOverrides().model_dump(exclude_none=True)
+        data.update(overrides)
+    return parse_config(data, source=str(path))

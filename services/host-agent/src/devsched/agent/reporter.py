@@ -1,0 +1,153 @@
+"""Terminal reports: spooled before they are sent, resent with the identical bytes until answered.
+
+| answer | what happens to the spooled report |
+| --- | --- |
+| recorded, or duplicate | removed |
+| 409 (expired, superseded, foreign, terminal, outcome conflict) | removed: the report is moot |
+| 409 `cancel_not_requested`, 400, 413 | moved to `rejected/`: it can never be accepted as it is |
+| 404 | the host is re-registered and the report retried; after a few, moved to `rejected/` |
+| no reply, 503, 500, connection trouble | retried with capped exponential backoff and jitter |
+
+A report whose delivery is given up (the agent is shutting down) stays in the spool for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from devsched.agent.backoff import backoff_delay
+from devsched.agent.client import HostClient
+from devsched.agent.spool import Spool, SpooledReport, report_key
+from devsched.core.errors import (
+    CancelNotRequested,
+    Conflict,
+    DevschedError,
+    InvalidRequest,
+    NotFound,
+    TooLarge,
+)
+from devsched.protocol.codec import encode
+from devsched.protocol.messages import ReportReply, ReportRequest, RunResult
+from devsched.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
+
+logger = logging.getLogger(__name__)
+
+#: 404s in a row (each after a re-registration) before a report is put aside.
+MAX_NOT_FOUND = 3
+
+
+def encode_report(report: ReportRequest, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+    """The report's bytes, with output tails shortened (evenly, from their start) until it fits `limit`."""
+    body = encode(report)
+    if len(body) <= limit or report.result is None:
+        return body
+    longest = max((len(s.output_tail or "") for s in report.result.steps), default=0)
+    keep = longest
+    while len(body) > limit and keep > 0:
+        keep //= 2
+        steps = [
+            s.model_copy(update={"output_tail": s.output_tail[-keep:] if keep else ""}) if s.output_tail else s
+            for s in report.result.steps
+        ]
+        body = encode(report.model_copy(update={"result": RunResult(steps=steps)}))
+    return body
+
+
+class Reporter:
+    """Delivers reports through the spool."""
+
+    def __init__(
+        self,
+        client: HostClient,
+        spool: Spool,
+        *,
+        on_not_found: Callable[[], Awaitable[None]] | None = None,
+        base_backoff_s: float = 0.2,
+        max_backoff_s: float = 30.0,
+    ) -> None:
+        self._client = client
+        self._spool = spool
+        self._on_not_found = on_not_found
+        self._base_backoff_s = base_backoff_s
+        self._max_backoff_s = max_backoff_s
+
+    async def store(self, report: ReportRequest) -> SpooledReport:
+        """Write `report` to the spool (durably, before any send) and return what was stored."""
+        key = report_key(str(report.task_id), report.attempt)
+        body = encode_report(report)
+        try:
+            path = await asyncio.to_thread(self._spool.put, key, body)
+        except OSError as exc:
+            # Sending it still beats losing it; only a restart before the answer would lose it now.
+            logger.error("report could not be spooled; sending it anyway", extra={"spool_key": key, "error": repr(exc)})
+            return SpooledReport(key, body, None)
+        return SpooledReport(key, body, path)
+
+    async def pending(self) -> list[SpooledReport]:
+        """Reports left in the spool (by an earlier run of the agent, or given up at shutdown)."""
+        return await asyncio.to_thread(self._spool.pending)
+
+    async def deliver(self, spooled: SpooledReport, *, give_up: asyncio.Event | None = None) -> ReportReply | None:
+        """Send until the scheduler answers, or `give_up` is set (then the report stays spooled).
+
+        Returns:
+            The reply when the report was recorded (or was a duplicate); None otherwise.
+        """
+        key, body = spooled.key, spooled.body
+        failures = not_found = 0
+        while True:
+            try:
+                reply = await self._client.report(body)
+            except (InvalidRequest, TooLarge, CancelNotRequested) as exc:
+                await self._reject(key, exc)
+                return None
+            except Conflict as exc:
+                logger.warning("report is moot", extra={"spool_key": key, "code": exc.code, "error": exc.message})
+                await asyncio.to_thread(self._spool.remove, key)
+                return None
+            except NotFound as exc:
+                not_found += 1
+                if not_found >= MAX_NOT_FOUND:
+                    await self._reject(key, exc)
+                    return None
+                if self._on_not_found is not None:
+                    with contextlib.suppress(Exception):
+                        await self._on_not_found()
+            except Exception as exc:
+                logger.warning(
+                    "report not answered, will retry",
+                    extra={"spool_key": key, "error": repr(exc), "failures": failures + 1},
+                )
+            else:
+                logger.info(
+                    "report recorded",
+                    extra={"spool_key": key, "status": reply.status.value, "duplicate": reply.duplicate},
+                )
+                await asyncio.to_thread(self._spool.remove, key)
+                return reply
+            failures += 1
+            delay = backoff_delay(failures, base_s=self._base_backoff_s, cap_s=self._max_backoff_s)
+            if await _wait(give_up, delay):
+                logger.warning("report left in the spool", extra={"spool_key": key})
+                return None
+
+    async def _reject(self, key: str, exc: DevschedError) -> None:
+        why = f"{exc.code}: {exc.message}"
+        path = await asyncio.to_thread(self._spool.reject, key, why)
+        logger.error("report can never be accepted; kept aside", extra={"spool_key": key, "error": why, "path": path})
+
+
+async def _wait(event: asyncio.Event | None, seconds: float) -> bool:
+    """Sleep `seconds` unless `event` is set first; True when it is set."""
+    if event is None:
+        await asyncio.sleep(seconds)
+        return False
+    if event.is_set():
+        return True
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    return event.is_set()

@@ -1,0 +1,264 @@
+"""The plan runner: one attempt's steps in order, with collaborative stop and teardown steps.
+
+Rules (PROTOCOL.md, host-agent.md):
+
+- Before each step starts, the renew hook is called with `progress` (the step boundary renewal), then the
+  stop state and the lease's local deadline are checked: no step starts after a stop of its kind, and no
+  step at all once the lease is lost ("no step starts after the deadline").
+- A failed or timed-out step ends the planned work: later steps are skipped, except `always` steps.
+- `always` steps run after a failure or a cancellation stop, never after a lease loss or a shutdown.
+- Every step of the plan is in the result, in order.
+
+Outcome: `done` when every step is done; `failed` when a step failed or timed out first, or the run was
+stopped by a lease loss or a shutdown; `cancelled` when a cancellation stopped it first. A stop counts
+only if it changed something (a step was interrupted or skipped): a plan that ran to the end reports
+how its steps ended. Failures after the first cause (a failing teardown after a cancellation, a lease
+loss during teardown) keep the outcome and are named in the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from devsched.agent.actions import ActionRegistry, default_registry
+from devsched.agent.steps import (
+    FAILURES,
+    ActionError,
+    ActionResult,
+    RunIdentity,
+    StepContext,
+    StepStatus,
+)
+from devsched.agent.stop import StopLevel, StopReason, StopSignal
+from devsched.core.status import Outcome
+
+logger = logging.getLogger(__name__)
+
+#: Extra time past `timeout_s` (and two stop graces) after which the runner gives up on an action that
+#: ignores its own timeout.
+BACKSTOP_S = 5.0
+
+
+class StepSpec(Protocol):
+    """What the runner needs of a plan step (the protocol's `Step` model has these fields)."""
+
+    @property
+    def name(self) -> str: ...  # noqa: D102
+    @property
+    def action(self) -> str: ...  # noqa: D102
+    @property
+    def args(self) -> Mapping[str, Any]: ...  # noqa: D102
+    @property
+    def timeout_s(self) -> float: ...  # noqa: D102
+    @property
+    def interruptible(self) -> bool: ...  # noqa: D102
+    @property
+    def always(self) -> bool: ...  # noqa: D102
+
+
+@dataclass(frozen=True, slots=True)
+class PlanStep:
+    """A plan step with the protocol's defaults (for tests and local use)."""
+
+    name: str
+    action: str
+    args: Mapping[str, Any] = field(default_factory=dict)
+    timeout_s: float = 3600.0
+    interruptible: bool = False
+    always: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where a run is: the step about to start, its index and the number of steps."""
+
+    step: str
+    index: int
+    of: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepReport:
+    """How one step ended (`result.steps[]`); a skipped step has no timestamps."""
+
+    name: str
+    status: StepStatus
+    exit_code: int | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    output_tail: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What the attempt reports."""
+
+    outcome: Outcome
+    reason: str | None
+    steps: tuple[StepReport, ...]
+
+
+#: Called at each step boundary with the step about to start; renews the lease (and may request a stop).
+RenewHook = Callable[[Progress], Awaitable[None]]
+
+
+def utc_now() -> datetime:
+    """The current UTC time."""
+    return datetime.now(UTC)
+
+
+async def _no_renewal(progress: Progress) -> None:
+    return None
+
+
+def _describe(name: str, report: StepReport, timeout_s: float) -> str:
+    if report.status is StepStatus.TIMED_OUT:
+        return f"step {name!r} timed out after {timeout_s:g} s"
+    if report.exit_code is not None:
+        return f"step {name!r} failed with exit code {report.exit_code}"
+    first_line = report.output_tail.strip().splitlines()[0] if report.output_tail.strip() else ""
+    return f"step {name!r} failed" + (f": {first_line}" if first_line else "")
+
+
+class PlanRunner:
+    """Runs one attempt's plan; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        steps: Sequence[StepSpec],
+        *,
+        identity: RunIdentity,
+        stop: StopSignal,
+        renew: RenewHook = _no_renewal,
+        lease_live: Callable[[], bool] = lambda: True,
+        device_env: Mapping[str, str] | None = None,
+        registry: ActionRegistry | None = None,
+        stop_grace_s: float = 5.0,
+        now: Callable[[], datetime] = utc_now,
+    ) -> None:
+        self._steps = tuple(steps)
+        self._identity = identity
+        self._stop = stop
+        self._renew = renew
+        self._lease_live = lease_live
+        self._device_env = dict(device_env or {})
+        self._registry = registry if registry is not None else default_registry()
+        self._stop_grace_s = stop_grace_s
+        self._now = now
+        #: The first step failure that happened before any stop: the run's cause, if it is one.
+        self._failure: str | None = None
+        #: Failures after the first cause, for the reason.
+        self._later_failures: list[str] = []
+        self._broken = False
+
+    def _skip_reason(self, step: StepSpec) -> str | None:
+        """Why `step` may not start now, or None if it may."""
+        if self._stop.halted:
+            reason, detail = self._stop.halt or (StopReason.LEASE_LOST, "")
+            return f"skipped: {reason.value}" + (f" ({detail})" if detail else "")
+        if step.always:
+            return None
+        if self._stop.stopped:
+            return f"skipped: {self._stop.reason.value}"
+        if self._broken:
+            return "skipped: an earlier step failed"
+        return None
+
+    async def _boundary(self, progress: Progress) -> None:
+        try:
+            await self._renew(progress)
+        except Exception:
+            # The hook's own errors must not end the run: the local deadline still guards the lease.
+            logger.exception("renewal at step boundary failed", extra={"progress": progress.step})
+        if not self._lease_live():
+            self._stop.request(StopReason.LEASE_LOST, "no successful renewal within the lease ttl")
+
+    async def run(self) -> RunResult:
+        """Run the plan to its end (or its stop) and say how it went."""
+        reports: list[StepReport] = []
+        of = len(self._steps)
+        for index, step in enumerate(self._steps):
+            skip = self._skip_reason(step)
+            if skip is None:
+                await self._boundary(Progress(step.name, index, of))
+                skip = self._skip_reason(step)
+            if skip is not None:
+                reports.append(StepReport(step.name, StepStatus.SKIPPED, None, None, None, skip))
+                continue
+            report = await self._run_step(step)
+            reports.append(report)
+            if report.status in FAILURES:
+                self._broken = True
+                described = _describe(step.name, report, step.timeout_s)
+                if self._failure is None and not self._stop.stopped:
+                    self._failure = described
+                else:
+                    self._later_failures.append(described)
+        outcome, reason = self._verdict(reports)
+        return RunResult(outcome, reason, tuple(reports))
+
+    def _verdict(self, reports: Sequence[StepReport]) -> tuple[Outcome, str | None]:
+        stop_mattered = any(r.status in (StepStatus.SKIPPED, StepStatus.INTERRUPTED) for r in reports)
+        notes = list(self._later_failures)
+        if self._failure is not None:
+            outcome, cause = Outcome.FAILED, self._failure
+            halt = self._stop.halt
+            if halt is not None and stop_mattered:
+                notes.append(f"{halt[0].value}: {halt[1]}" if halt[1] else halt[0].value)
+        elif self._stop.stopped and stop_mattered:
+            first = self._stop.reason
+            outcome = Outcome.CANCELLED if first is StopReason.CANCELLED else Outcome.FAILED
+            cause = f"{first.value}: {self._stop.detail}" if self._stop.detail else first.value
+            halt = self._stop.halt
+            if first is StopReason.CANCELLED and halt is not None:
+                notes.append(f"then {halt[0].value}" + (f": {halt[1]}" if halt[1] else ""))
+        elif notes:
+            # Only reachable if a stop that changed nothing came first and a step failed afterwards.
+            outcome, cause = Outcome.FAILED, notes.pop(0)
+        else:
+            return Outcome.DONE, None
+        return outcome, "; ".join([cause, *notes])
+
+    def _threshold(self, step: StepSpec) -> StopLevel:
+        if not step.interruptible:
+            return StopLevel.KILL
+        return StopLevel.HALT if step.always else StopLevel.STOP
+
+    async def _run_step(self, step: StepSpec) -> StepReport:
+        started_at = self._now()
+        log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
+        logger.info("step started", extra=log)
+        with self._stop.interrupt(self._threshold(step)) as interrupt:
+            result = await self._call(step, interrupt)
+        finished_at = self._now()
+        logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
+        return StepReport(step.name, result.status, result.exit_code, started_at, finished_at, result.output_tail)
+
+    async def _call(self, step: StepSpec, interrupt: asyncio.Event) -> ActionResult:
+        ctx = StepContext(
+            args=step.args,
+            device_env=self._device_env,
+            identity=self._identity,
+            interrupt=interrupt,
+            timeout_s=step.timeout_s,
+            stop_grace_s=self._stop_grace_s,
+        )
+        backstop = asyncio.timeout(step.timeout_s + 2 * self._stop_grace_s + BACKSTOP_S)
+        try:
+            action = self._registry.get(step.action)
+            async with backstop:
+                return await action(ctx)
+        except ActionError as exc:
+            return ActionResult(StepStatus.FAILED, None, str(exc))
+        except TimeoutError as exc:
+            if backstop.expired():
+                return ActionResult(StepStatus.TIMED_OUT, None, f"action {step.action!r} ignored its timeout")
+            return ActionResult(StepStatus.FAILED, None, f"action {step.action!r} raised {exc!r}")
+        except Exception as exc:
+            logger.exception("action raised", extra={"step": step.name, "action": step.action})
+            return ActionResult(StepStatus.FAILED, None, f"action {step.action!r} raised {exc!r}")

@@ -1,0 +1,197 @@
+"""The `shell` action: `/bin/sh -c command` in its own process group, stopped as a group.
+
+The step's processes get their own session (`start_new_session`), so one signal reaches the shell and
+everything it started. A step that times out, or is interrupted, gets SIGTERM, then SIGKILL after the
+grace period. Processes a step leaves behind when its shell exits are stopped the same way: the device
+must be free of the previous attempt's work before the next one starts.
+
+Output goes to a pipe that the agent owns (not an asyncio subprocess pipe): in Python 3.11
+`Process.wait()` waits for the subprocess pipes to close, so a background process holding stdout
+would hang it. Here the exit and the end of output are awaited separately, each bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from devsched.agent.steps import (
+    OUTPUT_TAIL_BYTES,
+    ActionResult,
+    StepContext,
+    StepStatus,
+    parse_args,
+    tail_text,
+)
+
+#: How often a process group is checked for having emptied.
+_POLL_S = 0.02
+#: How long the output pipe may stay open after the step's processes are gone (held by an escapee).
+_DRAIN_S = 1.0
+_READ_CHUNK = 65536
+_PROC = "/proc"
+
+
+class ShellArgs(BaseModel):
+    """Arguments of a `shell` step."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    #: Run with `/bin/sh -c`.
+    command: str = Field(min_length=1)
+    #: Added to the environment (over the device's env; the DEVSCHED_* variables win).
+    env: dict[str, str] = Field(default_factory=dict)
+    #: Working directory; the agent's own when absent.
+    cwd: str | None = None
+
+
+class OutputTail:
+    """Keeps the last `limit` bytes of a stream, in bounded memory."""
+
+    def __init__(self, limit: int = OUTPUT_TAIL_BYTES) -> None:
+        self._limit = limit
+        self._buffer = bytearray()
+        #: Bytes seen in total.
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Append `chunk`, forgetting what falls out of the tail."""
+        self.total += len(chunk)
+        self._buffer += chunk
+        if len(self._buffer) > 2 * self._limit:
+            del self._buffer[: -self._limit]
+
+    def text(self) -> str:
+        """The tail as text."""
+        return tail_text(self._buffer, self._limit)
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def _live_member_in_proc(pgid: int) -> bool:
+    """Whether /proc lists a process of group `pgid` that is not a zombie."""
+    with os.scandir(_PROC) as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"{_PROC}/{entry.name}/stat", "rb") as handle:
+                    stat = handle.read()
+            except OSError:  # exited meanwhile
+                continue
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses; split after the last ")".
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group `pgid` is still running.
+
+    Zombies do not count: where nothing reaps orphans (a container whose PID 1 is not an init), an
+    orphaned step process stays a zombie forever, and it holds nothing.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    if not os.path.isdir(_PROC):
+        return True
+    return _live_member_in_proc(pgid)
+
+
+async def _group_gone(pgid: int) -> None:
+    # The kernel gives no event for "process group emptied" (grandchildren are not our children): poll.
+    while group_alive(pgid):  # noqa: ASYNC110
+        await asyncio.sleep(_POLL_S)
+
+
+async def stop_group(process: asyncio.subprocess.Process, grace_s: float) -> None:
+    """SIGTERM the process group of `process`, SIGKILL it after `grace_s`, and reap `process`."""
+    _signal_group(process.pid, signal.SIGTERM)
+    try:
+        async with asyncio.timeout(grace_s):
+            await process.wait()
+            await _group_gone(process.pid)
+    except TimeoutError:
+        _signal_group(process.pid, signal.SIGKILL)
+        await process.wait()
+
+
+async def _pump(reader: asyncio.StreamReader, tail: OutputTail) -> None:
+    while chunk := await reader.read(_READ_CHUNK):
+        tail.feed(chunk)
+
+
+async def _supervise(process: asyncio.subprocess.Process, ctx: StepContext) -> StepStatus:
+    """Wait for the exit, the timeout or the interrupt, whichever comes first; stop the group if not exit."""
+    exited = asyncio.ensure_future(process.wait())
+    interrupted = asyncio.ensure_future(ctx.interrupt.wait())
+    try:
+        done, _ = await asyncio.wait({exited, interrupted}, timeout=ctx.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        interrupted.cancel()
+    if exited in done:
+        return StepStatus.DONE if exited.result() == 0 else StepStatus.FAILED
+    exited.cancel()
+    await stop_group(process, ctx.stop_grace_s)
+    return StepStatus.INTERRUPTED if interrupted in done else StepStatus.TIMED_OUT
+
+
+async def shell(ctx: StepContext) -> ActionResult:
+    """Run `args.command` with `/bin/sh -c`; see the module docstring for how it is stopped."""
+    args = parse_args(ShellArgs, "shell", ctx.args)
+    env = {**os.environ, **ctx.device_env, **args.env, **ctx.identity.env()}
+    read_fd, write_fd = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            "/bin/sh",
+            "-c",
+            args.command,
+            stdin=subprocess.DEVNULL,
+            stdout=write_fd,
+            stderr=write_fd,
+            env=env,
+            cwd=args.cwd,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        os.close(read_fd)
+        return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")
+    finally:
+        os.close(write_fd)
+
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+    )
+    tail = OutputTail()
+    pump = asyncio.create_task(_pump(reader, tail))
+    note = ""
+    try:
+        status = await _supervise(process, ctx)
+        if group_alive(process.pid):
+            note = "\n[devsched-agent: stopped processes the step left running]\n"
+            await stop_group(process, ctx.stop_grace_s)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(pump, _DRAIN_S)
+    finally:
+        # Reached with the group still alive only when this task is cancelled: leave nothing behind.
+        if process.returncode is None or group_alive(process.pid):
+            _signal_group(process.pid, signal.SIGKILL)
+        pump.cancel()
+        transport.close()
+        if process.returncode is None:
+            # Reap the killed shell (prompt after SIGKILL) so no zombie or open transport is left.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(process.wait()), _DRAIN_S)
+    return ActionResult(status, process.returncode, tail.text() + note)

@@ -1,0 +1,159 @@
+"""The report spool: terminal reports on disk from before they are sent until the scheduler answers.
+
+A report is written atomically (a temporary file, fsync, rename, fsync of the directory) so that after a
+crash the spool holds either the whole report or nothing of it. An agent that starts with reports in its
+spool resends them, byte for byte, before it takes new work. A report is removed once the scheduler has
+answered it (recorded, duplicate, or a 409 that makes it moot). A report the scheduler can never accept
+(it fails the schema, or is too large) is moved to `rejected/` for an operator: never lost silently.
+
+The methods do blocking file I/O on small files; call them from a thread in async code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+_KEY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
+_SUFFIX = ".json"
+_TMP_SUFFIX = ".tmp"
+REJECTED = "rejected"
+LOCK_FILE = ".lock"
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledReport:
+    """One pending report."""
+
+    key: str
+    body: bytes
+    #: Where it is stored; None for a report that could not be spooled (sent from memory only).
+    path: Path | None
+
+
+def report_key(task_id: str, attempt: int) -> str:
+    """The spool key of a task attempt's report (one report per attempt)."""
+    return f"{task_id}.{attempt}"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomically(path: Path, body: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}{_TMP_SUFFIX}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(path.parent)
+
+
+class SpoolLocked(Exception):
+    """Another process (another agent) holds the spool."""
+
+
+class Spool:
+    """A directory of pending reports, one file per key.
+
+    One agent owns a spool: `lock` takes an exclusive lock for the life of the process (two agents
+    sharing one spool would resend each other's reports and delete each other's half-written files).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the spool for this process, and clear what a crash in the middle of `put` left.
+
+        Raises:
+            SpoolLocked: another process holds it.
+        """
+        fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SpoolLocked(f"spool {self.directory} is in use by another process") from None
+        self._lock_fd = fd
+        # A temporary file is what a crash in the middle of `put` leaves: its report was never sent.
+        for leftover in self.directory.glob(f".*{_TMP_SUFFIX}"):
+            with contextlib.suppress(FileNotFoundError):
+                leftover.unlink()
+
+    def unlock(self) -> None:
+        """Release the lock taken by `lock`."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _path(self, key: str) -> Path:
+        if not _KEY.fullmatch(key):
+            raise ValueError(f"invalid spool key {key!r}")
+        return self.directory / f"{key}{_SUFFIX}"
+
+    def put(self, key: str, body: bytes) -> Path:
+        """Store `body` under `key` durably (replacing an older body with the same key)."""
+        path = self._path(key)
+        _write_atomically(path, body)
+        return path
+
+    def get(self, key: str) -> bytes | None:
+        """The body stored under `key`, if any."""
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def pending(self) -> list[SpooledReport]:
+        """Every stored report, oldest first."""
+        found = []
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                found.append((path.stat().st_mtime_ns, path.name, path.read_bytes(), path))
+            except FileNotFoundError:  # removed meanwhile
+                continue
+        found.sort(key=lambda item: (item[0], item[1]))
+        return [SpooledReport(path.name[: -len(_SUFFIX)], body, path) for _, _, body, path in found]
+
+    def remove(self, key: str) -> None:
+        """Forget the report under `key` (no error if it is gone already)."""
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            return
+        _fsync_dir(self.directory)
+
+    def reject(self, key: str, why: str) -> Path | None:
+        """Move the report under `key` to `rejected/`, with `why` beside it; None if it was gone."""
+        source = self._path(key)
+        target_dir = self.directory / REJECTED
+        target_dir.mkdir(exist_ok=True)
+        target = target_dir / source.name
+        try:
+            os.replace(source, target)
+        except FileNotFoundError:
+            return None
+        _write_atomically(target_dir / f"{key}.reason.txt", why.encode("utf-8"))
+        _fsync_dir(self.directory)
+        return target

@@ -1,0 +1,130 @@
+"""What an action is given and what it gives back: the vocabulary shared by actions and the runner."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+#: How much of a step's combined stdout/stderr is kept for the report (the last bytes).
+OUTPUT_TAIL_BYTES = 4096
+
+
+class StepStatus(StrEnum):
+    """How one step of a plan ended (`result.steps[].status`)."""
+
+    #: Ran and succeeded (exit code 0 for `shell`).
+    DONE = "done"
+    #: Ran and failed, or could not start (bad arguments, unknown action, missing `cwd`).
+    FAILED = "failed"
+    #: Ran past its `timeout_s` and was killed.
+    TIMED_OUT = "timed_out"
+    #: Stopped early because the run was stopped and the step allowed it.
+    INTERRUPTED = "interrupted"
+    #: Never started.
+    SKIPPED = "skipped"
+
+
+#: Statuses of a step that went wrong on its own (not because the run was stopped).
+FAILURES: frozenset[StepStatus] = frozenset({StepStatus.FAILED, StepStatus.TIMED_OUT})
+
+
+class Interrupt(Protocol):
+    """A one-way signal that tells a running step to stop early (an `asyncio.Event` is one)."""
+
+    def is_set(self) -> bool:
+        """Whether the step should stop now."""
+        ...
+
+    async def wait(self) -> Any:
+        """Return once the step should stop."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunIdentity:
+    """Which attempt a step belongs to; handed to `shell` steps as environment variables."""
+
+    task_id: str
+    attempt: int
+    #: A fencing token that external systems can check.
+    lease_id: str
+    device_id: str
+
+    def env(self) -> dict[str, str]:
+        """The `DEVSCHED_*` variables of a step."""
+        return {
+            "DEVSCHED_TASK_ID": self.task_id,
+            "DEVSCHED_ATTEMPT": str(self.attempt),
+            "DEVSCHED_LEASE_ID": self.lease_id,
+            "DEVSCHED_DEVICE_ID": self.device_id,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepContext:
+    """Everything an action gets for one step."""
+
+    #: The step's `args`, as sent (validate them with `parse_args`).
+    args: Mapping[str, Any]
+    #: The device's configured `env`.
+    device_env: Mapping[str, str]
+    identity: RunIdentity
+    #: Set when the step must stop early: the action returns `interrupted` soon after.
+    interrupt: Interrupt
+    #: The step's `timeout_s`: past it the action stops and returns `timed_out`.
+    timeout_s: float
+    #: Time between SIGTERM and SIGKILL when a process group is stopped.
+    stop_grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ActionResult:
+    """How an action ended."""
+
+    status: StepStatus
+    exit_code: int | None = None
+    output_tail: str = ""
+
+
+#: An action: run one step and say how it ended. It honours `timeout_s` and `interrupt` itself.
+Action = Callable[[StepContext], Awaitable[ActionResult]]
+
+
+class ActionError(Exception):
+    """A step cannot run: unknown action or bad arguments. The step fails with this message."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_args(model: type[M], action: str, args: Mapping[str, Any]) -> M:
+    """Validate a step's `args` for `action` against `model`.
+
+    Raises:
+        ActionError: naming every offending argument.
+    """
+    try:
+        return model.model_validate(dict(args))
+    except ValidationError as exc:
+        problems = []
+        for item in exc.errors():
+            where = ".".join(str(part) for part in item["loc"]) or "args"
+            message = "unknown argument" if item["type"] == "extra_forbidden" else item["msg"]
+            problems.append(f"{where}: {message}")
+        raise ActionError(f"invalid args for action {action!r}: " + "; ".join(problems)) from None
+
+
+def tail_text(data: bytes | bytearray, limit: int = OUTPUT_TAIL_BYTES) -> str:
+    """The last `limit` bytes of `data` as text, without a broken character at the cut."""
+    cut = bytes(data[-limit:])
+    if len(data) > limit:
+        # Drop UTF-8 continuation bytes left over from a character that was cut in half.
+        start = 0
+        while start < min(3, len(cut)) and cut[start] & 0xC0 == 0x80:
+            start += 1
+        cut = cut[start:]
+    return cut.decode("utf-8", errors="replace")

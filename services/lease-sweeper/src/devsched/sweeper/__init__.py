@@ -1,0 +1,1 @@
+"""devsched.sweeper: the periodic sweep of expired leases."""

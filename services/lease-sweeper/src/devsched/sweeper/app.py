@@ -1,0 +1,126 @@
+"""The lease sweeper: every `sweep_interval_s`, end expired leases in batches until none is left.
+
+The store decides each task's fate in the same transaction (requeue with attempts left, fail with
+`lease_expired` at the limit, cancel when a cancellation is pending), keeps the expired attempt for
+audit, and writes the events to the outbox. Several sweepers are safe: tasks are claimed with SKIP LOCKED.
+
+The sweeper does not publish the outbox itself. The schedulers' relay does, woken by the sweeper's
+`P.internal.wake`: one component owns JetStream publishing and the stream settings, the sweeper needs
+no JetStream permissions, and a sweeper without NATS still sweeps (NATS only speeds up the wake-up; the
+schedulers' periodic tick is the safety net).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from contextlib import AsyncExitStack
+
+from nats.aio.client import Client
+from pydantic import Field
+
+from devsched.core.errors import DevschedError
+from devsched.service import (
+    Backoff,
+    ServiceSettings,
+    Stopped,
+    bind,
+    close_nats,
+    connect_nats,
+    sleep_or_stop,
+    wake_subject,
+)
+from devsched.store import Store
+
+log = logging.getLogger("devsched.sweeper")
+
+
+class SweeperSettings(ServiceSettings):
+    """Everything `devsched-sweeper` reads (`DEVSCHED_<NAME>` or `--<name>`)."""
+
+    sweep_batch: int = Field(default=500, ge=1, le=10000)
+    """Expired leases ended per transaction."""
+
+
+class Sweeper:
+    """One sweeper replica."""
+
+    def __init__(self, settings: SweeperSettings) -> None:
+        self.settings = settings
+        self.ready = asyncio.Event()
+        self.released = 0
+        self._nc: Client | None = None
+        self._store: Store | None = None
+
+    async def sweep(self) -> int:
+        """End every expired lease now, batch after batch; returns how many were ended."""
+        assert self._store is not None
+        total = 0
+        while True:
+            expired = await self._store.sweep_expired(limit=self.settings.sweep_batch)
+            for lease in expired:
+                with bind(task_id=lease.task_id, attempt=lease.attempt, lease_id=lease.lease_id, host_id=lease.host_id):
+                    log.info(
+                        "lease expired",
+                        extra={
+                            "device_id": lease.device_id,
+                            "task_status": lease.task_status.value,
+                            "reason": lease.reason,
+                        },
+                    )
+            total += len(expired)
+            if len(expired) < self.settings.sweep_batch:
+                return total
+
+    async def _wake_schedulers(self, released: int) -> None:
+        nc = self._nc
+        if nc is None or not nc.is_connected:
+            return
+        with contextlib.suppress(Exception):  # best effort: the schedulers tick anyway
+            await nc.publish(wake_subject(self.settings.subject_prefix), json.dumps({"released": released}).encode())
+
+    async def _connect(self, stop: asyncio.Event) -> None:
+        with contextlib.suppress(Stopped):
+            self._nc = await connect_nats(self.settings, name=f"{self.settings.subject_prefix}-sweeper", stop=stop)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sweep until `stop` is set; the sweep in progress finishes first."""
+        s = self.settings
+        async with AsyncExitStack() as stack:
+            self._store = Store.connect(
+                s.database_url,
+                prefix=s.subject_prefix,
+                heartbeat_interval_s=s.heartbeat_interval_s,
+                device_grace_s=s.device_grace_s,
+                pool_size=min(s.db_pool_size, 2),
+                max_overflow=1,
+            )
+            stack.push_async_callback(self._store.close)
+            connecting = asyncio.create_task(self._connect(stop))
+            stack.push_async_callback(self._disconnect, connecting)
+            log.info("sweeping", extra={"interval_s": s.sweep_interval_s, "prefix": s.subject_prefix})
+            self.ready.set()
+            backoff = Backoff(base=s.sweep_interval_s, cap=max(5.0, s.sweep_interval_s))
+            while not stop.is_set():
+                try:
+                    released = await self.sweep()
+                except DevschedError as exc:
+                    delay = backoff.next()
+                    log.warning("sweep failed: %s", exc.message, extra={"error": exc.code, "retry_in_s": delay})
+                    await sleep_or_stop(stop, delay)
+                    continue
+                backoff.reset()
+                if released:
+                    self.released += released
+                    await self._wake_schedulers(released)
+                await sleep_or_stop(stop, s.sweep_interval_s)
+            log.info("stopped", extra={"released": self.released})
+
+    async def _disconnect(self, connecting: asyncio.Task[None]) -> None:
+        if not connecting.done():
+            connecting.cancel()
+        await asyncio.gather(connecting, return_exceptions=True)
+        if self._nc is not None:
+            await close_nats(self._nc)

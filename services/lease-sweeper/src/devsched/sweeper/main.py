@@ -1,0 +1,29 @@
+"""`devsched-sweeper`: run a lease-sweeper replica.
+
+Every setting is an environment variable `DEVSCHED_<NAME>` and a flag `--<name>` (see `--help`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from devsched.service import configure_logging, parse_settings, run
+from devsched.sweeper.app import Sweeper, SweeperSettings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code."""
+    settings, _ = parse_settings(
+        SweeperSettings,
+        argv,
+        prog="devsched-sweeper",
+        description="devsched lease sweeper: ends expired leases and wakes the schedulers.",
+    )
+    configure_logging(settings.log_level, service="devsched-sweeper")
+
+    async def serve(stop: asyncio.Event) -> int:
+        await Sweeper(settings).run(stop)
+        return 0
+
+    return run(serve)

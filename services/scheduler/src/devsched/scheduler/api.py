@@ -1,0 +1,238 @@
+"""The endpoint handlers: each takes a validated request model and returns a reply model.
+
+Each maps onto one store call (one transaction). Typed errors propagate to `devsched.protocol`'s
+`typed_handler`, which turns them into error replies; `_protocol_error` is the one place where errors
+that are not `DevschedError`s (JetStream's) become protocol errors.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+from pydantic import BaseModel
+
+from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
+from devsched.core.records import LeaseRef
+from devsched.protocol import messages as m
+from devsched.protocol.codec import encode
+from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.tracing import inject
+from devsched.scheduler import convert
+from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
+from devsched.scheduler.loops import Wakeup
+from devsched.scheduler.settings import SchedulerSettings
+from devsched.service import bind
+from devsched.store import DeviceSpec, Store
+from devsched.store.outbox import trace_headers
+
+log = logging.getLogger("devsched.scheduler.api")
+
+Req = TypeVar("Req", bound=BaseModel)
+Rep = TypeVar("Rep", bound=BaseModel)
+
+
+def _protocol_error(exc: Exception) -> DevschedError | None:
+    """The protocol error for `exc`; the one place where errors from outside devsched get a code."""
+    if isinstance(exc, DevschedError):
+        return exc
+    if isinstance(exc, JETSTREAM_ERRORS):
+        return Unavailable(f"NATS JetStream is unavailable: {type(exc).__name__}")
+    return None  # a bug: `typed_handler` logs it and answers 500 without details
+
+
+def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callable[[Req, str], Awaitable[Rep]]:
+    """Wrap a handler: carry the request's trace into outbox rows, translate errors, log refusals.
+
+    Handlers log what happened (submitted, claimed, reported, ...) at INFO, once; this wrapper adds a
+    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx).
+    """
+
+    async def run(req: Req, subject: str) -> Rep:
+        started = time.perf_counter()
+        token = trace_headers.set(inject({}) or None)
+        try:
+            with bind(endpoint=name):
+                try:
+                    reply = await handler(req, subject)
+                except Exception as exc:
+                    err = _protocol_error(exc)
+                    if err is None:
+                        raise
+                    level = logging.WARNING if err.status >= 500 else logging.INFO
+                    log.log(level, "%s refused: %s", name, err.message, extra={"error": err.code, "status": err.status})
+                    if err is exc:
+                        raise
+                    raise err from exc
+                log.debug("%s ok", name, extra={"ms": round((time.perf_counter() - started) * 1000, 2)})
+                return reply
+        finally:
+            trace_headers.reset(token)
+
+    return run
+
+
+class Api:
+    """The scheduler's endpoints over the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        nc: Client,
+        js: JetStreamContext,
+        subjects: Subjects,
+        settings: SchedulerSettings,
+        *,
+        assign_wakeup: Wakeup,
+        relay_wakeup: Wakeup,
+    ) -> None:
+        self._store = store
+        self._nc = nc
+        self._js = js
+        self._subjects = subjects
+        self._settings = settings
+        self._assign = assign_wakeup
+        self._relay = relay_wakeup
+
+    def _host_of(self, subject: str) -> str:
+        try:
+            return self._subjects.host_id_of(subject)
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), errors=[{"path": "", "message": f"subject: {exc}"}]) from None
+
+    def _lease(self, subject: str, req: m.LeaseRequest) -> LeaseRef:
+        return LeaseRef(host_id=self._host_of(subject), task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id)
+
+    # -- operators and clients ---------------------------------------------------------------
+
+    async def submit(self, req: m.SubmitRequest, subject: str) -> m.SubmitReply:
+        """`P.api.tasks.submit`."""
+        done = await self._store.submit(convert.new_task(req))
+        if done.created:
+            self._relay.set()
+            self._assign.set()
+        with bind(task_id=done.task_id):
+            log.info("submitted" if done.created else "submit repeated", extra={"new": done.created})
+        return m.SubmitReply(task_id=done.task_id, status=done.status, created=done.created)
+
+    async def get(self, req: m.GetTaskRequest, subject: str) -> m.TaskView:
+        """`P.api.tasks.get`."""
+        with bind(task_id=req.task_id):
+            return convert.task_view(await self._store.get_task(req.task_id))
+
+    async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
+        """`P.api.tasks.list`."""
+        page = await self._store.list_tasks(status=req.status, limit=req.limit, after=req.after)
+        return m.ListTasksReply(tasks=[convert.task_summary(t) for t in page.tasks], next=page.next)
+
+    async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:
+        """`P.api.tasks.cancel`; nudges the host when work is in flight there."""
+        with bind(task_id=req.task_id):
+            receipt = await self._store.request_cancel(req.task_id, req.reason)
+            self._relay.set()
+            log.info(
+                "cancel requested" if receipt.cancel_requested else "cancel answered",
+                extra={"task_status": receipt.status.value},
+            )
+            if receipt.cancel_requested and receipt.nudge is not None:
+                await self._nudge(*receipt.nudge, task_id=req.task_id)
+            return m.CancelReply(
+                task_id=receipt.task_id, status=receipt.status, cancel_requested=receipt.cancel_requested
+            )
+
+    async def _nudge(self, host_id: str, attempt: int, *, task_id: object) -> None:
+        body = encode(m.Nudge.model_validate({"task_id": task_id, "attempt": attempt}))
+        try:
+            await self._nc.publish(self._subjects.host(host_id, HostVerb.NUDGE), body, headers=inject({}) or None)
+        except Exception as exc:  # best effort: the next renewal carries the cancellation anyway
+            log.info("nudge not sent: %s", type(exc).__name__, extra={"host_id": host_id, "attempt": attempt})
+        else:
+            log.info("nudged", extra={"host_id": host_id, "attempt": attempt})
+
+    async def hosts(self, req: m.HostsListRequest, subject: str) -> m.HostsListReply:
+        """`P.api.hosts.list`."""
+        return convert.hosts(await self._store.list_hosts())
+
+    async def drain(self, req: m.DrainRequest, subject: str) -> m.DeviceDrainView:
+        """`P.api.devices.drain`."""
+        view = await self._store.drain_device(req.device_id, req.drained, req.reason)
+        if not view.drained:
+            self._assign.set()
+        log.info("drained" if view.drained else "returned to service", extra={"device_id": view.device_id})
+        return m.DeviceDrainView(
+            device_id=view.device_id,
+            host_id=view.host_id,
+            labels=dict(view.labels),
+            state=view.state,
+            drained=view.drained,
+            drain_reason=view.drain_reason,
+        )
+
+    # -- hosts ---------------------------------------------------------------------------------
+
+    async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
+        """`P.host.<id>.register`: the devices, then the host's durable consumer (503 if JetStream fails)."""
+        host_id = self._host_of(subject)
+        with bind(host_id=host_id):
+            devices = [DeviceSpec(d.device_id, dict(d.labels)) for d in req.devices]
+            interval = await self._store.register_host(host_id, devices, req.agent_version)
+            # After the commit: a registration refused by the store leaves no consumer behind; one whose
+            # consumer fails is answered 503 and repeated by the agent (both steps are idempotent).
+            try:
+                await ensure_host_consumer(self._js, self._subjects, self._settings, host_id)
+            except NotFoundError:  # the assignments stream was deleted under us
+                if not self._settings.create_streams:
+                    raise
+                await ensure_streams(self._js, self._subjects, self._settings)
+                await ensure_host_consumer(self._js, self._subjects, self._settings, host_id)
+            self._assign.set()
+            log.info("registered", extra={"devices": len(devices), "agent_version": req.agent_version})
+            return m.RegisterReply(heartbeat_interval_s=interval)
+
+    async def heartbeat(self, req: m.HeartbeatRequest, subject: str) -> m.HeartbeatReply:
+        """`P.host.<id>.heartbeat`."""
+        host_id = self._host_of(subject)
+        with bind(host_id=host_id):
+            return m.HeartbeatReply(heartbeat_interval_s=await self._store.heartbeat(host_id))
+
+    async def claim(self, req: m.ClaimRequest, subject: str) -> m.LeaseReply:
+        """`P.host.<id>.claim`."""
+        ref = self._lease(subject, req)
+        with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
+            grant = await self._store.claim(ref)
+            self._relay.set()
+            log.info("claimed", extra={"cancel_requested": grant.cancel_requested})
+            return m.LeaseReply(expires_at=grant.expires_at, ttl_s=grant.ttl_s, cancel_requested=grant.cancel_requested)
+
+    async def renew(self, req: m.RenewRequest, subject: str) -> m.LeaseReply:
+        """`P.host.<id>.renew`."""
+        ref = self._lease(subject, req)
+        with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
+            progress = req.progress.model_dump(mode="json") if req.progress is not None else None
+            grant = await self._store.renew(ref, progress)
+            if progress is not None:
+                self._relay.set()  # a new step is a `progress` event
+            return m.LeaseReply(expires_at=grant.expires_at, ttl_s=grant.ttl_s, cancel_requested=grant.cancel_requested)
+
+    async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
+        """`P.host.<id>.report`."""
+        ref = self._lease(subject, req)
+        with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
+            result = req.result.model_dump(mode="json") if req.result is not None else None
+            receipt = await self._store.report(ref, req.outcome, reason=req.reason, result=result)
+            if not receipt.duplicate:
+                self._relay.set()
+                self._assign.set()  # the device is free again
+            log.info("reported", extra={"outcome": req.outcome.value, "duplicate": receipt.duplicate})
+            return m.ReportReply(
+                task_id=receipt.task_id,
+                attempt=receipt.attempt,
+                status=receipt.status,
+                recorded_at=receipt.recorded_at,
+                duplicate=receipt.duplicate,
+            )

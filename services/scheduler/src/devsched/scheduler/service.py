@@ -1,0 +1,158 @@
+"""The NATS micro service `P-scheduler`: every endpoint, concurrency, and a draining stop.
+
+nats-py runs one subscription's callbacks one after another, so a micro endpoint would serve one
+request at a time per process. The `Dispatcher` hands each request to its own task instead, bounded
+by a semaphore (when it is full the callback waits, and requests queue in NATS's per-subscription
+buffer), and knows which requests are in flight so a shutdown can wait for them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import nats.micro
+from nats.aio.client import Client
+from nats.aio.subscription import Subscription
+from nats.micro.request import Handler, Request
+from nats.micro.service import Service
+
+from devsched.protocol import messages as m
+from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.transport import typed_handler
+from devsched.scheduler.api import Api, observed
+from devsched.service import flush_subscriptions
+
+log = logging.getLogger("devsched.scheduler.service")
+
+
+def _version() -> str:
+    try:
+        return version("devsched-scheduler")
+    except PackageNotFoundError:  # running from a source tree without metadata
+        return "0.0.0"
+
+
+class Dispatcher:
+    """Runs each request in its own task, at most `limit` at once."""
+
+    def __init__(self, limit: int) -> None:
+        self._slots = asyncio.Semaphore(limit)
+        self._running: set[asyncio.Task[None]] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being handled now."""
+        return len(self._running)
+
+    def wrap(self, handler: Handler) -> Handler:
+        """A micro handler that starts `handler` in a task and returns at once."""
+
+        async def dispatch(req: Request) -> None:
+            await self._slots.acquire()
+            task: asyncio.Task[None] = asyncio.ensure_future(handler(req))
+            self._running.add(task)
+            task.add_done_callback(self._finished)
+
+        return dispatch
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._slots.release()
+        if not task.cancelled() and task.exception() is not None:  # typed_handler answers everything
+            log.error("request task failed", exc_info=task.exception())
+
+    async def wait_idle(self, timeout: float) -> bool:  # noqa: ASYNC109 - a bound for shutdown
+        """Wait until no request is in flight, up to `timeout` seconds; True when idle."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout)
+        return not self._running
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    """One endpoint: micro name, subject, request model and handler."""
+
+    name: str
+    subject: str
+    request_type: type[Any]
+    handler: Any
+
+
+def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
+    """Every endpoint of PROTOCOL.md section 1, in the order `nats micro info` lists them."""
+    return [
+        EndpointSpec("tasks-submit", subjects.tasks_submit, m.SubmitRequest, api.submit),
+        EndpointSpec("tasks-get", subjects.tasks_get, m.GetTaskRequest, api.get),
+        EndpointSpec("tasks-list", subjects.tasks_list, m.ListTasksRequest, api.list),
+        EndpointSpec("tasks-cancel", subjects.tasks_cancel, m.CancelRequest, api.cancel),
+        EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
+        EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
+        EndpointSpec("host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register),
+        EndpointSpec("host-heartbeat", subjects.host_endpoint(HostVerb.HEARTBEAT), m.HeartbeatRequest, api.heartbeat),
+        EndpointSpec("host-claim", subjects.host_endpoint(HostVerb.CLAIM), m.ClaimRequest, api.claim),
+        EndpointSpec("host-renew", subjects.host_endpoint(HostVerb.RENEW), m.RenewRequest, api.renew),
+        EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report),
+    ]
+
+
+async def start_service(
+    nc: Client, api: Api, subjects: Subjects, dispatcher: Dispatcher, *, max_payload_bytes: int
+) -> Service:
+    """Add the micro service with every endpoint in the deployment's queue group."""
+    service = await nats.micro.add_service(
+        nc,
+        name=subjects.service_name,
+        version=_version(),
+        description="devsched control plane: tasks, hosts and leases",
+        metadata={"prefix": subjects.prefix},
+        queue_group=subjects.queue_group,
+    )
+    for spec in endpoint_specs(api, subjects):
+        handler = typed_handler(
+            spec.request_type, observed(spec.name, spec.handler), max_payload_bytes=max_payload_bytes
+        )
+        await service.add_endpoint(name=spec.name, subject=spec.subject, handler=dispatcher.wrap(handler))
+    return service
+
+
+def _endpoint_subscriptions(service: Service) -> list[Subscription]:
+    # micro has no public way to drain its endpoints (Service.stop unsubscribes, and cancels handlers
+    # running in the subscription's task); reach for the subscriptions, and fall back if that changes.
+    subscriptions = []
+    for endpoint in getattr(service, "_endpoints", []):
+        sub = getattr(endpoint, "_subscription", None)
+        if isinstance(sub, Subscription):
+            subscriptions.append(sub)
+    return subscriptions
+
+
+async def _drain_endpoint(nc: Client, sub: Subscription) -> None:
+    # `Subscription.drain` sends UNSUB through the client's pending buffer and then flushes, and the flush's
+    # PING can overtake the UNSUB (see `flush_subscriptions`): the server may still route requests to this
+    # replica after the drain has removed the subscription, and the client drops them. So: UNSUB first,
+    # wait until the server has processed it (and delivered what it routed here before), then drain.
+    send_unsubscribe = getattr(nc, "_send_unsubscribe", None)
+    sid = getattr(sub, "_id", None)
+    if send_unsubscribe is not None and sid is not None:
+        await send_unsubscribe(sid)
+        await flush_subscriptions(nc)
+    await sub.drain()  # type: ignore[no-untyped-call]
+
+
+async def stop_taking_requests(nc: Client, service: Service) -> None:
+    """Unsubscribe every endpoint, then hand the requests NATS had already delivered to the dispatcher.
+
+    Another replica in the queue group gets every request sent after this; none is dropped here.
+    """
+    subscriptions = _endpoint_subscriptions(service)
+    if not subscriptions:
+        await service.stop()
+        return
+    results = await asyncio.gather(*(_drain_endpoint(nc, sub) for sub in subscriptions), return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception):
+            log.warning("endpoint drain failed: %s", type(result).__name__)

@@ -1,0 +1,55 @@
+"""Fixtures of the chaos tests: control-plane processes of the test's own, killed or stopped at will."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from support.scheduler_harness import (
+    ServiceProcess,
+    Spawn,
+    TestHost,
+    delete_streams,
+    scheduler_process,
+    service_env,
+    sweeper_process,
+)
+
+
+@pytest.fixture
+async def spawn(
+    database_url: str, nats_url: str, subject_prefix: str, tmp_path: Path, nc: NatsClient
+) -> AsyncIterator[Spawn]:
+    """Start scheduler/sweeper processes for this test's database and prefix; all killed after it."""
+    started: list[ServiceProcess] = []
+
+    def start(kind: str, **overrides: Any) -> ServiceProcess:
+        env = service_env(database_url, nats_url, subject_prefix, **overrides)
+        make = scheduler_process if kind == "scheduler" else sweeper_process
+        proc = make(env, tmp_path / f"{kind}-{len(started)}.log").start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.ensure_stopped()
+    await delete_streams(nc, subject_prefix)
+
+
+@pytest.fixture
+async def make_host(nc: NatsClient, subject_prefix: str) -> AsyncIterator[Callable[..., TestHost]]:
+    """Make test hosts (unbound after the test)."""
+    hosts: list[TestHost] = []
+
+    def make(host_id: str | None = None) -> TestHost:
+        host = TestHost(nc, subject_prefix, host_id)
+        hosts.append(host)
+        return host
+
+    yield make
+    for host in hosts:
+        await host.close()

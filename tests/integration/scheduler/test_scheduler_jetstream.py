@@ -1,0 +1,129 @@
+"""Streams, consumers and the outbox relay against a real nats-server with JetStream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.js.api import RetentionPolicy, StorageType
+from sqlalchemy import text
+
+from devsched.scheduler.app import Scheduler
+from devsched.store import Store
+from support.polling import eventually
+from support.scheduler_harness import (
+    TestHost,
+    delete_streams,
+    running_scheduler,
+    scheduler_settings,
+    stream_messages,
+    submit,
+)
+
+pytestmark = pytest.mark.integration
+
+
+async def test_streams_are_created_with_production_settings_and_updated_idempotently(
+    database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    pu = subject_prefix.upper()
+    try:
+        async with running_scheduler(scheduler_settings(database_url, nats_url, subject_prefix)):
+            assignments = await js.stream_info(f"{pu}_ASSIGNMENTS")
+            events = await js.stream_info(f"{pu}_EVENTS")
+        assert assignments.config.subjects == [f"{subject_prefix}.assign.>"]
+        assert assignments.config.retention == RetentionPolicy.WORK_QUEUE
+        assert assignments.config.storage == StorageType.FILE
+        assert assignments.config.max_age == 86400
+        assert assignments.config.duplicate_window == 300
+        assert events.config.subjects == [f"{subject_prefix}.events.>"]
+        assert events.config.retention == RetentionPolicy.LIMITS
+        assert events.config.max_age == 7 * 86400
+
+        # A second start with the same settings changes nothing; changed limits are applied in place.
+        async with running_scheduler(
+            scheduler_settings(database_url, nats_url, subject_prefix, events_max_age_s=3600.0)
+        ):
+            assert (await js.stream_info(f"{pu}_EVENTS")).config.max_age == 3600
+            assert (await js.stream_info(f"{pu}_ASSIGNMENTS")).config.retention == RetentionPolicy.WORK_QUEUE
+    finally:
+        await delete_streams(nc, subject_prefix)
+
+
+async def test_host_consumer_is_durable_explicit_ack_and_idempotent(
+    scheduler: Scheduler, subject_prefix: str, make_host: Callable[..., TestHost]
+) -> None:
+    host = make_host()
+    await host.register("d1")
+    await host.register("d1", "d2")  # again: the same consumer, no error
+    info = await host.js.consumer_info(f"{subject_prefix.upper()}_ASSIGNMENTS", f"host-{host.host_id}")
+    assert info.config.ack_policy == "explicit"
+    assert info.config.ack_wait == 30
+    assert info.config.max_deliver == 10
+
+
+async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
+    scheduler: Scheduler, nc: NatsClient, subject_prefix: str, database_url: str, make_host: Callable[..., TestHost]
+) -> None:
+    host = make_host()
+    await host.register("d1")
+    for _ in range(3):
+        await submit(nc, subject_prefix)
+    store = Store.connect(database_url, prefix=subject_prefix)
+    try:
+        await eventually(lambda: _unsent_is_zero(store), message="outbox relayed")
+        js = nc.jetstream()
+        before = {
+            s: (await js.stream_info(f"{subject_prefix.upper()}_{s}")).state.messages for s in ("EVENTS", "ASSIGNMENTS")
+        }
+        assert before == {"EVENTS": 4, "ASSIGNMENTS": 1}
+        # What a relay that died after JetStream acked but before its mark committed leaves behind:
+        async with store.engine.begin() as conn:
+            await conn.execute(text("UPDATE outbox SET sent_at = NULL"))
+        assert scheduler.relay is not None
+        duplicates = scheduler.relay.duplicates
+        scheduler.relay_wakeup.set()
+        await eventually(lambda: _unsent_is_zero(store), message="outbox relayed again")
+        assert scheduler.relay.duplicates == duplicates + 5
+        after = {
+            s: (await js.stream_info(f"{subject_prefix.upper()}_{s}")).state.messages for s in ("EVENTS", "ASSIGNMENTS")
+        }
+        assert after == before
+        assert len(await stream_messages(js, f"{subject_prefix.upper()}_EVENTS")) == 4
+    finally:
+        await store.close()
+
+
+async def _unsent_is_zero(store: Store) -> bool:
+    return await store.unsent_count() == 0
+
+
+async def test_relay_recreates_a_deleted_stream_and_delivers(
+    scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
+) -> None:
+    host = make_host()
+    await host.register("d1")
+    js = nc.jetstream()
+    await js.delete_stream(f"{subject_prefix.upper()}_EVENTS")
+    task_id = await submit(nc, subject_prefix)
+    assert (await host.next_assignment()).task_id == task_id
+
+    async def events_back() -> int:
+        try:
+            return (await js.stream_info(f"{subject_prefix.upper()}_EVENTS")).state.messages
+        except Exception:
+            return 0
+
+    assert await eventually(events_back, message="events stream recreated and filled") >= 1
+
+
+async def test_registration_recreates_a_deleted_assignments_stream(
+    scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
+) -> None:
+    await nc.jetstream().delete_stream(f"{subject_prefix.upper()}_ASSIGNMENTS")
+    host = make_host()
+    await host.register("d1")
+    task_id = await submit(nc, subject_prefix)
+    assert (await host.next_assignment()).task_id == task_id

@@ -1,0 +1,214 @@
+"""A stand-in for the scheduler's host side over real NATS: endpoints, streams, consumers, a lease table.
+
+Enough of the protocol to drive the agent through claim, renew, nudge and report without a database:
+each attempt is a row with its lease, status and whether a cancellation is pending.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import nats.micro
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+from nats.micro.service import Service
+
+from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, OutcomeConflict, TaskTerminal, Unavailable
+from devsched.core.status import TaskStatus
+from devsched.protocol import messages as m
+from devsched.protocol.codec import encode
+from devsched.protocol.subjects import HostVerb, Subjects, assignment_msg_id
+from devsched.protocol.transport import add_typed_endpoint
+
+
+@dataclass
+class Row:
+    """One attempt as the fake scheduler keeps it."""
+
+    host_id: str
+    assignment: m.Assignment
+    status: str = "assigned"
+    cancel_requested: bool = False
+    claims: int = 0
+    claimed_at: datetime | None = None
+    progress: list[m.Progress | None] = field(default_factory=list)
+    reports: list[m.ReportRequest] = field(default_factory=list)
+    recorded_at: datetime | None = None
+
+
+class FakeScheduler:
+    """The host endpoints plus the assignments stream, on `subjects`."""
+
+    def __init__(self, nc: Client, subjects: Subjects, *, ttl_s: int = 30, heartbeat_interval_s: float = 0.5) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.subjects = subjects
+        self.ttl_s = ttl_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.rows: dict[tuple[uuid.UUID, int], Row] = {}
+        self.registrations: list[tuple[str, m.RegisterRequest]] = []
+        self.heartbeats = 0
+        self.report_bodies: list[bytes] = []
+        #: Answer this many reports with 503 before accepting one.
+        self.fail_reports = 0
+        #: Answer renewals with 409 lease_expired.
+        self.reject_renewals = False
+        self._service: Service | None = None
+
+    async def start(self) -> None:
+        await self.js.add_stream(
+            StreamConfig(
+                name=self.subjects.assignments_stream, subjects=[self.subjects.assign_all], duplicate_window=120
+            )
+        )
+        self._service = await nats.micro.add_service(
+            self.nc, name=self.subjects.service_name, version="0.0.0", queue_group=self.subjects.queue_group
+        )
+        endpoints = [
+            (HostVerb.REGISTER, m.RegisterRequest, self.register),
+            (HostVerb.HEARTBEAT, m.HeartbeatRequest, self.heartbeat),
+            (HostVerb.CLAIM, m.ClaimRequest, self.claim),
+            (HostVerb.RENEW, m.RenewRequest, self.renew),
+            (HostVerb.REPORT, m.ReportRequest, self.report),
+        ]
+        for verb, request_type, handler in endpoints:
+            await add_typed_endpoint(
+                self._service,
+                name=f"host-{verb}",
+                subject=self.subjects.host_endpoint(verb),
+                request_type=request_type,  # type: ignore[arg-type]
+                handler=handler,  # type: ignore[arg-type]
+            )
+        # Report bodies as sent, byte for byte (the service answers; this only listens).
+        await self.nc.subscribe(self.subjects.host_endpoint(HostVerb.REPORT), cb=self._record_body)
+
+    async def stop(self) -> None:
+        if self._service is not None:
+            await self._service.stop()
+        await self.js.delete_stream(self.subjects.assignments_stream)
+
+    async def _record_body(self, msg: Msg) -> None:
+        self.report_bodies.append(msg.data)
+
+    # -- endpoints ------------------------------------------------------------------------------------------
+
+    async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
+        host_id = self.subjects.host_id_of(subject)
+        self.registrations.append((host_id, req))
+        name = self.subjects.consumer(host_id)
+        await self.js.add_consumer(
+            self.subjects.assignments_stream,
+            ConsumerConfig(
+                name=name,
+                durable_name=name,
+                filter_subject=self.subjects.assign(host_id),
+                ack_policy=AckPolicy.EXPLICIT,
+                ack_wait=2.0,
+            ),
+        )
+        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s)
+
+    async def heartbeat(self, req: m.HeartbeatRequest, subject: str) -> m.RegisterReply:
+        self.heartbeats += 1
+        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s)
+
+    def _row(self, req: m.LeaseRequest, subject: str) -> Row:
+        row = self.rows.get((req.task_id, req.attempt))
+        if row is None or row.host_id != self.subjects.host_id_of(subject):
+            raise NotFound("no such task")
+        if row.assignment.lease_id != req.lease_id:
+            raise LeaseSuperseded()
+        if row.status == "expired":
+            raise LeaseExpired()
+        return row
+
+    def _lease(self, row: Row) -> m.LeaseReply:
+        return m.LeaseReply(
+            expires_at=datetime.now(UTC) + timedelta(seconds=self.ttl_s),
+            ttl_s=self.ttl_s,
+            cancel_requested=row.cancel_requested,
+        )
+
+    async def claim(self, req: m.ClaimRequest, subject: str) -> m.LeaseReply:
+        row = self._row(req, subject)
+        if row.status not in ("assigned", "dispatched"):
+            raise TaskTerminal()
+        row.claims += 1
+        row.status = "dispatched"
+        row.claimed_at = row.claimed_at or datetime.now(UTC)
+        return self._lease(row)
+
+    async def renew(self, req: m.RenewRequest, subject: str) -> m.LeaseReply:
+        row = self._row(req, subject)
+        if self.reject_renewals:
+            row.status = "expired"
+            raise LeaseExpired()
+        if row.status not in ("assigned", "dispatched"):
+            raise TaskTerminal()
+        row.progress.append(req.progress)
+        return self._lease(row)
+
+    async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
+        if self.fail_reports > 0:
+            self.fail_reports -= 1
+            raise Unavailable()
+        row = self._row(req, subject)
+        row.reports.append(req)
+        if row.status in ("done", "failed", "cancelled"):
+            if row.status != req.outcome.value:
+                raise OutcomeConflict()
+            duplicate = True
+        else:
+            row.status, row.recorded_at, duplicate = req.outcome.value, datetime.now(UTC), False
+        assert row.recorded_at is not None
+        return m.ReportReply(
+            task_id=req.task_id,
+            attempt=req.attempt,
+            status=TaskStatus(row.status),
+            recorded_at=row.recorded_at,
+            duplicate=duplicate,
+        )
+
+    # -- driving the agent --------------------------------------------------------------------------------
+
+    async def assign(
+        self,
+        host_id: str,
+        device_id: str,
+        steps: list[m.Step],
+        *,
+        msg_id: bool = True,
+        attempt: int = 1,
+        status: str = "assigned",
+    ) -> Row:
+        """Create an attempt and publish its assignment."""
+        assignment = m.Assignment(
+            task_id=uuid.uuid4(),
+            attempt=attempt,
+            lease_id=uuid.uuid4(),
+            device_id=device_id,
+            plan=m.Plan(steps=steps),
+            ttl_s=self.ttl_s,
+            expires_at=datetime.now(UTC) + timedelta(seconds=self.ttl_s),
+        )
+        row = Row(host_id, assignment, status=status)
+        self.rows[(assignment.task_id, assignment.attempt)] = row
+        await self.publish(row, msg_id=msg_id)
+        return row
+
+    async def publish(self, row: Row, *, msg_id: bool = True) -> None:
+        """Publish `row`'s assignment (again)."""
+        a = row.assignment
+        headers = {"Nats-Msg-Id": assignment_msg_id(a.task_id, a.attempt)} if msg_id else None
+        await self.js.publish(self.subjects.assign(row.host_id), encode(a), headers=headers)
+
+    async def cancel(self, row: Row) -> None:
+        """Record a cancellation request and nudge the host, as the scheduler does."""
+        row.cancel_requested = True
+        a = row.assignment
+        await self.nc.publish(
+            self.subjects.host(row.host_id, HostVerb.NUDGE), encode(m.Nudge(task_id=a.task_id, attempt=a.attempt))
+        )

@@ -1,0 +1,191 @@
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devsched.agent.shell import OutputTail, shell
+from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, StepContext, StepStatus
+from support.polling import eventually
+
+from .helpers import IDENTITY, process_running, read_pid
+
+pytestmark = pytest.mark.unit
+
+
+def context(
+    args: dict[str, Any],
+    *,
+    timeout_s: float = 30.0,
+    interrupt: asyncio.Event | None = None,
+    device_env: dict[str, str] | None = None,
+    grace: float = 0.5,
+) -> StepContext:
+    return StepContext(
+        args=args,
+        device_env=device_env or {},
+        identity=IDENTITY,
+        interrupt=interrupt or asyncio.Event(),
+        timeout_s=timeout_s,
+        stop_grace_s=grace,
+    )
+
+
+async def gone(pid: int) -> None:
+    await eventually(lambda: not process_running(pid), timeout=10, message=f"process {pid} gone")
+
+
+async def test_step_sees_device_step_and_attempt_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FROM_AGENT", "agent")
+    out = tmp_path / "env.txt"
+    result = await shell(
+        context(
+            {
+                "command": f"env > {out}",
+                # A step may override the device's env, but never the attempt's identity.
+                "env": {"STEP_VAR": "step", "SHARED": "step", "DEVSCHED_LEASE_ID": "forged"},
+            },
+            device_env={"ANDROID_SERIAL": "33ab12", "SHARED": "device"},
+        )
+    )
+    assert result.status is StepStatus.DONE
+    assert result.exit_code == 0
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert env["DEVSCHED_TASK_ID"] == "task-1"
+    assert env["DEVSCHED_ATTEMPT"] == "2"
+    assert env["DEVSCHED_LEASE_ID"] == "lease-3"
+    assert env["DEVSCHED_DEVICE_ID"] == "dev-4"
+    assert env["ANDROID_SERIAL"] == "33ab12"
+    assert env["STEP_VAR"] == "step"
+    assert env["SHARED"] == "step"
+    assert env["FROM_AGENT"] == "agent"
+
+
+@pytest.mark.parametrize(("command", "status", "code"), [("true", "done", 0), ("exit 3", "failed", 3)])
+async def test_exit_code_decides_the_status(command: str, status: str, code: int) -> None:
+    result = await shell(context({"command": command}))
+    assert result.status == status
+    assert result.exit_code == code
+
+
+async def test_output_tail_keeps_the_last_bytes_of_stdout_and_stderr() -> None:
+    command = "head -c 20000 /dev/zero | tr '\\0' x; echo; echo to-stderr >&2; echo the-end"
+    result = await shell(context({"command": command}))
+    assert result.status is StepStatus.DONE
+    assert len(result.output_tail.encode()) <= OUTPUT_TAIL_BYTES
+    assert result.output_tail.endswith("to-stderr\nthe-end\n")
+    assert result.output_tail.startswith("xxx")
+
+
+def test_output_tail_bounds_memory_and_cuts_cleanly() -> None:
+    tail = OutputTail(limit=8)
+    for _ in range(100):
+        tail.feed("é".encode() * 5)
+    assert tail.total == 1000
+    assert tail.text() == "éééé"
+
+
+async def test_cwd_is_honoured(tmp_path: Path) -> None:
+    await shell(context({"command": "pwd > where.txt", "cwd": str(tmp_path)}))
+    assert (tmp_path / "where.txt").read_text().strip() == str(tmp_path)
+
+
+async def test_missing_cwd_fails_the_step_with_a_message(tmp_path: Path) -> None:
+    result = await shell(context({"command": "true", "cwd": str(tmp_path / "nope")}))
+    assert result.status is StepStatus.FAILED
+    assert result.exit_code is None
+    assert "nope" in result.output_tail
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        ({}, "command: Field required"),
+        ({"command": ""}, "command: String should have at least 1 character"),
+        ({"command": 5}, "command: Input should be a valid string"),
+        ({"command": "true", "shell": "bash"}, "shell: unknown argument"),
+        ({"command": "true", "env": {"A": 1}}, "env.A: Input should be a valid string"),
+    ],
+)
+async def test_bad_arguments_are_named(args: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ActionError, match="invalid args for action 'shell'") as caught:
+        await shell(context(args))
+    assert expected in str(caught.value)
+
+
+async def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    shell_pid, child_pid = tmp_path / "shell.pid", tmp_path / "child.pid"
+    command = f"echo $$ > {shell_pid}; sleep 60 & echo $! > {child_pid}; echo started; wait"
+    result = await shell(context({"command": command}, timeout_s=0.5))
+    assert result.status is StepStatus.TIMED_OUT
+    assert "started" in result.output_tail
+    for path in (shell_pid, child_pid):
+        pid = read_pid(path)
+        assert pid is not None
+        await gone(pid)
+
+
+async def test_sigkill_follows_an_ignored_sigterm(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    command = f"trap '' TERM; echo $$ > {pid_file}; while :; do sleep 0.05; done"
+    started = time.monotonic()
+    result = await shell(context({"command": command}, timeout_s=0.3, grace=0.3))
+    assert result.status is StepStatus.TIMED_OUT
+    assert result.exit_code == -9
+    pid = read_pid(pid_file)
+    assert pid is not None
+    await gone(pid)
+    assert time.monotonic() - started < 20
+
+
+async def test_interrupt_stops_a_running_step_quickly(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    interrupt = asyncio.Event()
+    task = asyncio.create_task(shell(context({"command": f"echo $$ > {pid_file}; exec sleep 60"}, interrupt=interrupt)))
+    pid = await eventually(lambda: read_pid(pid_file), message="step started")
+    assert pid is not None
+    started = time.monotonic()
+    interrupt.set()
+    result = await asyncio.wait_for(task, 20)
+    assert result.status is StepStatus.INTERRUPTED
+    assert result.exit_code == -15
+    await gone(pid)
+    # Far below the 60 s the step would have run: the interrupt, not the end of the step, ended it.
+    assert time.monotonic() - started < 20
+
+
+async def test_processes_left_behind_by_a_finished_step_are_stopped(tmp_path: Path) -> None:
+    child_pid = tmp_path / "child.pid"
+    result = await shell(context({"command": f"sleep 60 & echo $! > {child_pid}; echo bye"}))
+    assert result.status is StepStatus.DONE
+    assert "stopped processes the step left running" in result.output_tail
+    pid = read_pid(child_pid)
+    assert pid is not None
+    await gone(pid)
+
+
+async def test_an_escaped_process_holding_stdout_does_not_hang_the_step(tmp_path: Path) -> None:
+    pid_file = tmp_path / "escapee.pid"
+    command = f"setsid sh -c 'echo $$ > {pid_file}; exec sleep 60' & sleep 0.1; echo out"
+    try:
+        result = await asyncio.wait_for(shell(context({"command": command})), 20)
+        assert result.status is StepStatus.DONE
+    finally:
+        pid = await eventually(lambda: read_pid(pid_file), message="escapee started")
+        assert pid is not None
+        os.kill(pid, 9)
+
+
+async def test_cancelling_the_action_kills_the_group(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    task = asyncio.create_task(shell(context({"command": f"echo $$ > {pid_file}; exec sleep 60"})))
+    pid = await eventually(lambda: read_pid(pid_file), message="step started")
+    assert pid is not None
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await gone(pid)
