@@ -130,8 +130,14 @@ async def test_hosts_list_and_drain(
     assert entry["online"] is True
     assert entry["last_seen_at"].endswith("Z")
     assert entry["devices"] == [
-        {"device_id": "d1", "labels": {"platform": "android"}, "state": "available"},
-        {"device_id": "d2", "labels": {}, "state": "available"},
+        {
+            "device_id": "d1",
+            "labels": {"platform": "android"},
+            "state": "available",
+            "drained": False,
+            "drain_reason": None,
+        },
+        {"device_id": "d2", "labels": {}, "state": "available", "drained": False, "drain_reason": None},
     ]
     drained = await call(nc, api(subject_prefix, "devices.drain"), {"device_id": "d1", "reason": "flaky USB hub"})
     assert drained == {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -64,6 +64,10 @@ async def test_host_consumer_is_durable_explicit_ack_and_idempotent(
     assert info.config.max_deliver == 10
 
 
+async def counts_are(counts: Callable[[], Awaitable[dict[str, int]]], expected: dict[str, int]) -> bool:
+    return await counts() == expected
+
+
 async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
     scheduler: Scheduler, nc: NatsClient, subject_prefix: str, database_url: str, make_host: Callable[..., TestHost]
 ) -> None:
@@ -73,12 +77,18 @@ async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
         await submit(nc, subject_prefix)
     store = Store.connect(database_url, prefix=subject_prefix)
     try:
-        await eventually(lambda: _unsent_is_zero(store), message="outbox relayed")
         js = nc.jetstream()
-        before = {
-            s: (await js.stream_info(f"{subject_prefix.upper()}_{s}")).state.messages for s in ("EVENTS", "ASSIGNMENTS")
-        }
-        assert before == {"EVENTS": 4, "ASSIGNMENTS": 1}
+
+        async def counts() -> dict[str, int]:
+            return {
+                s: (await js.stream_info(f"{subject_prefix.upper()}_{s}")).state.messages
+                for s in ("EVENTS", "ASSIGNMENTS")
+            }
+
+        # the outbox can be empty before the assignment pass has committed: wait for its messages too
+        before = {"EVENTS": 4, "ASSIGNMENTS": 1}
+        await eventually(lambda: counts_are(counts, before), message="3 submitted + 1 assigned relayed")
+        await eventually(lambda: _unsent_is_zero(store), message="outbox relayed")
         # What a relay that died after JetStream acked but before its mark committed leaves behind:
         async with store.engine.begin() as conn:
             await conn.execute(text("UPDATE outbox SET sent_at = NULL"))
@@ -87,10 +97,7 @@ async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
         scheduler.relay_wakeup.set()
         await eventually(lambda: _unsent_is_zero(store), message="outbox relayed again")
         assert scheduler.relay.duplicates == duplicates + 5
-        after = {
-            s: (await js.stream_info(f"{subject_prefix.upper()}_{s}")).state.messages for s in ("EVENTS", "ASSIGNMENTS")
-        }
-        assert after == before
+        assert await counts() == before
         assert len(await stream_messages(js, f"{subject_prefix.upper()}_EVENTS")) == 4
     finally:
         await store.close()

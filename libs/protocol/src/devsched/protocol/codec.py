@@ -109,6 +109,8 @@ def decode(model_type: type[M], data: bytes) -> M:
     A `ReplyModel` (reply, stream message, error body) ignores unknown fields at any depth; anything
     else, requests in particular, rejects them.
 
+    An empty body reads as `{}`, so endpoints without required fields work from the NATS CLI with `''`.
+
     Raises:
         InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, or a schema
             error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
@@ -117,6 +119,9 @@ def decode(model_type: type[M], data: bytes) -> M:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise _body_error(f"body is not valid UTF-8 (byte {exc.start})") from None
+    if not text.strip():
+        # `nats req P.api.hosts.list ''`: an empty body is the empty object, so the schema says what is missing
+        text = "{}"
     try:
         parsed = json.loads(
             text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite_float

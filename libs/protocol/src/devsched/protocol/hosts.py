@@ -24,6 +24,10 @@ class DeviceView(ReplyModel):
     """What selectors match against."""
     state: Lax[DeviceState]
     """`available`, `reserved`, `offline` or `drained`."""
+    drained: bool = False
+    """Taken out of service by an operator (an addition; `state` shows `drained` first)."""
+    drain_reason: str | None = None
+    """Why it was drained (an addition)."""
 
 
 class HostView(ReplyModel):
@@ -35,6 +39,8 @@ class HostView(ReplyModel):
     """False once the host has been silent for 3 heartbeat intervals."""
     last_seen_at: Timestamp
     """Its latest request of any kind."""
+    agent_version: str | None = None
+    """What the agent said at registration (an addition)."""
     devices: list[DeviceView]
     """The devices of its latest registration (plus any still running an attempt)."""
 

@@ -152,6 +152,11 @@ class Subjects:
         return f"{self.prefix}.events.>"
 
     @property
+    def internal_wake(self) -> str:
+        """`P.internal.wake` (an addition, core NATS): the sweeper wakes every scheduler's loops with it."""
+        return f"{self.prefix}.internal.wake"
+
+    @property
     def _stream_prefix(self) -> str:
         return self.prefix.upper().replace("-", "_")
 

@@ -82,6 +82,12 @@ class AttemptView(ReplyModel):
     """`done`, `failed`, `cancelled` (reported) or `lease_expired`; null while active."""
     progress: Progress | None = None
     """The latest progress the host renewed with."""
+    cancel_requested: bool = False
+    """Whether a cancellation request was recorded against this attempt (an addition)."""
+    report_reason: str | None = None
+    """The reason the host gave in its report, if it reported (an addition)."""
+    result: JsonObject | None = None
+    """The result metadata the host reported, if it reported (an addition)."""
 
 
 class TaskSummary(ReplyModel):

@@ -20,6 +20,7 @@ from devsched.core.ids import new_lease_id
 from devsched.core.matching import matches, plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
+from devsched.store.clock import Clock
 from devsched.store.outbox import Outbox
 from devsched.store.views import AssignmentMessage
 
@@ -86,9 +87,13 @@ def _selector(labels: Mapping[str, str], device_id: str | None) -> Selector:
 
 
 async def assign(
-    conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_limit: int
+    conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_limit: int, clock: Clock
 ) -> list[AssignmentMessage]:
-    """Assign up to `limit` queued tasks; returns the new attempts (also written to the outbox)."""
+    """Assign up to `limit` queued tasks; returns the new attempts (also written to the outbox).
+
+    The attempts' `assigned_at` and expiry come from the clock read after the device and task locks, so
+    a device's new attempt never starts before the end its previous one recorded.
+    """
     selectors = (await conn.execute(_SELECTORS)).all()
     if not selectors:
         return []
@@ -114,6 +119,7 @@ async def assign(
     plan = plan_assignments(queued, free)
     if not plan:
         return []
+    now = await clock.now(conn)
     messages = [
         AssignmentMessage(
             task_id=task.task_id,

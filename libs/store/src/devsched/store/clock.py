@@ -10,11 +10,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 
 class Clock(Protocol):
-    """Where a transaction reads `now`: once per operation, as its first statement.
+    """Where a transaction reads `now`: as its first statement, and again after its row locks.
 
-    A request is judged at the time it is served: one that waited on a row lock is not penalised for
-    the wait (the lock holder, had it been the sweeper, would have ended the lease, and the re-read
-    after the lock sees that).
+    Operations that judge a lease (claim, renew, report, sweep) or stamp a device's attempt (assign)
+    read it again once their locks are held, so a wait for a lock never makes an expired lease look
+    live, and timestamps of one device's attempts never overlap.
     """
 
     async def now(self, conn: AsyncConnection) -> datetime:

@@ -14,6 +14,7 @@ from devsched.core.errors import Conflict, LeaseExpired
 from devsched.core.leases import ReportKind, decide_claim, decide_renew, decide_report
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.store.clock import Clock
 from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
 from devsched.store.rows import lock_task, named_attempt
@@ -56,11 +57,17 @@ async def extend(
     ref: LeaseRef,
     *,
     claim: bool,
+    clock: Clock,
     progress: Mapping[str, Any] | None = None,
 ) -> LeaseGrant | Rejected:
-    """Claim (first time: assigned -> dispatched) or renew a live lease by its ttl from `now`."""
+    """Claim (first time: assigned -> dispatched) or renew a live lease by its ttl from the clock.
+
+    The expiry is judged by the clock read AFTER the task lock: a lease that ran out while this request
+    waited for the lock is expired, as invariant 4 says.
+    """
     await touch_host(conn, ref.host_id, now)
     task = await lock_task(conn, ref.task_id)
+    now = await clock.now(conn)
     named, _ = await named_attempt(conn, task, ref.attempt)
     decide = decide_claim if claim else decide_renew
     try:
@@ -132,10 +139,12 @@ async def report(
     outcome: Outcome,
     reason: str | None,
     result: Mapping[str, Any] | None,
+    clock: Clock,
 ) -> ReportReceipt | Rejected:
     """Record the terminal outcome of the live lease, or answer an identical repeat with the first answer."""
     await touch_host(conn, ref.host_id, now)
     task = await lock_task(conn, ref.task_id)
+    now = await clock.now(conn)  # after the lock: see `extend`
     named, cancel_for_attempt = await named_attempt(conn, task, ref.attempt)
     try:
         decision = decide_report(task, named, ref, outcome, now, cancel_requested_for_attempt=cancel_for_attempt)

@@ -62,6 +62,9 @@ class Store:
         heartbeat_interval_s: float = 5.0,
         device_grace_s: float | None = None,
     ) -> None:
+        if heartbeat_interval_s < 0.5:
+            # liveness is written at most once a second and a host is offline after 3 intervals
+            raise ValueError(f"heartbeat_interval_s must be at least 0.5, not {heartbeat_interval_s}")
         if not is_token(prefix):
             raise ValueError(f"subject prefix {prefix!r} is not a token (1-64 of A-Z a-z 0-9 _ -)")
         self.engine = engine
@@ -169,7 +172,7 @@ class Store:
         """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
 
         async def op(conn: AsyncConnection, now: datetime) -> LeaseGrant | Rejected:
-            return await leasing.extend(conn, now, self._outbox(), ref, claim=True)
+            return await leasing.extend(conn, now, self._outbox(), ref, claim=True, clock=self.clock)
 
         return _unwrap(await self._tx.run(op, name="claim"))
 
@@ -177,7 +180,9 @@ class Store:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
 
         async def op(conn: AsyncConnection, now: datetime) -> LeaseGrant | Rejected:
-            return await leasing.extend(conn, now, self._outbox(), ref, claim=False, progress=progress)
+            return await leasing.extend(
+                conn, now, self._outbox(), ref, claim=False, clock=self.clock, progress=progress
+            )
 
         return _unwrap(await self._tx.run(op, name="renew"))
 
@@ -192,7 +197,7 @@ class Store:
         """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
 
         async def op(conn: AsyncConnection, now: datetime) -> ReportReceipt | Rejected:
-            return await leasing.report(conn, now, self._outbox(), ref, outcome, reason, result)
+            return await leasing.report(conn, now, self._outbox(), ref, outcome, reason, result, self.clock)
 
         return _unwrap(await self._tx.run(op, name="report"))
 
@@ -202,7 +207,9 @@ class Store:
         """Assign up to `limit` queued tasks to free matching devices."""
 
         async def op(conn: AsyncConnection, now: datetime) -> list[AssignmentMessage]:
-            return await assignment.assign(conn, now, self._outbox(), limit=limit, device_limit=device_limit)
+            return await assignment.assign(
+                conn, now, self._outbox(), limit=limit, device_limit=device_limit, clock=self.clock
+            )
 
         return await self._tx.run(op, name="assign")
 
@@ -211,7 +218,7 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime) -> list[ExpiredLease]:
             return await sweeping.sweep_expired(
-                conn, now, self._outbox(), limit=limit, device_grace_s=self.device_grace_s
+                conn, now, self._outbox(), limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
             )
 
         return await self._tx.run(op, name="sweep")

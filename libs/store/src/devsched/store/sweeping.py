@@ -14,6 +14,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.expiry import decide_expiry, is_expired
+from devsched.store.clock import Clock
 from devsched.store.outbox import Outbox
 from devsched.store.rows import TASK_COLUMNS, task_record
 from devsched.store.views import ExpiredLease
@@ -66,12 +67,19 @@ _GRACE = text(
 
 
 async def sweep_expired(
-    conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_grace_s: float | None
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    *,
+    limit: int,
+    device_grace_s: float | None,
+    clock: Clock,
 ) -> list[ExpiredLease]:
     """End up to `limit` expired leases (oldest expiry first) and decide each task's fate."""
     ids = list((await conn.execute(_CANDIDATES, {"now": now, "limit": limit})).scalars())
     if not ids:
         return []
+    now = await clock.now(conn)  # after the locks: the end recorded is when the attempt really ended
     tasks = [task_record(r) for r in (await conn.execute(_REREAD, {"ids": ids})).all()]
     expired = [t for t in tasks if is_expired(t, now)]
     if not expired:

@@ -58,6 +58,9 @@ def _attempt(view: AttemptView) -> dict[str, Any]:
         "ended_at": view.ended_at,
         "end_reason": view.end_reason,
         "progress": dict(view.progress) if view.progress is not None else None,
+        "cancel_requested": view.cancel_requested,
+        "report_reason": view.report_reason,
+        "result": dict(view.result) if view.result is not None else None,
     }
 
 
@@ -80,8 +83,16 @@ def hosts(views: tuple[HostView, ...]) -> m.HostsListReply:
                     "host_id": h.host_id,
                     "online": h.online,
                     "last_seen_at": h.last_seen_at,
+                    "agent_version": h.agent_version,
                     "devices": [
-                        {"device_id": d.device_id, "labels": dict(d.labels), "state": d.state} for d in h.devices
+                        {
+                            "device_id": d.device_id,
+                            "labels": dict(d.labels),
+                            "state": d.state,
+                            "drained": d.drained,
+                            "drain_reason": d.drain_reason,
+                        }
+                        for d in h.devices
                     ],
                 }
                 for h in views
