@@ -4,6 +4,7 @@ from devsched.service.connection import Stopped, close_nats, connect_nats, flush
 from devsched.service.lifecycle import Backoff, run, sleep_or_stop
 from devsched.service.logs import bind, configure_logging
 from devsched.service.settings import ServiceSettings, SettingsError, parse_settings, settings_from
+from devsched.service.tracing import setup_tracing
 
 __all__ = [
     "Backoff",
@@ -18,6 +19,7 @@ __all__ = [
     "parse_settings",
     "run",
     "settings_from",
+    "setup_tracing",
     "sleep_or_stop",
     "wake_subject",
 ]

@@ -43,7 +43,8 @@ _FREE_DEVICES = text(
 
 _QUEUED = text(
     """
-    SELECT t.task_id, t.selector_labels, t.selector_device_id, t.lease_ttl_s, t.attempt_count, t.plan
+    SELECT t.task_id, t.selector_labels, t.selector_device_id, t.lease_ttl_s, t.attempt_count, t.plan,
+           t.trace_headers
     FROM tasks t
     WHERE t.status = 'queued'
       AND (t.selector_labels, COALESCE(t.selector_device_id, '')) IN (
@@ -165,7 +166,8 @@ async def assign(
             attempt=m.attempt,
             host_id=m.host_id,
             device_id=m.device_id,
+            trace=by_id[m.task_id].trace_headers,
         )
-        outbox.assignment(m)
+        outbox.assignment(m, trace=by_id[m.task_id].trace_headers)
     await outbox.flush(conn, now)
     return messages

@@ -34,10 +34,16 @@ def iso(ts: datetime | None) -> str | None:
 _INSERT = text(
     """
     INSERT INTO outbox (subject, msg_id, payload, headers, created_at)
-    SELECT s, m, p::jsonb, CAST(:headers AS jsonb), :now
-    FROM unnest(CAST(:subjects AS text[]), CAST(:msg_ids AS text[]), CAST(:payloads AS text[])) AS u(s, m, p)
+    SELECT s, m, p::jsonb, h::jsonb, :now
+    FROM unnest(CAST(:subjects AS text[]), CAST(:msg_ids AS text[]), CAST(:payloads AS text[]),
+                CAST(:headers AS text[])) AS u(s, m, p, h)
     """
 )
+
+
+def current_trace() -> Mapping[str, str]:
+    """The trace headers of the request being handled (empty outside a request)."""
+    return trace_headers.get() or {}
 
 
 class Outbox:
@@ -45,7 +51,7 @@ class Outbox:
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
-        self._rows: list[tuple[str, str, str]] = []
+        self._rows: list[tuple[str, str, str, str]] = []
 
     def event(
         self,
@@ -60,8 +66,13 @@ class Outbox:
         device_id: str | None = None,
         reason: str | None = None,
         progress: Mapping[str, Any] | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> None:
-        """Queue a task event for `P.events.task.<task_id>`; `seq` comes from the task row's counter."""
+        """Queue a task event for `P.events.task.<task_id>`; `seq` comes from the task row's counter.
+
+        `trace` is the task's own trace context, for events no request caused (assignment, expiry);
+        by default the current request's.
+        """
         body: dict[str, Any] = {
             "event": kind.value,
             "task_id": str(task_id),
@@ -75,10 +86,11 @@ class Outbox:
         }
         if kind is EventKind.PROGRESS:
             body["progress"] = dict(progress or {})
-        self._rows.append((f"{self.prefix}.events.task.{task_id}", f"{task_id}:{seq}", json.dumps(body)))
+        headers = json.dumps(dict(current_trace() if trace is None else trace))
+        self._rows.append((f"{self.prefix}.events.task.{task_id}", f"{task_id}:{seq}", json.dumps(body), headers))
 
-    def assignment(self, msg: AssignmentMessage) -> None:
-        """Queue the assignment of a new attempt for `P.assign.<host_id>`."""
+    def assignment(self, msg: AssignmentMessage, trace: Mapping[str, str] | None = None) -> None:
+        """Queue the assignment of a new attempt for `P.assign.<host_id>`, in the task's trace."""
         body = {
             "task_id": str(msg.task_id),
             "attempt": msg.attempt,
@@ -88,22 +100,19 @@ class Outbox:
             "ttl_s": msg.ttl_s,
             "expires_at": iso(msg.expires_at),
         }
-        self._rows.append((f"{self.prefix}.assign.{msg.host_id}", f"{msg.task_id}.{msg.attempt}", json.dumps(body)))
+        headers = json.dumps(dict(current_trace() if trace is None else trace))
+        self._rows.append(
+            (f"{self.prefix}.assign.{msg.host_id}", f"{msg.task_id}.{msg.attempt}", json.dumps(body), headers)
+        )
 
     async def flush(self, conn: AsyncConnection, now: datetime) -> None:
         """Write the queued messages in the caller's transaction."""
         if not self._rows:
             return
-        subjects, msg_ids, payloads = (list(col) for col in zip(*self._rows, strict=True))
+        subjects, msg_ids, payloads, headers = (list(col) for col in zip(*self._rows, strict=True))
         await conn.execute(
             _INSERT,
-            {
-                "subjects": subjects,
-                "msg_ids": msg_ids,
-                "payloads": payloads,
-                "headers": json.dumps(dict(trace_headers.get() or {})),
-                "now": now,
-            },
+            {"subjects": subjects, "msg_ids": msg_ids, "payloads": payloads, "headers": headers, "now": now},
         )
         self._rows.clear()
 

@@ -7,7 +7,6 @@ active and expired (River's issue 1302: a sweeper that trusted its earlier read 
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime, timedelta
 
 from sqlalchemy import text
@@ -52,7 +51,7 @@ _END_TASKS = text(
     UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1
     FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[])) AS u(id, s, r)
     WHERE t.task_id = u.id AND t.status IN ('assigned', 'dispatched')
-    RETURNING t.task_id, t.event_seq
+    RETURNING t.task_id, t.event_seq, t.trace_headers
     """
 )
 
@@ -107,7 +106,7 @@ async def sweep_expired(
             "now": now,
         },
     )
-    seqs: dict[uuid.UUID, int] = {r.task_id: r.event_seq for r in ended_rows.all()}
+    rows = {r.task_id: r for r in ended_rows.all()}
     out: list[ExpiredLease] = []
     grace_until: dict[str, datetime] = {}
     for t in expired:
@@ -119,7 +118,7 @@ async def sweep_expired(
         reason = d.reason.value if d.reason else None
         outbox.event(
             task_id=t.task_id,
-            seq=seqs[t.task_id],
+            seq=rows[t.task_id].event_seq,
             kind=d.event,
             status=d.task_status,
             at=now,
@@ -127,6 +126,7 @@ async def sweep_expired(
             host_id=cur.host_id,
             device_id=cur.device_id,
             reason=reason or "lease_expired",
+            trace=rows[t.task_id].trace_headers,
         )
         out.append(
             ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)

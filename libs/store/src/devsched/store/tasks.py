@@ -11,16 +11,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.cancellation import CancelKind, decide_cancel
 from devsched.core.status import EventKind, TaskReason, TaskStatus
-from devsched.store.outbox import Outbox
+from devsched.store.outbox import Outbox, current_trace
 from devsched.store.rows import bump_seq, lock_task
 from devsched.store.views import CancelReceipt, NewTask, Submitted
 
 _INSERT = text(
     """
     INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
-                       selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq)
+                       selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq,
+                       trace_headers)
     VALUES (:task_id, :name, 'queued', :priority, :max_attempts, :lease_ttl_s, CAST(:labels AS jsonb),
-            :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, :now, :now, 1)
+            :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, :now, :now, 1,
+            CAST(:trace AS jsonb))
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING task_id
     """
@@ -45,6 +47,7 @@ async def submit(conn: AsyncConnection, now: datetime, outbox: Outbox, new: NewT
                 "metadata": json.dumps(dict(new.metadata)),
                 "key": new.idempotency_key,
                 "now": now,
+                "trace": json.dumps(dict(current_trace())),
             },
         )
     ).scalar_one_or_none()

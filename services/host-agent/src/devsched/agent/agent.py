@@ -33,6 +33,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
+from opentelemetry.trace import SpanKind
 
 from devsched.agent.actions import ActionRegistry, default_registry
 from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
@@ -45,6 +46,7 @@ from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode
 from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.tracing import extract, tracer, use_context
 from devsched.service import ServiceSettings, Stopped, bind, close_nats, connect_nats, sleep_or_stop
 
 logger = logging.getLogger(__name__)
@@ -317,7 +319,16 @@ class Agent:
             stop_grace_s=self.config.stop_grace_s,
             request_timeout_s=self.config.request_timeout_s,
         )
-        with bind(**attempt.log_fields()):
+        span = tracer().start_as_current_span(
+            f"run attempt {delivery.assignment.attempt}",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "devsched.task_id": str(delivery.assignment.task_id),
+                "devsched.attempt": delivery.assignment.attempt,
+            },
+        )
+        # continue the trace the assignment carries: claim, renewals and the report join the task's trace
+        with use_context(extract(delivery.msg.headers)), span, bind(**attempt.log_fields()):
             if self._stopping.is_set():
                 await _settle(delivery.msg.nak())
                 return

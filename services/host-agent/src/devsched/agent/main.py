@@ -9,7 +9,7 @@ from pathlib import Path
 
 from devsched.agent.agent import Agent, agent_version
 from devsched.agent.config import ConfigError, load_config
-from devsched.service import configure_logging, run
+from devsched.service import configure_logging, run, setup_tracing
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"devsched-agent: {exc}", file=sys.stderr)
         return 2
     configure_logging(options.log_level, service="devsched-agent")
+    setup_tracing("devsched-agent")
     return run(Agent(config).serve)
 
 

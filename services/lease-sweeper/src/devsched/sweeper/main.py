@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from devsched.service import configure_logging, parse_settings, run
+from devsched.service import configure_logging, parse_settings, run, setup_tracing
 from devsched.sweeper.app import Sweeper, SweeperSettings
 
 
@@ -21,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="devsched lease sweeper: ends expired leases and wakes the schedulers.",
     )
     configure_logging(settings.log_level, service="devsched-sweeper")
+    setup_tracing("devsched-sweeper")
 
     async def serve(stop: asyncio.Event) -> int:
         await Sweeper(settings).run(stop)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from devsched.scheduler.app import Scheduler
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service import Stopped, configure_logging, parse_settings, run
+from devsched.service import Stopped, configure_logging, parse_settings, run, setup_tracing
 
 log = logging.getLogger("devsched.scheduler")
 
@@ -52,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extend=_extra_flags,
     )
     configure_logging(settings.log_level, service="devsched-scheduler")
+    setup_tracing("devsched-scheduler")
     if options.migrate:
         return migrate(settings)
 

@@ -1,0 +1,88 @@
+"""devsched.client: the async Python client of devsched, and the `devsched` command line.
+
+```python
+from devsched.client import Client, NotFound
+
+async with Client.connect("nats://127.0.0.1:4222") as client:
+    reply = await client.submit_file("plan.yaml", selector={"platform": "android"})
+    view = await client.wait(reply.task_id)
+```
+
+Replies are the protocol's models (`devsched.protocol.messages`); failures are typed `DevschedError`s
+carrying the protocol's `code` and, for 400s, field paths (`devsched.client.errors`).
+"""
+
+from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S, Client, task_uuid, wait_for_scheduler
+from devsched.client.errors import (
+    Conflict,
+    DevschedError,
+    Internal,
+    InvalidRequest,
+    NatsUnreachable,
+    NoReply,
+    NotFound,
+    PlanFileError,
+    TaskTerminal,
+    TooLarge,
+    Unavailable,
+    describe,
+    field_errors,
+)
+from devsched.client.plans import build_request, load_document, load_request
+from devsched.client.watch import TaskWatch
+from devsched.core.status import TERMINAL, DeviceState, EventKind, TaskStatus
+from devsched.protocol.messages import (
+    CancelReply,
+    DeviceDrainView,
+    HostView,
+    ListTasksReply,
+    Plan,
+    Selector,
+    Step,
+    SubmitReply,
+    SubmitRequest,
+    TaskEvent,
+    TaskSummary,
+    TaskView,
+)
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "DEFAULT_TIMEOUT_S",
+    "TERMINAL",
+    "CancelReply",
+    "Client",
+    "Conflict",
+    "DeviceDrainView",
+    "DeviceState",
+    "DevschedError",
+    "EventKind",
+    "HostView",
+    "Internal",
+    "InvalidRequest",
+    "ListTasksReply",
+    "NatsUnreachable",
+    "NoReply",
+    "NotFound",
+    "Plan",
+    "PlanFileError",
+    "Selector",
+    "Step",
+    "SubmitReply",
+    "SubmitRequest",
+    "TaskEvent",
+    "TaskStatus",
+    "TaskSummary",
+    "TaskTerminal",
+    "TaskView",
+    "TaskWatch",
+    "TooLarge",
+    "Unavailable",
+    "build_request",
+    "describe",
+    "field_errors",
+    "load_document",
+    "load_request",
+    "task_uuid",
+    "wait_for_scheduler",
+]

@@ -1,0 +1,137 @@
+"""The `devsched` command line: global options, and every command wired to its function."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+
+from devsched.client.cli import commands
+from devsched.client.cli.common import ExitCode, Settings, fail
+from devsched.client.cli.up_command import up
+from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
+from devsched.protocol.subjects import DEFAULT_PREFIX
+
+#: `DEVSCHED_DATABASE_URL`'s default, as the services have it.
+DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/devsched"
+
+EPILOG = (
+    "Exit codes: 0 ok (a waited task ended done) · 1 a waited task failed, or an internal error · "
+    "2 usage error or invalid request · 3 a waited task was cancelled · 4 not found · "
+    "5 NATS or the scheduler unreachable · 6 conflict · 7 --wait-timeout passed · 130 interrupted."
+)
+
+app = typer.Typer(
+    name="devsched",
+    help="Run tasks on lab devices: submit plans, follow them, manage hosts, or bring a local stack `up`.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def configure(
+    ctx: typer.Context,
+    nats_url: Annotated[
+        str, typer.Option("--nats-url", envvar="DEVSCHED_NATS_URL", help="NATS server URL(s), comma-separated.")
+    ] = DEFAULT_NATS_URL,
+    prefix: Annotated[
+        str, typer.Option("--prefix", envvar="DEVSCHED_SUBJECT_PREFIX", help="Subject prefix of the deployment.")
+    ] = DEFAULT_PREFIX,
+    creds: Annotated[
+        Path | None, typer.Option("--creds", envvar="DEVSCHED_NATS_CREDS", help="NATS credentials file.")
+    ] = None,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout",
+            envvar="DEVSCHED_TIMEOUT",
+            min=0.1,
+            help="Seconds to wait for each reply (and for the connection).",
+        ),
+    ] = DEFAULT_TIMEOUT_S,
+) -> None:
+    """Global options, read before any command."""
+    ctx.obj = Settings(nats_url=nats_url, prefix=prefix, creds=creds, timeout=timeout)
+
+
+app.command()(commands.submit)
+app.command()(commands.get)
+app.command("ls")(commands.ls)
+app.command()(commands.cancel)
+app.command()(commands.watch)
+app.command()(commands.hosts)
+app.command()(commands.drain)
+app.command()(up)
+
+
+def _masked(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@app.command()
+def migrate(
+    database_url: Annotated[
+        str,
+        typer.Option(
+            "--database-url", envvar="DEVSCHED_DATABASE_URL", help="postgresql+asyncpg://user:password@host:port/db"
+        ),
+    ] = DEFAULT_DATABASE_URL,
+) -> None:
+    """Apply the database migrations (idempotent: an up-to-date database is left as is)."""
+    from devsched.store.migrations import upgrade  # imported here: alembic is slow to import
+
+    try:
+        upgrade(database_url)
+    except (OSError, TimeoutError) as exc:
+        fail(f"unavailable: cannot reach the database at {_masked(database_url)}: {exc}", ExitCode.UNAVAILABLE)
+    except Exception as exc:
+        kind = type(exc).__name__
+        if "Connect" in kind or "CannotConnect" in kind or "InvalidCatalogName" in kind:
+            fail(
+                f"unavailable: cannot use the database at {_masked(database_url)}: {kind}: {exc}", ExitCode.UNAVAILABLE
+            )
+        if os.environ.get("DEVSCHED_DEBUG"):
+            raise
+        fail(f"internal: migration failed: {kind}: {exc}")
+    typer.echo(f"database {_masked(database_url)} is at the latest schema")
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Option(help="The benchmark directory of a devsched source checkout.")] = Path(
+        "tests/bench"
+    ),
+) -> None:
+    """Run the benchmarks (`pytest -m bench tests/bench`) from a source checkout; extra args go to pytest.
+
+    The benchmarks are tests of the source tree, not part of the installed package: from anywhere else this
+    says how to run them.
+    """
+    if not path.is_dir():
+        fail(
+            f"no benchmarks at {path}: run `devsched bench` from a devsched source checkout (or give --path); "
+            "it runs `pytest -m bench tests/bench`",
+            ExitCode.USAGE,
+        )
+    argv = [sys.executable, "-m", "pytest", "-m", "bench", str(path), *ctx.args]
+    typer.echo("running: " + " ".join(argv[1:]), err=True)
+    raise typer.Exit(subprocess.call(argv))
+
+
+def main() -> None:
+    """Console entry point of `devsched`."""
+    app(prog_name="devsched")

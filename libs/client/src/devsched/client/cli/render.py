@@ -1,0 +1,192 @@
+"""How tasks, hosts and events look in a terminal (rich tables and one-line summaries)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from devsched.core.status import DeviceState, TaskStatus
+from devsched.protocol.messages import HostView, TaskEvent, TaskSummary, TaskView
+
+#: Colour of each task status.
+STATUS_STYLE = {
+    TaskStatus.QUEUED: "yellow",
+    TaskStatus.ASSIGNED: "cyan",
+    TaskStatus.DISPATCHED: "blue",
+    TaskStatus.DONE: "green",
+    TaskStatus.FAILED: "red",
+    TaskStatus.CANCELLED: "magenta",
+}
+#: Colour of each device state.
+DEVICE_STYLE = {
+    DeviceState.AVAILABLE: "green",
+    DeviceState.RESERVED: "blue",
+    DeviceState.OFFLINE: "red",
+    DeviceState.DRAINED: "yellow",
+}
+
+
+def status_text(status: TaskStatus | str) -> Text:
+    """A task status in its colour."""
+    return Text(str(status), style=STATUS_STYLE.get(TaskStatus(status), ""))
+
+
+def when(value: datetime | None, *, now: datetime | None = None) -> str:
+    """A timestamp as local `HH:MM:SS`, with the date when it is not today; `-` for none."""
+    if value is None:
+        return "-"
+    local = value.astimezone()
+    today = (now or datetime.now(UTC)).astimezone().date()
+    return local.strftime("%H:%M:%S" if local.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def ago(value: datetime | None, *, now: datetime | None = None) -> str:
+    """How long ago, as `4s`, `3m`, `2h`, `5d`."""
+    if value is None:
+        return "-"
+    seconds = max(0.0, ((now or datetime.now(UTC)) - value).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+def _note(task: TaskSummary) -> str:
+    if task.status is TaskStatus.QUEUED and task.pending_reason:
+        return task.pending_reason
+    if task.cancel_requested:
+        return "cancel requested"
+    return task.reason or ""
+
+
+def tasks_table(tasks: Iterable[TaskSummary], *, title: str | None = None, short_ids: bool = False) -> Table:
+    """The `ls` table: one row per task (`short_ids`: the first 8 characters of each id)."""
+    table = Table(title=title, title_justify="left", expand=False)
+    table.add_column("TASK", no_wrap=True)
+    table.add_column("NAME", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
+    table.add_column("STATUS", no_wrap=True)
+    table.add_column("PRI", justify="right")
+    table.add_column("ATTEMPTS", justify="right", no_wrap=True)
+    table.add_column("CREATED", no_wrap=True)
+    table.add_column("NOTE", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
+    for task in tasks:
+        table.add_row(
+            str(task.task_id)[:8] if short_ids else str(task.task_id),
+            task.name or "",
+            status_text(task.status),
+            str(task.priority),
+            f"{task.attempt_count}/{task.max_attempts}",
+            when(task.created_at),
+            _note(task),
+        )
+    return table
+
+
+def hosts_table(hosts: Sequence[HostView]) -> Table:
+    """The `hosts` table: one row per device, grouped by host."""
+    table = Table(expand=False)
+    table.add_column("HOST", no_wrap=True)
+    table.add_column("ONLINE", no_wrap=True)
+    table.add_column("LAST SEEN", justify="right", no_wrap=True)
+    table.add_column("DEVICE", no_wrap=True)
+    table.add_column("STATE", no_wrap=True)
+    table.add_column("LABELS", overflow="fold")
+    for host in sorted(hosts, key=lambda h: h.host_id):
+        online = Text("yes", style="green") if host.online else Text("no", style="red")
+        devices = host.devices or []
+        if not devices:
+            table.add_row(host.host_id, online, ago(host.last_seen_at), "-", "", "")
+        for i, device in enumerate(sorted(devices, key=lambda d: d.device_id)):
+            labels = ",".join(f"{k}={v}" for k, v in sorted(device.labels.items()))
+            state = Text(str(device.state), style=DEVICE_STYLE.get(DeviceState(device.state), ""))
+            first = i == 0
+            table.add_row(
+                host.host_id if first else "",
+                online if first else "",
+                ago(host.last_seen_at) if first else "",
+                device.device_id,
+                state,
+                labels,
+            )
+    return table
+
+
+def task_detail(view: TaskView) -> RenderableType:
+    """The `get` view: the task's fields, its attempts, and the reported step results."""
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("task", str(view.task_id))
+    head.add_row("name", view.name or "-")
+    head.add_row("status", status_text(view.status))
+    if view.reason:
+        head.add_row("reason", view.reason)
+    if view.pending_reason:
+        head.add_row("waiting", view.pending_reason)
+    if view.cancel_requested:
+        head.add_row("cancel", "requested")
+    parts_of_selector = [f"{k}={v}" for k, v in sorted(view.selector.labels.items())]
+    if view.selector.device_id:
+        parts_of_selector.append(f"device={view.selector.device_id}")
+    selector = ",".join(parts_of_selector) or "any device"
+    head.add_row("selector", selector)
+    head.add_row("priority", str(view.priority))
+    head.add_row("attempts", f"{view.attempt_count}/{view.max_attempts}")
+    if view.lease_ttl_s is not None:
+        head.add_row("lease ttl", f"{view.lease_ttl_s} s")
+    head.add_row("steps", ", ".join(f"{s.name} ({s.action})" for s in view.plan.steps))
+    head.add_row("created", when(view.created_at))
+    head.add_row("updated", when(view.updated_at))
+    parts: list[RenderableType] = [head]
+    if view.attempts:
+        attempts = Table(title="attempts", title_justify="left")
+        for column in ("#", "HOST", "DEVICE", "STATUS", "ASSIGNED", "ENDED", "END REASON", "PROGRESS"):
+            attempts.add_column(column, no_wrap=column != "PROGRESS")
+        for a in view.attempts:
+            progress = f"{a.progress.step} ({a.progress.index + 1}/{a.progress.of})" if a.progress else ""
+            attempts.add_row(
+                str(a.attempt),
+                a.host_id,
+                a.device_id,
+                str(a.status),
+                when(a.assigned_at),
+                when(a.ended_at),
+                str(a.end_reason or ""),
+                progress,
+            )
+        parts.append(attempts)
+    if view.result is not None and view.result.steps:
+        steps = Table(title="result", title_justify="left")
+        for column in ("STEP", "STATUS", "EXIT", "OUTPUT (tail)"):
+            steps.add_column(column, overflow="fold")
+        for s in view.result.steps:
+            tail = (s.output_tail or "").strip().splitlines()
+            steps.add_row(s.name, str(s.status), "" if s.exit_code is None else str(s.exit_code), "\n".join(tail[-3:]))
+        parts.append(steps)
+    return Group(*parts)
+
+
+def event_line(event: TaskEvent) -> Text:
+    """One event as a line: time, kind, status and what it concerns."""
+    line = Text()
+    line.append(when(event.at), style="dim")
+    line.append(f"  #{event.seq:<3} ")
+    line.append(f"{event.event!s:<17}", style="bold")
+    line.append_text(status_text(event.status))
+    line.append(" " * max(0, 10 - len(str(event.status))))
+    details = []
+    if event.attempt is not None:
+        details.append(f"attempt {event.attempt}")
+    if event.host_id or event.device_id:
+        details.append(f"on {event.host_id or '?'}/{event.device_id or '?'}")
+    if event.progress is not None:
+        details.append(f"step {event.progress.index + 1}/{event.progress.of} {event.progress.step!r}")
+    if event.reason:
+        details.append(f"({event.reason})")
+    if details:
+        line.append("  " + " ".join(details))
+    return line

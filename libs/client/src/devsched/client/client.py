@@ -1,0 +1,474 @@
+"""`Client`: the async Python client of the devsched control plane, for scripts and CI jobs.
+
+```python
+from devsched.client import Client
+
+async with Client.connect("nats://127.0.0.1:4222") as client:
+    reply = await client.submit({"steps": [{"name": "hi", "action": "shell", "args": {"command": "echo hi"}}]},
+                                selector={"platform": "sim"})
+    async with client.watch(reply.task_id) as events:
+        async for event in events:
+            print(event.seq, event.event, event.status)
+    view = await client.get(reply.task_id)
+```
+
+Every method sends one request of the protocol (`P.api.tasks.submit`, ...) and returns the reply's model
+from `devsched.protocol.messages`, or raises the typed error of the reply (`NotFound`,
+`InvalidRequest` with `details["errors"]`, ...; see `devsched.client.errors`). Requests that are safe to
+repeat (everything but a submit without an idempotency key) are retried after a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Generic, Self, TypeVar
+
+import nats.errors
+from nats.aio.client import Client as NatsClient
+from pydantic import BaseModel, ValidationError
+
+from devsched.client.errors import NatsUnreachable, from_validation, invalid
+from devsched.client.plans import build_request, load_request
+from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
+from devsched.core.errors import DevschedError
+from devsched.core.status import TERMINAL, TaskStatus
+from devsched.protocol.messages import (
+    CancelReply,
+    CancelRequest,
+    DeviceDrainView,
+    DrainRequest,
+    GetTaskRequest,
+    HostsListReply,
+    HostsListRequest,
+    HostView,
+    ListTasksReply,
+    ListTasksRequest,
+    Plan,
+    Selector,
+    SubmitReply,
+    SubmitRequest,
+    TaskEvent,
+    TaskSummary,
+    TaskView,
+)
+from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
+from devsched.protocol.transport import request
+
+#: Where a client connects when told nothing else (`DEVSCHED_NATS_URL`'s default).
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+#: Seconds to wait for each reply.
+DEFAULT_TIMEOUT_S = 5.0
+
+M = TypeVar("M", bound=BaseModel)
+C = TypeVar("C", bound="Client")
+TaskId = uuid.UUID | str
+
+
+def task_uuid(task_id: TaskId, path: str = "task_id") -> uuid.UUID:
+    """`task_id` as a UUID.
+
+    Raises:
+        InvalidRequest: it is not a UUID (path `task_id`), before anything is sent.
+    """
+    if isinstance(task_id, uuid.UUID):
+        return task_id
+    try:
+        return uuid.UUID(str(task_id).strip())
+    except ValueError:
+        raise invalid(path, f"not a task id (a UUID): {str(task_id)[:80]!r}") from None
+
+
+def _build(model: type[M], **fields: Any) -> M:
+    try:
+        return model.model_validate(fields)
+    except ValidationError as exc:
+        raise from_validation(exc) from None
+
+
+class Client:
+    """An async client of one devsched deployment (one subject prefix) over a NATS connection.
+
+    Make one with `await Client.connect(url)` (it owns and closes its connection), or wrap a connection
+    you already have with `Client(nc)`. Use it as an async context manager, or call `close()`.
+
+    Args:
+        nc: A connected nats-py client.
+        prefix: The deployment's subject prefix (`DEVSCHED_SUBJECT_PREFIX`, default `devsched`).
+        timeout: Seconds to wait for each reply.
+        retries: Extra tries after a timeout or no-responders, for the requests that are safe to repeat.
+        owns_connection: Whether `close()` closes `nc`.
+    """
+
+    def __init__(
+        self,
+        nc: NatsClient,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        retries: int = 2,
+        owns_connection: bool = False,
+    ) -> None:
+        self.nc = nc
+        self.subjects = Subjects(prefix)
+        self.timeout = timeout
+        self.retries = retries
+        self._owns_connection = owns_connection
+
+    @classmethod
+    def connect(
+        cls,
+        nats_url: str = DEFAULT_NATS_URL,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        creds: Path | str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        connect_timeout: float | None = None,
+        retries: int = 2,
+        name: str = "devsched-client",
+    ) -> Connecting[Self]:
+        """Connect to NATS; `await` it for a client that owns the connection, or use it with `async with`.
+
+        `client = await Client.connect(url)` (then `await client.close()`), or
+        `async with Client.connect(url) as client: ...`. The connection is retried until
+        `connect_timeout` (default: `timeout`) has passed; once made, it reconnects on its own if the
+        server goes away for a while.
+
+        Args:
+            nats_url: Server URL(s), comma-separated for a cluster.
+            prefix: The deployment's subject prefix.
+            creds: A NATS credentials file (JWT and nkey seed), for servers that require one.
+            timeout: Seconds to wait for each reply.
+            connect_timeout: Seconds to keep trying to connect.
+            retries: Extra tries of repeatable requests after a timeout.
+            name: Connection name shown by the NATS server's monitoring.
+
+        Raises:
+            NatsUnreachable: no connection within `connect_timeout`, or the server refused it.
+            ValueError: `prefix` is not a subject token.
+        """
+        Subjects(prefix)  # fail on a bad prefix before connecting
+        return Connecting(
+            cls._open(
+                nats_url,
+                prefix=prefix,
+                creds=creds,
+                timeout=timeout,
+                connect_timeout=connect_timeout,
+                retries=retries,
+                name=name,
+            )
+        )
+
+    @classmethod
+    async def _open(
+        cls,
+        nats_url: str = DEFAULT_NATS_URL,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        creds: Path | str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 - per request, handed to nats-py
+        connect_timeout: float | None = None,
+        retries: int = 2,
+        name: str = "devsched-client",
+    ) -> Self:
+        servers = [url.strip() for url in nats_url.split(",") if url.strip()]
+        deadline = connect_timeout if connect_timeout is not None else timeout
+        last_error: list[str] = []
+
+        async def remember(exc: Exception) -> None:
+            last_error[:] = [f"{type(exc).__name__}: {exc}".strip(": ")]
+
+        nc = NatsClient()
+        try:
+            async with asyncio.timeout(deadline):
+                # nats-py annotates these durations as int but uses them as floats.
+                await nc.connect(
+                    servers=servers,
+                    name=name,
+                    connect_timeout=min(2.0, deadline),  # type: ignore[arg-type]
+                    reconnect_time_wait=0.25,  # type: ignore[arg-type]
+                    max_reconnect_attempts=-1,
+                    drain_timeout=2,
+                    user_credentials=str(creds) if creds is not None else None,
+                    error_cb=remember,
+                )
+        except TimeoutError:
+            await _close_quietly(nc)
+            why = f" ({last_error[0]})" if last_error else ""
+            raise NatsUnreachable(
+                f"cannot connect to NATS at {nats_url} within {deadline:g} s{why}", url=nats_url
+            ) from None
+        except (nats.errors.Error, OSError, ValueError) as exc:
+            await _close_quietly(nc)
+            raise NatsUnreachable(f"cannot connect to NATS at {nats_url}: {exc}", url=nats_url) from None
+        return cls(nc, prefix=prefix, timeout=timeout, retries=retries, owns_connection=True)
+
+    async def close(self) -> None:
+        """Close the connection if this client made it; idempotent."""
+        if self._owns_connection:
+            await _close_quietly(self.nc)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def prefix(self) -> str:
+        """The deployment's subject prefix."""
+        return self.subjects.prefix
+
+    async def _call(self, subject: str, payload: BaseModel, reply_type: type[M], *, repeatable: bool = True) -> M:
+        try:
+            return await request(
+                self.nc,
+                subject,
+                payload,
+                reply_type,
+                timeout=self.timeout,
+                retries=self.retries if repeatable else 0,
+            )
+        except DevschedError:
+            raise
+        except (nats.errors.Error, OSError) as exc:
+            raise NatsUnreachable(f"request to {subject} failed: {type(exc).__name__}: {exc}") from None
+
+    # -- tasks -------------------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        plan_or_request: SubmitRequest | Plan | Mapping[str, Any],
+        *,
+        name: str | None = None,
+        selector: Selector | Mapping[str, str] | None = None,
+        device_id: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+        lease_ttl_s: int | None = None,
+        idempotency_key: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> SubmitReply:
+        """Submit a task (`P.api.tasks.submit`).
+
+        Args:
+            plan_or_request: A `SubmitRequest`, a `Plan`, or a mapping holding a plan (`{"steps": [...]}`)
+                or a whole submit request (`{"plan": ..., "selector": ...}`).
+            name: The task's name.
+            selector: A `Selector` (replaces the request's), or a mapping of labels the device must
+                have (merged into the request's labels).
+            device_id: Run only on this device.
+            priority: -1000..1000, higher first (default 0).
+            max_attempts: Leases the task may use before a lease expiry fails it, 1..100 (default 3).
+            lease_ttl_s: Lease length in whole seconds, 1..3600 (default 30).
+            idempotency_key: A repeated key returns the existing task (`created` false); with a key the
+                submit is also retried after a timeout.
+            metadata: Free-form JSON kept with the task (merged into the request's).
+
+        Raises:
+            InvalidRequest: the request fails the schema (checked locally first, with the server's paths).
+            NoReply: no scheduler answered.
+        """
+        body = build_request(
+            plan_or_request,
+            name=name,
+            selector=selector,
+            device_id=device_id,
+            priority=priority,
+            max_attempts=max_attempts,
+            lease_ttl_s=lease_ttl_s,
+            idempotency_key=idempotency_key,
+            metadata=metadata,
+        )
+        return await self._call(
+            self.subjects.tasks_submit, body, SubmitReply, repeatable=body.idempotency_key is not None
+        )
+
+    async def submit_file(self, path: Path | str, **overrides: Any) -> SubmitReply:
+        """Submit the plan file at `path` (YAML or JSON; a bare plan or a whole submit request).
+
+        `overrides` are `submit`'s keyword arguments and win over the file.
+
+        Raises:
+            PlanFileError: the file cannot be read or parsed.
+            InvalidRequest: its content fails the schema.
+        """
+        body = load_request(path, **overrides)
+        return await self._call(
+            self.subjects.tasks_submit, body, SubmitReply, repeatable=body.idempotency_key is not None
+        )
+
+    async def get(self, task_id: TaskId) -> TaskView:
+        """The task with all its attempts (`P.api.tasks.get`).
+
+        Raises:
+            NotFound: no such task.
+            InvalidRequest: `task_id` is not a UUID.
+        """
+        return await self._call(self.subjects.tasks_get, GetTaskRequest(task_id=task_uuid(task_id)), TaskView)
+
+    async def list_page(
+        self, *, status: TaskStatus | str | None = None, limit: int = 100, after: str | None = None
+    ) -> ListTasksReply:
+        """One page of tasks, newest first (`P.api.tasks.list`); pass the reply's `next` as `after`."""
+        body = _build(ListTasksRequest, status=status, limit=limit, after=after)
+        return await self._call(self.subjects.tasks_list, body, ListTasksReply)
+
+    async def pages(
+        self, *, status: TaskStatus | str | None = None, page_size: int = 100, after: str | None = None
+    ) -> AsyncIterator[ListTasksReply]:
+        """Every page of tasks, newest first, fetched one at a time as the iteration goes on."""
+        cursor = after
+        while True:
+            page = await self.list_page(status=status, limit=page_size, after=cursor)
+            yield page
+            if page.next is None or not page.tasks:
+                return
+            cursor = page.next
+
+    async def cancel(self, task_id: TaskId, reason: str | None = None) -> CancelReply:
+        """Cancel a task (`P.api.tasks.cancel`); harmless to repeat.
+
+        A queued task is cancelled at once; a running one gets a durable cancellation request that its
+        host sees at its next renewal (the reply's `cancel_requested`); a terminal one is left as is.
+
+        Raises:
+            NotFound: no such task.
+        """
+        return await self._call(
+            self.subjects.tasks_cancel, CancelRequest(task_id=task_uuid(task_id), reason=reason), CancelReply
+        )
+
+    async def wait(self, task_id: TaskId, *, timeout: float | None = None) -> TaskView:  # noqa: ASYNC109
+        """Follow a task until it ends and return its final view.
+
+        Raises:
+            TimeoutError: still not terminal after `timeout` seconds.
+            NotFound: no such task.
+        """
+        async with asyncio.timeout(timeout):
+            async with self.watch(task_id) as events:
+                async for _ in events:
+                    pass
+            view = await self.get(task_id)
+            while view.status not in TERMINAL:  # the watch ended on a quiet stream; the row decides
+                await asyncio.sleep(0.2)
+                view = await self.get(task_id)
+            return view
+
+    def watch(self, task_id: TaskId, *, idle_check_s: float = DEFAULT_IDLE_CHECK_S) -> TaskWatch:
+        """The task's events from the start, ending after the first terminal one.
+
+        Use `async with client.watch(id) as events: async for event in events: ...`. Events come once
+        each (deduplicated by `seq`); see `devsched.client.watch`.
+
+        Raises:
+            InvalidRequest: `task_id` is not a UUID (at once).
+            NotFound: no such task (when the iteration starts).
+        """
+        tid = task_uuid(task_id)
+
+        async def probe() -> TaskStatus:
+            return TaskStatus((await self.get(tid)).status)
+
+        return TaskWatch(self.nc.jetstream(), self.subjects, tid, probe, idle_check_s=idle_check_s)
+
+    # -- hosts and devices ---------------------------------------------------------------------------------
+
+    async def hosts(self) -> builtins.list[HostView]:
+        """Every registered host with its devices and their states (`P.api.hosts.list`)."""
+        return (await self._call(self.subjects.hosts_list, HostsListRequest(), HostsListReply)).hosts
+
+    async def drain(self, device_id: str, *, drained: bool = True, reason: str | None = None) -> DeviceDrainView:
+        """Take a device out of service (`drained=False`: put it back) (`P.api.devices.drain`).
+
+        A running attempt on it goes on to its end; no new work goes to it.
+
+        Raises:
+            NotFound: no such device.
+        """
+        body = _build(DrainRequest, device_id=device_id, drained=drained, reason=reason)
+        return await self._call(self.subjects.devices_drain, body, DeviceDrainView)
+
+    async def list(
+        self, *, status: TaskStatus | str | None = None, limit: int | None = None, page_size: int = 100
+    ) -> AsyncIterator[TaskSummary]:
+        """Tasks, newest first, across pages (fetched lazily); at most `limit` when given.
+
+        (Defined last in the class: inside it, the name `list` is this method.)
+        """
+        if limit is not None and limit <= 0:
+            return
+        count = 0
+        size = page_size if limit is None else max(1, min(page_size, limit))
+        async for page in self.pages(status=status, page_size=size):
+            for task in page.tasks:
+                yield task
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+
+
+class Connecting(Generic[C]):
+    """What `Client.connect` returns: await it for the client, or `async with` it (closed on exit)."""
+
+    def __init__(self, opening: Awaitable[C]) -> None:
+        self._opening = opening
+        self._client: C | None = None
+
+    def __await__(self) -> Generator[Any, None, C]:
+        return self._opening.__await__()
+
+    async def __aenter__(self) -> C:
+        self._client = await self._opening
+        return self._client
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+async def _close_quietly(nc: NatsClient) -> None:
+    if nc.is_closed:
+        return
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
+async def wait_for_scheduler(client: Client, *, timeout: float = 30.0) -> None:  # noqa: ASYNC109
+    """Return once a scheduler answers requests of `client`'s prefix (polls `hosts`).
+
+    Raises:
+        NoReply: none answered within `timeout` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await client.hosts()
+            return
+        except DevschedError as exc:
+            if not exc.retryable or time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(0.2)
+
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "DEFAULT_TIMEOUT_S",
+    "Client",
+    "Connecting",
+    "TaskEvent",
+    "task_uuid",
+    "wait_for_scheduler",
+]

@@ -1,0 +1,237 @@
+"""The `devsched` CLI as a process against the real services: every command, `--json`, exit codes, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.databases import create_test_database, drop_database, execute
+from support.devsched_stack import Devsched, Stack, clean_env, run_devsched
+from support.servers import PostgresHandle
+
+pytestmark = pytest.mark.e2e
+
+NOOP_PLAN = "steps:\n  - name: hello\n    action: shell\n    args: {command: echo hello from $DEVSCHED_DEVICE_ID}\n"
+
+
+def ok(result: subprocess.CompletedProcess[str], code: int = 0) -> subprocess.CompletedProcess[str]:
+    assert result.returncode == code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    return result
+
+
+def doc(result: subprocess.CompletedProcess[str]) -> Any:
+    """The one JSON document a `--json` command printed."""
+    return json.loads(ok(result).stdout)
+
+
+def one_line_error(result: subprocess.CompletedProcess[str], code: int) -> str:
+    """The command failed with `code` and said so on exactly one stderr line, without a traceback."""
+    assert result.returncode == code, f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert "Traceback" not in result.stderr + result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def plan_file(tmp_path: Path, text: str, name: str = "plan.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def wait_until_running(devsched: Devsched, task_id: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        view = doc(devsched("get", task_id, "--json"))
+        if view["status"] == "dispatched" and view["attempts"] and view["attempts"][-1]["progress"]:
+            return dict(view)
+        assert time.monotonic() < deadline, f"task {task_id} not running: {view}"
+        time.sleep(0.2)
+
+
+def test_submit_watch_get_and_ls(devsched: Devsched, tmp_path: Path) -> None:
+    path = plan_file(tmp_path, NOOP_PLAN)
+    submitted = doc(devsched("submit", path, "--selector", "platform=sim", "--name", "cli-hello", "--priority", "3",
+                             "--max-attempts", "2", "--lease-ttl", "20", "--json"))  # fmt: skip
+    assert submitted["created"] is True
+    task_id = submitted["task_id"]
+
+    watched = ok(devsched("watch", task_id, "--json"))
+    events = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert events[0]["event"] == "submitted"
+    assert events[-1]["event"] == "done"
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+
+    view = doc(devsched("get", task_id, "--json"))
+    assert (view["status"], view["name"], view["priority"], view["max_attempts"], view["lease_ttl_s"]) == (
+        "done", "cli-hello", 3, 2, 20,
+    )  # fmt: skip
+    assert view["selector"]["labels"] == {"platform": "sim"}
+    assert "hello from" in view["result"]["steps"][0]["output_tail"]
+
+    listed = doc(devsched("ls", "--status", "done", "--json"))
+    assert task_id in [t["task_id"] for t in listed["tasks"]]
+    assert all(t["status"] == "done" and "attempts" not in t for t in listed["tasks"])
+
+    table = ok(devsched("ls")).stdout
+    assert task_id in table
+    assert "cli-hello" in table
+    detail = ok(devsched("get", task_id)).stdout
+    assert "done" in detail
+    assert "hello" in detail
+
+
+def test_ls_pages_with_limit_and_cursor(devsched: Devsched, tmp_path: Path) -> None:
+    path = plan_file(tmp_path, "steps: [{name: a, action: noop}]\n")
+    tag = uuid.uuid4().hex[:8]
+    ids = [doc(devsched("submit", path, "--selector", f"platform={tag}", "--json"))["task_id"] for _ in range(3)]
+
+    first = doc(devsched("ls", "--status", "queued", "--limit", "2", "--json"))
+    assert len(first["tasks"]) == 2
+    assert first["next"] is not None
+    rest = doc(devsched("ls", "--status", "queued", "--after", first["next"], "--all", "--json"))
+    listed = [t["task_id"] for t in first["tasks"] + rest["tasks"]]
+    assert [i for i in listed if i in ids] == list(reversed(ids))
+    assert rest["next"] is None
+    for task_id in ids:
+        ok(devsched("cancel", task_id))
+
+
+def test_submit_wait_exit_codes(devsched: Devsched, tmp_path: Path) -> None:
+    good = plan_file(tmp_path, NOOP_PLAN, "good.yaml")
+    bad = plan_file(tmp_path, json.dumps({"steps": [{"name": "t", "action": "shell", "args": {"command": "exit 3"}}]}),
+                    "bad.json")  # fmt: skip
+
+    done = ok(devsched("submit", good, "-s", "platform=sim", "--wait"))
+    assert "done" in done.stdout
+    failed = ok(devsched("submit", bad, "-s", "platform=sim", "--wait"), code=1)
+    assert "failed" in failed.stdout
+    assert "exit code 3" in failed.stdout
+
+    final = json.loads(ok(devsched("submit", good, "-s", "platform=sim", "--wait", "--json")).stdout)
+    assert final["status"] == "done"
+    assert final["attempts"][0]["status"] == "done"
+
+
+def test_cancel_a_running_task_and_watch_it_end(devsched: Devsched, tmp_path: Path) -> None:
+    path = plan_file(tmp_path, "steps:\n  - {name: soak, action: sleep, args: {seconds: 120}, interruptible: true}\n")
+    task_id = doc(devsched("submit", path, "-s", "platform=sim", "--json"))["task_id"]
+    wait_until_running(devsched, task_id)
+
+    reply = doc(devsched("cancel", task_id, "--reason", "enough", "--json"))
+    assert (reply["task_id"], reply["cancel_requested"]) == (task_id, True)
+
+    watched = ok(devsched("watch", task_id, "--json"), code=3)  # 3: the task ended cancelled
+    events = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert events[-1]["event"] == "cancelled"
+    assert any(e["event"] == "cancel_requested" and e["reason"] == "enough" for e in events)
+    human = ok(devsched("watch", task_id), code=3)
+    assert "cancelled" in human.stdout
+
+    again = ok(devsched("cancel", task_id))
+    assert "cancelled" in again.stdout
+
+
+def test_wait_timeout_leaves_the_task_and_exits_7(devsched: Devsched, tmp_path: Path) -> None:
+    path = plan_file(tmp_path, "steps: [{name: a, action: noop}]\n")
+    result = devsched("submit", path, "-s", "platform=nowhere", "--wait", "--wait-timeout", "1")
+    line = one_line_error(result, 7)
+    assert "still queued" in line
+    task_id = line.split("task ")[1].split()[0]
+    assert doc(devsched("cancel", task_id, "--json"))["status"] == "cancelled"
+
+
+def test_hosts_and_drain(devsched: Devsched, stack: Stack) -> None:
+    hosts = doc(devsched("hosts", "--json"))["hosts"]
+    mine = next(h for h in hosts if h["host_id"] == stack.host_id)
+    assert mine["online"] is True
+    assert sorted(d["device_id"] for d in mine["devices"]) == sorted(stack.device_ids)
+    assert stack.host_id in ok(devsched("hosts")).stdout
+
+    device = stack.device_ids[-1]
+    drained = doc(devsched("drain", device, "--reason", "flaky USB hub", "--json"))
+    assert (drained["drained"], drained["state"], drained["drain_reason"]) == (True, "drained", "flaky USB hub")
+    back = doc(devsched("drain", device, "--undo", "--json"))
+    assert back["drained"] is False
+    assert "back in service" in ok(devsched("drain", device, "--undo")).stdout
+
+
+# -- errors: one line, the right exit code, never a traceback ---------------------------------------------
+
+
+def test_a_plan_file_that_does_not_parse(devsched: Devsched, tmp_path: Path) -> None:
+    line = one_line_error(devsched("submit", plan_file(tmp_path, "steps: [\n  - name: a\n")), 2)
+    assert line.startswith("error: invalid_request: ")
+    assert "not valid YAML" in line
+
+
+def test_a_plan_that_fails_the_schema_names_the_field(devsched: Devsched, tmp_path: Path) -> None:
+    path = plan_file(tmp_path, "steps:\n  - name: a\n    args: {command: hi}\n")
+    assert one_line_error(devsched("submit", path), 2) == "error: invalid_request: plan.steps.0.action: Field required"
+    line = one_line_error(devsched("submit", plan_file(tmp_path, NOOP_PLAN, "ok.yaml"), "--priority", "5000"), 2)
+    assert line.startswith("error: invalid_request: priority: ")
+
+
+def test_a_missing_plan_file(devsched: Devsched, tmp_path: Path) -> None:
+    line = one_line_error(devsched("submit", str(tmp_path / "nope.yaml")), 2)
+    assert "cannot read" in line
+
+
+def test_not_found_and_malformed_ids(devsched: Devsched) -> None:
+    missing = str(uuid.uuid4())
+    assert one_line_error(devsched("get", missing), 4).startswith("error: not_found: ")
+    assert one_line_error(devsched("cancel", missing), 4).startswith("error: not_found: ")
+    assert one_line_error(devsched("watch", missing), 4).startswith("error: not_found: ")
+    assert one_line_error(devsched("drain", "no-such-device"), 4).startswith("error: not_found: ")
+    assert one_line_error(devsched("get", "xyz"), 2).startswith("error: invalid_request: task_id: ")
+
+
+def test_the_servers_400_is_shown_with_its_path(devsched: Devsched) -> None:
+    assert one_line_error(devsched("ls", "--after", "bogus"), 2).startswith("error: invalid_request: after: ")
+
+
+def test_unreachable_nats_and_nobody_serving(devsched: Devsched, stack: Stack) -> None:
+    line = one_line_error(devsched("--nats-url", "nats://127.0.0.1:1", "--timeout", "1", "hosts"), 5)
+    assert line.startswith("error: nats_unreachable: ")
+    line = one_line_error(devsched("--prefix", f"{stack.prefix}-nobody", "--timeout", "0.3", "hosts"), 5)
+    assert line.startswith("error: no_reply: ")
+
+
+def test_usage_errors_exit_2(devsched: Devsched) -> None:
+    result = devsched("submit")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert devsched("ls", "--status", "sleeping").returncode == 2
+
+
+def test_migrate_is_idempotent(postgres_server: PostgresHandle, database_template: str) -> None:
+    name = f"cli_migrate_{uuid.uuid4().hex[:8]}"
+    execute(postgres_server.dsn(), f'CREATE DATABASE "{name}"')
+    try:
+        for _ in range(2):
+            result = ok(run_devsched("migrate", "--database-url", postgres_server.url(name)))
+            assert "latest schema" in result.stdout
+    finally:
+        drop_database(postgres_server.dsn(), name)
+    clone = create_test_database(postgres_server.dsn(), database_template)  # already migrated: nothing to do
+    try:
+        ok(run_devsched("migrate", env=clean_env(DEVSCHED_DATABASE_URL=postgres_server.url(clone))))
+    finally:
+        drop_database(postgres_server.dsn(), clone)
+
+
+def test_migrate_an_unreachable_database() -> None:
+    result = run_devsched("migrate", "--database-url", "postgresql+asyncpg://postgres@127.0.0.1:1/devsched")
+    assert one_line_error(result, 5).startswith("error: unavailable: ")
+
+
+def test_bench_outside_a_checkout_says_how(tmp_path: Path) -> None:
+    line = one_line_error(run_devsched("bench", cwd=tmp_path), 2)
+    assert "pytest -m bench tests/bench" in line

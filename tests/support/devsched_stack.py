@@ -1,0 +1,214 @@
+"""The real services as processes, for the client's and the CLI's tests.
+
+`running_stack` starts `python -m devsched.scheduler`, `python -m devsched.sweeper` and one
+`devsched-agent` per host (simulated devices labelled `platform=sim`) against a given NATS server,
+database and subject prefix, waits until each is ready (by its JSON log lines), and stops them all by
+pid afterwards. Shared by the client tests and tests/e2e/cli.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+
+from support.databases import create_test_database, drop_database, in_thread
+from support.servers import NatsHandle, PostgresHandle
+
+#: Fast settings for tests: short ticks, no post-expiry device grace.
+FAST_ENV = {
+    "DEVSCHED_ASSIGN_TICK_S": "0.2",
+    "DEVSCHED_RELAY_TICK_S": "0.2",
+    "DEVSCHED_SWEEP_INTERVAL_S": "0.2",
+    "DEVSCHED_HEARTBEAT_INTERVAL_S": "2",
+    "DEVSCHED_DEVICE_GRACE_S": "0",
+    "DEVSCHED_SHUTDOWN_GRACE_S": "3",
+    "DEVSCHED_DRAIN_TIMEOUT_S": "2",
+    "DEVSCHED_DB_POOL_SIZE": "4",
+}
+
+
+class Proc:
+    """One service process with its log file; stopped by pid."""
+
+    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        with log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def logged(self, message: str) -> bool:
+        """Whether a JSON log line with this `msg` was written."""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                parsed = json.loads(line)
+                if isinstance(parsed, dict) and parsed.get("msg") == message:
+                    return True
+        return False
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the log, for failure messages."""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+
+@dataclass
+class Stack:
+    """Where the running services are, and how to point a client or the CLI at them."""
+
+    nats_url: str
+    database_url: str
+    prefix: str
+    work_dir: Path
+    host_id: str
+    device_ids: list[str]
+    procs: list[Proc] = field(default_factory=list)
+
+    def cli_env(self, **extra: str) -> dict[str, str]:
+        """The environment of a `devsched` CLI process aimed at this stack."""
+        return clean_env(DEVSCHED_NATS_URL=self.nats_url, DEVSCHED_SUBJECT_PREFIX=self.prefix, COLUMNS="200", **extra)
+
+    def logs(self) -> str:
+        """Every process's log tail, for failure messages."""
+        return "\n".join(f"--- {p.name} ({p.log_path})\n{p.tail()}" for p in self.procs)
+
+
+def _wait(procs: list[tuple[Proc, str]], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(procs)
+    while pending:
+        pending = [(p, msg) for p, msg in pending if not p.logged(msg)]
+        for p, _ in pending:
+            if p.proc.poll() is not None:
+                raise AssertionError(f"{p.name} exited with {p.proc.returncode}:\n{p.tail()}")
+        if pending and time.monotonic() > deadline:
+            names = ", ".join(f"{p.name} ({msg!r})" for p, msg in pending)
+            raise AssertionError(f"not ready within {timeout}s: {names}\n" + "\n".join(p.tail() for p, _ in pending))
+        time.sleep(0.05)
+
+
+def _agent_config(path: Path, host_id: str, device_ids: list[str], nats_url: str, prefix: str) -> None:
+    lines = [
+        f'host_id = "{host_id}"',
+        f"spool_dir = {json.dumps(str(path.parent / (host_id + '-spool')))}",
+        f'nats_url = "{nats_url}"',
+        f'subject_prefix = "{prefix}"',
+        "stop_grace_s = 1.0",
+        "shutdown_grace_s = 2.0",
+    ]
+    for device_id in device_ids:
+        lines += ["[[devices]]", f'device_id = "{device_id}"', 'labels = { platform = "sim" }', ""]
+    path.write_text("\n".join(lines) + "\n")
+
+
+@contextlib.contextmanager
+def running_stack(
+    nats_url: str, database_url: str, prefix: str, work_dir: Path, *, devices: int = 2
+) -> Iterator[Stack]:
+    """Scheduler, sweeper and one agent (with `devices` devices) as processes, until the block ends."""
+    host_id = f"{prefix}-h1"
+    device_ids = [f"{prefix}-d{i}" for i in range(1, devices + 1)]
+    stack = Stack(nats_url, database_url, prefix, work_dir, host_id, device_ids)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}
+    env.update(FAST_ENV)
+    env.update(DEVSCHED_NATS_URL=nats_url, DEVSCHED_DATABASE_URL=database_url, DEVSCHED_SUBJECT_PREFIX=prefix)
+    env["PYTHONUNBUFFERED"] = "1"
+    config = work_dir / f"{host_id}.toml"
+    _agent_config(config, host_id, device_ids, nats_url, prefix)
+    try:
+        scheduler = Proc("scheduler", [sys.executable, "-m", "devsched.scheduler"], env, work_dir / "scheduler.log")
+        stack.procs.append(scheduler)
+        sweeper = Proc("sweeper", [sys.executable, "-m", "devsched.sweeper"], env, work_dir / "sweeper.log")
+        stack.procs.append(sweeper)
+        _wait([(scheduler, "serving"), (sweeper, "sweeping")], timeout=60)
+        agent_env = {k: v for k, v in env.items() if k != "DEVSCHED_DATABASE_URL"}
+        agent = Proc(
+            "agent", [sys.executable, "-m", "devsched.agent.main", "--config", str(config)], agent_env,
+            work_dir / "agent.log",
+        )  # fmt: skip
+        stack.procs.append(agent)
+        _wait([(agent, "bound to the assignments consumer")], timeout=60)
+        yield stack
+    finally:
+        for proc in reversed(stack.procs):  # the agent first: it reports while the scheduler still serves
+            proc.stop()
+
+
+def delete_streams(nats_url: str, prefix: str) -> None:
+    """Remove the prefix's two streams from the shared test server (from any thread without a loop)."""
+
+    async def run() -> None:
+        nc = await nats.connect(nats_url, connect_timeout=2)
+        try:
+            js = nc.jetstream()
+            stream_prefix = prefix.upper().replace("-", "_")
+            for suffix in ("ASSIGNMENTS", "EVENTS"):
+                with contextlib.suppress(Exception):
+                    await js.delete_stream(f"{stream_prefix}_{suffix}")
+        finally:
+            await nc.close()
+
+    asyncio.run(run())
+
+
+@contextlib.contextmanager
+def stack_for_tests(
+    nats_server: NatsHandle, postgres_server: PostgresHandle, template: str, work_dir: Path
+) -> Iterator[Stack]:
+    """`running_stack` on a fresh database cloned from `template` and a fresh prefix; both removed after."""
+    name = create_test_database(postgres_server.dsn(), template)
+    prefix = f"c{uuid.uuid4().hex[:10]}"
+    try:
+        with running_stack(nats_server.url, postgres_server.url(name), prefix, work_dir) as stack:
+            yield stack
+    finally:
+        in_thread(lambda: delete_streams(nats_server.url, prefix))
+        drop_database(postgres_server.dsn(), name)
+
+
+#: `devsched ARGS...` run as a process.
+Devsched = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any DEVSCHED_* variable, plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}
+    env.update(extra)
+    return env
+
+
+def run_devsched(
+    *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """`devsched ARGS...` as a process (`python -m devsched.client`), its output captured as text.
+
+    The environment defaults to this process's without DEVSCHED_* variables.
+    """
+    return subprocess.run(
+        [sys.executable, "-m", "devsched.client", *args],
+        env=dict(env) if env is not None else clean_env(COLUMNS="200"),
+        cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
