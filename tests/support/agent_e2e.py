@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -89,9 +89,7 @@ class Gate:
 def matching(lines: list[dict[str, Any]], msg: str, **fields: Any) -> list[dict[str, Any]]:
     """The log lines with this `msg` whose fields have these values (compared as strings)."""
     return [
-        line
-        for line in lines
-        if line.get("msg") == msg and all(str(line.get(k)) == str(v) for k, v in fields.items())
+        line for line in lines if line.get("msg") == msg and all(str(line.get(k)) == str(v) for k, v in fields.items())
     ]
 
 
@@ -154,7 +152,8 @@ class Plane:
 
     def start_scheduler(self) -> ServiceProcess:
         """Start a new scheduler process (after the old one was killed); it becomes `scheduler`."""
-        assert self.scheduler.proc is not None and self.scheduler.proc.poll() is not None, "the scheduler still runs"
+        assert self.scheduler.proc is not None
+        assert self.scheduler.proc.poll() is not None, "the scheduler still runs"
         self.retired.append(self.scheduler)
         self.scheduler = scheduler_process(self.env, self.logs / f"scheduler-{len(self.retired)}.log").start()
         return self.scheduler
@@ -342,11 +341,15 @@ class AgentLab:
 
     async def task(self, task_id: str) -> dict[str, Any]:
         """The task view (retried while a restarting server or scheduler cannot answer)."""
-        return await call_retrying(self.nc, api(self.prefix, "tasks.get"), {"task_id": task_id})
+        view: dict[str, Any] = await call_retrying(self.nc, api(self.prefix, "tasks.get"), {"task_id": task_id})
+        return view
 
     async def cancel(self, task_id: str, reason: str = "test") -> dict[str, Any]:
         """Request the task's cancellation."""
-        return await call(self.nc, api(self.prefix, "tasks.cancel"), {"task_id": task_id, "reason": reason})
+        reply: dict[str, Any] = await call(
+            self.nc, api(self.prefix, "tasks.cancel"), {"task_id": task_id, "reason": reason}
+        )
+        return reply
 
     async def drain(self, name: str, drained: bool = True) -> None:
         """Drain this lab's device `name` (or return it to service)."""
@@ -366,10 +369,12 @@ class AgentLab:
             return view if view["status"] in statuses else None
 
         view = await eventually(reached, timeout=within, message=f"task {task_id} in {statuses}")
-        assert view is not None
+        assert isinstance(view, dict)
         return view
 
-    async def wait_view(self, task_id: str, predicate: Any, *, within: float = 20.0, what: str = "view") -> dict[str, Any]:
+    async def wait_view(
+        self, task_id: str, predicate: Callable[[dict[str, Any]], bool], *, within: float = 20.0, what: str = "view"
+    ) -> dict[str, Any]:
         """Wait until `predicate(view)` holds; the view."""
 
         async def reached() -> dict[str, Any] | None:
@@ -377,12 +382,13 @@ class AgentLab:
             return view if predicate(view) else None
 
         view = await eventually(reached, timeout=within, message=f"task {task_id}: {what}")
-        assert view is not None
+        assert isinstance(view, dict)
         return view
 
     async def events(self, task_id: str) -> list[dict[str, Any]]:
         """The task's events in the events stream."""
-        return await task_events(self.nc.jetstream(), self.prefix, task_id)
+        events: list[dict[str, Any]] = await task_events(self.nc.jetstream(), self.prefix, task_id)
+        return events
 
     async def wait_events(self, task_id: str, *kinds: str, within: float = 10.0) -> list[dict[str, Any]]:
         """Wait until the task's events include every one of `kinds`; all its events."""
@@ -393,7 +399,7 @@ class AgentLab:
             return events if all(k in names for k in kinds) else None
 
         found = await eventually(seen, timeout=within, message=f"events {kinds} of {task_id}")
-        assert found is not None
+        assert isinstance(found, list)
         return found
 
     def stop(self) -> None:

@@ -5,6 +5,7 @@ The lease-loss fault (the scheduler paused past the ttl) is `test_stop_triggered
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -22,7 +23,8 @@ async def _report_stuck_in_the_spool(lab: AgentLab, *, lease_ttl_s: int, max_att
     Killing the scheduler (rather than pausing it) makes sure no copy of the report waits in NATS to be
     answered later: after this, the report exists only in the spool.
     """
-    agent = await lab.agent("d1").ready()
+    # A long request timeout: the restarted agent's first try is answered even on a loaded machine.
+    agent = await lab.agent("d1", request_timeout_s=5).ready()
     gate, started = lab.gate("hold"), lab.path("started")
     task_id = await lab.submit(
         [shell("hold", f"{touch(started)}; {gate.wait}; echo from-attempt-$DEVSCHED_ATTEMPT")],
@@ -53,8 +55,9 @@ async def test_a_killed_agent_delivers_its_spooled_report_after_restart(own_lab:
     assert view["result"]["steps"][0]["output_tail"] == "from-attempt-1\n"
     assert (view["attempt_count"], view["attempts"][0]["end_reason"]) == (1, "done")
     assert [line["duplicate"] for line in plane.scheduler_lines("reported", task_id=task_id)] == [False]
-    assert b'"outcome":"done"' in body.replace(b" ", b"")
-    assert not agent.spooled() and not agent.rejected()
+    assert json.loads(body)["outcome"] == "done"
+    assert not agent.spooled()
+    assert not agent.rejected()
 
 
 async def test_a_killed_agent_restarted_after_its_lease_expired_has_its_stale_report_answered(
@@ -73,13 +76,13 @@ async def test_a_killed_agent_restarted_after_its_lease_expired_has_its_stale_re
     # Not lost silently: the scheduler answered it (409), and the agent says so where operators look.
     moot = await wait_line(restarted, "report is moot", spool_key=f"{task_id}.1", timeout=20)
     assert moot["level"] == "warning"
-    assert moot["code"] in {"task_terminal", "lease_expired"}
+    assert moot["code"] == "task_terminal"  # PROTOCOL.md precedence: task_terminal before lease_expired
     assert not matching(restarted.log_lines(), "report recorded")
     refused = [line for line in plane.scheduler.log_lines() if line.get("endpoint") == "host-report"]
     assert [line.get("error") for line in refused] == [moot["code"]]
     view = await lab.task(task_id)
     assert (view["status"], view["reason"], view["result"]) == ("failed", "lease_expired", None)
-    assert not agent.spooled()  # a report the scheduler answered leaves the spool (see reporter.py's table)
+    assert not agent.spooled()  # answered (409 makes it moot): out of the pending spool, as issue 4 item 5 says
 
 
 async def test_nats_restarted_mid_run_the_agent_reconnects_keeps_renewing_and_finishes(
@@ -131,9 +134,10 @@ async def test_a_report_retried_through_a_long_outage_does_not_keep_the_device_f
     resumed = time.monotonic()
     # Back: device d1 is free (no grace) and attempt 2 is assigned to it at once. Its run ends the task.
     view = await lab.wait_status(task_id, "done", "failed", within=20)
+    still_spooled = [p.name for p in agent.spooled()]
     attempts = [(a["attempt"], a["status"], a["end_reason"], a["dispatched_at"]) for a in view["attempts"]]
-    stale = agent.lines("assignment is stale", task_id=task_id)
     assert view["status"] == "done", (
         f"{view['status']} ({view['reason']}) {time.monotonic() - resumed:.1f} s after the scheduler came back; "
-        f"attempts {attempts}; the agent claimed attempt 2 too late: {[line.get('error') for line in stale]}"
+        f"attempts (attempt, status, end_reason, dispatched_at): {attempts}; attempt 2 was never claimed while "
+        f"the agent's device worker retried the moot report of attempt 1, still pending: {still_spooled}"
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from devsched.agent.backoff import backoff_delay
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, DeviceConfig
 from devsched.agent.reporter import Reporter
-from devsched.agent.spool import Spool, SpoolLocked
+from devsched.agent.spool import Spool, SpooledReport, SpoolLocked
 from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode
@@ -70,6 +71,7 @@ class _Delivery:
     msg: Msg
     assignment: wire.Assignment
     keepalive: asyncio.Task[None]
+    received_at: float
 
 
 class Agent:
@@ -85,6 +87,8 @@ class Agent:
         self._known: OrderedDict[AttemptKey, None] = OrderedDict()
         self._running: dict[AttemptKey, Attempt] = {}
         self._attempt_tasks: set[asyncio.Task[None]] = set()
+        #: Reports being delivered: apart from the device workers, so an outage does not hold a device.
+        self._report_tasks: set[asyncio.Task[None]] = set()
         self._queues: dict[str, asyncio.Queue[_Delivery]] = {d.device_id: asyncio.Queue() for d in config.devices}
         self._stopping = asyncio.Event()
         self._give_up_reports = asyncio.Event()
@@ -139,9 +143,10 @@ class Agent:
             await self._consume(nc.jetstream(), stop)
             await self._shut_down()
         finally:
-            for task in [*workers, heartbeats, *self._attempt_tasks]:
+            background = [*workers, heartbeats, *self._attempt_tasks, *self._report_tasks]
+            for task in background:
                 task.cancel()
-            await asyncio.gather(*workers, heartbeats, *self._attempt_tasks, return_exceptions=True)
+            await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await nudges.unsubscribe()
 
@@ -183,6 +188,8 @@ class Agent:
             try:
                 reply = await self._client.heartbeat()
                 self.heartbeat_interval_s = reply.heartbeat_interval_s
+                if self._reporter is not None:
+                    self._reporter.kick()
             except NotFound:
                 await self._reregister()
             except Exception as exc:
@@ -286,7 +293,7 @@ class Agent:
             await _settle(msg.ack())
             return
         keepalive = asyncio.create_task(self._keep_in_progress(msg))
-        queue.put_nowait(_Delivery(msg, assignment, keepalive))
+        queue.put_nowait(_Delivery(msg, assignment, keepalive, time.monotonic()))
 
     async def _keep_in_progress(self, msg: Msg) -> None:
         while True:
@@ -318,6 +325,7 @@ class Agent:
             registry=self.registry,
             stop_grace_s=self.config.stop_grace_s,
             request_timeout_s=self.config.request_timeout_s,
+            received_at=delivery.received_at,
         )
         span = tracer().start_as_current_span(
             f"run attempt {delivery.assignment.attempt}",
@@ -336,6 +344,8 @@ class Agent:
             try:
                 outcome = await attempt.claim(self._stopping)
                 delivery.keepalive.cancel()
+                if outcome is ClaimOutcome.CLAIMED:
+                    self._reporter.kick()
                 if outcome is ClaimOutcome.GAVE_UP and self._stopping.is_set():
                     await _settle(delivery.msg.nak())  # claimed by the next start, if still current
                     return
@@ -343,9 +353,19 @@ class Agent:
                 if outcome is not ClaimOutcome.CLAIMED:
                     return
                 result = await attempt.run()
-                await attempt.report(result, give_up=self._give_up_reports)
+                spooled = await attempt.spool(result)
+                # Deliver apart from this device's worker: a scheduler outage must not keep the device
+                # from its next attempt (the scheduler reserves it again only once this one has ended).
+                delivery_task = asyncio.create_task(self._deliver(spooled, attempt.log_fields()))
+                self._report_tasks.add(delivery_task)
+                delivery_task.add_done_callback(self._report_tasks.discard)
             finally:
                 del self._running[attempt.key]
+
+    async def _deliver(self, spooled: SpooledReport, fields: dict[str, object]) -> None:
+        assert self._reporter is not None
+        with bind(**fields):
+            await self._reporter.deliver(spooled, give_up=self._give_up_reports)
 
     async def _on_nudge(self, msg: Msg) -> None:
         try:
@@ -361,7 +381,7 @@ class Agent:
 
     async def _wait_attempts(self, seconds: float) -> bool:
         """Wait up to `seconds` for the running attempts (runs and reports); True when none is left."""
-        pending = set(self._attempt_tasks)
+        pending = set(self._attempt_tasks) | set(self._report_tasks)
         if pending:
             await asyncio.wait(pending, timeout=seconds)
         return not any(not task.done() for task in pending)
@@ -374,7 +394,7 @@ class Agent:
                 delivery.keepalive.cancel()
                 await _settle(delivery.msg.nak())
         config = self.config
-        if self._attempt_tasks:
+        if self._attempt_tasks or self._report_tasks:
             logger.info("shutting down: waiting for running attempts", extra={"grace_s": config.shutdown_grace_s})
         if await self._wait_attempts(config.shutdown_grace_s):
             return

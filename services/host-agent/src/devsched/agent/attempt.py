@@ -15,6 +15,7 @@ from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
 from devsched.agent.reporter import Reporter
 from devsched.agent.runner import PlanRunner, Progress, RunResult
+from devsched.agent.spool import SpooledReport
 from devsched.agent.steps import RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.protocol import messages as wire
@@ -72,6 +73,7 @@ class Attempt:
         registry: ActionRegistry,
         stop_grace_s: float,
         request_timeout_s: float,
+        received_at: float | None = None,
     ) -> None:
         self.assignment = assignment
         self.device = device
@@ -87,7 +89,9 @@ class Attempt:
             request_timeout_s=request_timeout_s,
             context={"task_id": str(assignment.task_id), "attempt": assignment.attempt},
         )
-        self.received_at = time.monotonic()
+        #: When the assignment arrived (monotonic), not when a busy device got round to it: the claim
+        #: deadline counts from here.
+        self.received_at = time.monotonic() if received_at is None else received_at
 
     @property
     def key(self) -> AttemptKey:
@@ -168,10 +172,13 @@ class Attempt:
         )
         return result
 
+    async def spool(self, result: RunResult) -> SpooledReport:
+        """Write the report to the spool; delivering it is the caller's (it may take a long outage)."""
+        return await self._reporter.store(to_wire(result, self.assignment))
+
     async def report(self, result: RunResult, *, give_up: asyncio.Event | None = None) -> None:
         """Spool the report, then deliver it (it stays spooled if `give_up` is set first)."""
-        spooled = await self._reporter.store(to_wire(result, self.assignment))
-        await self._reporter.deliver(spooled, give_up=give_up)
+        await self._reporter.deliver(await self.spool(result), give_up=give_up)
 
     def nudge(self) -> None:
         """Renew at once: the scheduler says a cancellation may be pending."""

@@ -73,6 +73,12 @@ class Reporter:
         self._on_not_found = on_not_found
         self._base_backoff_s = base_backoff_s
         self._max_backoff_s = max_backoff_s
+        self._kick = asyncio.Event()
+
+    def kick(self) -> None:
+        """Retry every waiting report now: the scheduler just answered another request, so it is back."""
+        self._kick.set()
+        self._kick = asyncio.Event()
 
     async def store(self, report: ReportRequest) -> SpooledReport:
         """Write `report` to the spool (durably, before any send) and return what was stored."""
@@ -130,7 +136,7 @@ class Reporter:
                 return reply
             failures += 1
             delay = backoff_delay(failures, base_s=self._base_backoff_s, cap_s=self._max_backoff_s)
-            if await _wait(give_up, delay):
+            if await _wait(give_up, delay, self._kick):
                 logger.warning("report left in the spool", extra={"spool_key": key})
                 return None
 
@@ -140,14 +146,17 @@ class Reporter:
         logger.error("report can never be accepted; kept aside", extra={"spool_key": key, "error": why, "path": path})
 
 
-async def _wait(event: asyncio.Event | None, seconds: float) -> bool:
-    """Sleep `seconds` unless `event` is set first; True when it is set."""
-    if event is None:
-        await asyncio.sleep(seconds)
-        return False
-    if event.is_set():
+async def _wait(event: asyncio.Event | None, seconds: float, kick: asyncio.Event | None = None) -> bool:
+    """Sleep `seconds` unless `event` (True) or `kick` (False: retry now) is set first."""
+    if event is not None and event.is_set():
         return True
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(seconds):
-            await event.wait()
-    return event.is_set()
+    waits = [asyncio.ensure_future(e.wait()) for e in (event, kick) if e is not None]
+    try:
+        if waits:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            await asyncio.sleep(seconds)
+    finally:
+        for w in waits:
+            w.cancel()
+    return event is not None and event.is_set()
