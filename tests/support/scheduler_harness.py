@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -27,6 +25,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from devsched.embedded import parent_death_hook
 from devsched.scheduler.app import Scheduler
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.sweeper.app import Sweeper, SweeperSettings
@@ -363,19 +362,6 @@ def service_env(database_url: str, nats_url: str, prefix: str, **overrides: Any)
     return env
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A preexec_fn asking Linux to SIGKILL the child if the test run dies (no orphaned services)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig = 1
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-    return hook
-
-
 class ServiceProcess:
     """`python -m <module>` as a real process with JSON logs to a file; stopped by its pid."""
 
@@ -395,7 +381,7 @@ class ServiceProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent(),  # only prctl: safe between fork and exec
+                preexec_fn=parent_death_hook(signal.SIGKILL),  # no orphaned services if the test run dies
             )
         return self
 

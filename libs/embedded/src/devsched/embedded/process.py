@@ -139,7 +139,7 @@ def _alive(pids: set[int], pgid: int) -> bool:
     return any(state not in ("Z", "X") and (pid in pids or pgrp == pgid) for pid, (state, _, pgrp) in table.items())
 
 
-def _parent_death_hook(sig: int) -> Callable[[], None] | None:
+def parent_death_hook(sig: int) -> Callable[[], None] | None:
     """Build a preexec_fn that has the kernel send `sig` to the child when we die.
 
     The kernel sends it when the *thread* that forked exits, so it is only set when spawning from the
@@ -317,7 +317,7 @@ class ServerProcess(ABC):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_parent_death_hook(self.stop_signal),
+                preexec_fn=parent_death_hook(self.stop_signal),
                 cwd=self.data_dir,
                 user=None if account is None else account[0],
                 group=None if account is None else account[1],

@@ -7,36 +7,16 @@ stops the children in order. If `devsched up` itself dies, the kernel sends each
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _parent_death_signal(sig: int) -> Callable[[], None] | None:
-    """A preexec_fn asking the kernel to send `sig` to the child when we die (main thread only)."""
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def hook() -> None:
-        prctl(_PR_SET_PDEATHSIG, sig)
-        if os.getppid() != parent:  # we died between fork and prctl
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return hook
+from devsched.embedded import parent_death_hook
 
 
 class Child:
@@ -85,7 +65,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_parent_death_signal(signal.SIGTERM),
+                preexec_fn=parent_death_hook(signal.SIGTERM),
             )
         self.starts += 1
 
