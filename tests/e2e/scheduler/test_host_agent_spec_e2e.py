@@ -45,7 +45,7 @@ async def test_lease_renewal_succeeds_over_nats(lab: Lab, nc: NatsClient) -> Non
 async def test_lease_is_stale_or_foreign_over_nats(lab: Lab, nc: NatsClient) -> None:
     host, stranger = await lab.host("d1"), await lab.host("d2")
     await call(nc, api(lab.prefix, "devices.drain"), {"device_id": lab.device("d2")})
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=3)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=3)
     first = await host.next_assignment()
     await host.claim(first)
 
@@ -141,7 +141,7 @@ async def test_retry_a_result_after_response_loss_over_nats(lab: Lab, nc: NatsCl
 
 async def test_stale_attempt_reports_after_requeue_over_nats(lab: Lab, nc: NatsClient) -> None:
     host = await lab.host("d1")
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=2)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=2)
     stale = await host.next_assignment()
     await host.claim(stale)
     newer = await host.next_assignment(timeout=10)
@@ -168,7 +168,7 @@ async def test_stop_triggered_by_cancellation_over_nats(lab: Lab, nc: NatsClient
 
 async def test_stop_triggered_by_lease_loss_over_nats(lab: Lab, nc: NatsClient) -> None:
     host = await lab.host("d1")
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=1)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=1)
     a = await host.next_assignment()
     await host.claim(a)
     # Without a cancellation request, `cancelled` is refused whatever the state of the lease...

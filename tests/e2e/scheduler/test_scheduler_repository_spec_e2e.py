@@ -54,7 +54,7 @@ async def _has(events: Any, kind: str) -> bool:
 
 async def test_superseded_lease_reports_completion_over_nats(lab: Lab, nc: NatsClient) -> None:
     host = await lab.host("d1")
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=2)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=2)
     first = await host.next_assignment()
     await host.claim(first)
     second = await host.next_assignment(timeout=10)  # the sweeper expired the first lease; a retry was assigned
@@ -78,7 +78,7 @@ async def test_superseded_lease_reports_completion_over_nats(lab: Lab, nc: NatsC
 
 async def test_lease_expires_with_attempts_remaining_over_nats(lab: Lab, nc: NatsClient) -> None:
     host = await lab.host("d1")
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=3)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=3)
     first = await host.next_assignment()
     await host.claim(first)
     retry = await host.next_assignment(timeout=10)  # requeued, and the released device was reserved again
@@ -98,7 +98,7 @@ async def test_lease_expires_with_attempts_remaining_over_nats(lab: Lab, nc: Nat
 
 async def test_lease_expires_at_attempt_limit_over_nats(lab: Lab, nc: NatsClient) -> None:
     host = await lab.host("d1")
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=1)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=1)
     a = await host.next_assignment()
     await host.claim(a)
     view = await status_of(nc, lab.prefix, task_id, "failed")
@@ -110,7 +110,7 @@ async def test_lease_expires_at_attempt_limit_over_nats(lab: Lab, nc: NatsClient
 
 async def test_lease_expires_with_a_cancellation_pending_over_nats(lab: Lab, nc: NatsClient) -> None:
     host = await lab.host("d1")
-    task_id = await lab.submit(lease_ttl_s=1, max_attempts=3)
+    task_id = await lab.submit(lease_ttl_s=2, max_attempts=3)
     a = await host.next_assignment()
     await host.claim(a)
     cancel = await call(nc, api(lab.prefix, "tasks.cancel"), {"task_id": task_id, "reason": "operator"})

@@ -215,7 +215,7 @@ async def test_device_waits_out_its_post_expiry_grace(
         async with running_scheduler(settings), running_sweeper(sweeper):
             host = make_host()
             await host.register("d1")
-            task_id = await submit(nc, subject_prefix, lease_ttl_s=1, max_attempts=2)
+            task_id = await submit(nc, subject_prefix, lease_ttl_s=2, max_attempts=2)
             first = await host.next_assignment()
             await host.claim(first)
             view = await status_of(nc, subject_prefix, task_id, "queued")
