@@ -14,7 +14,8 @@ The block allows exactly what `devsched-agent` does on the wire (PROTOCOL.md):
   calls it makes on its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer
   info and pull "next"); and the acks of the messages that consumer delivers
   (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers nak and in-progress);
-- subscribe: its nudges `P.host.<id>.nudge` and `_INBOX.>` for the replies.
+- subscribe: its nudges `P.host.<id>.nudge` and its own inbox `_INBOX.<id>.>` (the agent connects with
+  that inbox prefix), so it reads neither other hosts' replies nor their fetched assignments.
 
 Everything else is denied by omission: another host's subjects, other consumers, creating or deleting
 consumers and streams, the operator API, the event stream.
@@ -75,7 +76,7 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
-    subscribe = [f"{prefix}.host.{host_id}.nudge", "_INBOX.>"]
+    subscribe = [f"{prefix}.host.{host_id}.nudge", f"_INBOX.{host_id}.>"]
     return {"publish": publish, "subscribe": subscribe}
 
 

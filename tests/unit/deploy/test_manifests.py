@@ -28,6 +28,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from devsched.agent.agent import host_inbox_prefix
 from devsched.agent.config import AgentConfig, EnvOverrides, parse_config
 from devsched.core.ids import TOKEN_PATTERN
 from devsched.protocol.subjects import HOST_ENDPOINT_VERBS, HostVerb, Subjects
@@ -751,7 +752,7 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
-    assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.>"]
+    assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.bench-07.>"]
 
 
 tokens = st.from_regex(TOKEN_PATTERN, fullmatch=True)
@@ -768,7 +769,8 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
-    assert permissions["subscribe"] == [subjects.host(host_id, HostVerb.NUDGE), "_INBOX.>"]
+    # its own inbox only: exactly the prefix the agent connects with
+    assert permissions["subscribe"] == [subjects.host(host_id, HostVerb.NUDGE), f"{host_inbox_prefix(host_id)}.>"]
     assert host_user.TOKEN_PATTERN == TOKEN_PATTERN
 
 
@@ -776,7 +778,7 @@ def test_rendered_block_names_only_its_own_host() -> None:
     block = host_user.render("bench-07")
     quoted = _quoted(block)
     assert len(quoted) == 10
-    assert all("bench-07" in subject for subject in quoted if subject != "_INBOX.>")
+    assert all("bench-07" in subject for subject in quoted)
     assert not any("*" in subject for subject in quoted), "no wildcard but the trailing > of its own subjects"
     assert 'user: "host-bench-07"' in block
     other = host_user.render("bench-08")

@@ -16,8 +16,19 @@ class Stopped(Exception):
     """The service was asked to stop before the connection came up."""
 
 
-async def connect_nats(settings: ServiceSettings, *, name: str, stop: asyncio.Event) -> Client:
+def _server(nc: Client) -> str:
+    """`host:port` of the connected server: never the URL's user and password."""
+    url = nc.connected_url
+    return f"{url.hostname}:{url.port}" if url is not None else ""
+
+
+async def connect_nats(
+    settings: ServiceSettings, *, name: str, stop: asyncio.Event, inbox_prefix: str = "_INBOX"
+) -> Client:
     """Connect to `settings.nats_url`, retrying until it answers or `stop` is set.
+
+    `inbox_prefix` is where replies come back. A host uses `_INBOX.<host_id>`, so NATS permissions can
+    let each host read only its own replies and fetched assignments.
 
     With `max_reconnect_attempts=-1` nats-py retries the first connection as well as later ones, so a
     service may start before NATS does. Subscriptions are restored after a reconnect by nats-py.
@@ -39,7 +50,7 @@ async def connect_nats(settings: ServiceSettings, *, name: str, stop: asyncio.Ev
 
     async def on_reconnected() -> None:
         last_error.clear()
-        log.info("nats reconnected", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
+        log.info("nats reconnected", extra={"server": _server(nc)})
 
     nc = Client()
     # nats-py annotates these durations as int but uses them as floats (asyncio timeouts).
@@ -47,6 +58,7 @@ async def connect_nats(settings: ServiceSettings, *, name: str, stop: asyncio.Ev
         nc.connect(
             servers=[url.strip() for url in settings.nats_url.split(",") if url.strip()],
             name=name,
+            inbox_prefix=inbox_prefix,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,  # type: ignore[arg-type]
             connect_timeout=2,
@@ -68,7 +80,7 @@ async def connect_nats(settings: ServiceSettings, *, name: str, stop: asyncio.Ev
         await nc.close()
         raise Stopped()
     connecting.result()
-    log.info("nats connected", extra={"server": str(nc.connected_url.netloc if nc.connected_url else "")})
+    log.info("nats connected", extra={"server": _server(nc)})
     return nc
 
 

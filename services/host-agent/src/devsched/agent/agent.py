@@ -74,6 +74,11 @@ class _Delivery:
     received_at: float
 
 
+def host_inbox_prefix(host_id: str) -> str:
+    """`_INBOX.<host_id>`: the host's replies and fetched assignments, so permissions can pin it there."""
+    return f"_INBOX.{host_id}"
+
+
 class Agent:
     """One host's agent; `serve` runs it until `stop` is set."""
 
@@ -118,7 +123,12 @@ class Agent:
                 drain_timeout_s=self.config.drain_timeout_s,
             )
             try:
-                nc = await connect_nats(settings, name=f"devsched-agent-{self.config.host_id}", stop=stop)
+                nc = await connect_nats(
+                    settings,
+                    name=f"devsched-agent-{self.config.host_id}",
+                    stop=stop,
+                    inbox_prefix=host_inbox_prefix(self.config.host_id),
+                )
             except Stopped:
                 spool.unlock()
                 return 0

@@ -1,0 +1,156 @@
+"""The production NATS permissions (deploy/nats/accounts.conf), proven with the real services.
+
+A nats-server runs with the committed accounts file (plain-text passwords put in for the placeholders),
+and the scheduler, sweeper and a host agent connect as their own users: a task runs end to end, so the
+permissions are enough; and another host is refused its neighbour's subjects and inbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import nats
+import pytest
+
+from devsched.client import Client
+from devsched.embedded import free_port, nats_server_binary, parent_death_hook
+from support.polling import eventually
+from support.scheduler_harness import ServiceProcess, service_env
+
+pytestmark = pytest.mark.e2e
+
+NATS_DIR = Path(__file__).resolve().parents[3] / "deploy" / "nats"
+PASSWORDS = {"THE.SCHEDULER": "schedpw", "THE.SWEEPER": "sweeppw", "THE.OPERATOR": "oppw", "THIS.HOSTS": "h07pw"}
+
+
+def _host_user() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("deploy_nats_host_user_e2e", NATS_DIR / "host_user.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _accounts() -> str:
+    """accounts.conf with plain-text passwords, plus a second host `bench-08` from the generator."""
+    host_user = _host_user()
+    text = (NATS_DIR / "accounts.conf").read_text()
+    for who, password in PASSWORDS.items():
+        text = text.replace(f"$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.{who}.PASSWORD", password)
+    bench_08 = host_user.render("bench-08").replace(host_user.PLACEHOLDER_HASH, "h08pw")
+    assert "REPLACE.WITH" not in text, "a placeholder was not replaced"
+    return text.replace("# END host-bench-07", "# END host-bench-07\n" + bench_08)
+
+
+@pytest.fixture
+def secured_nats(tmp_path: Path) -> Iterator[str]:
+    """A nats-server with the deploy permissions on a free port; yields `host:port`."""
+    (tmp_path / "devsched").mkdir()
+    (tmp_path / "devsched" / "accounts.conf").write_text(_accounts())
+    port = free_port()
+    conf = tmp_path / "nats.conf"
+    conf.write_text(
+        "{\n"
+        f'  "host": "127.0.0.1", "port": {port},\n'
+        f'  "jetstream": {{"store_dir": "{tmp_path / "js"}"}},\n'
+        "  include ./devsched/accounts.conf;\n"
+        "}\n"
+    )
+    log = (tmp_path / "nats.log").open("wb")
+    proc = subprocess.Popen(
+        [str(nats_server_binary()), "-c", str(conf)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=parent_death_hook(signal.SIGKILL),
+    )
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        log.close()
+
+
+async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
+    secured_nats: str, database_url: str, tmp_path: Path
+) -> None:
+    def url(user: str, password: str) -> str:
+        return f"nats://{user}:{password}@{secured_nats}"
+
+    # the permissions are written for the default prefix
+    scheduler = ServiceProcess(
+        "devsched.scheduler",
+        service_env(database_url, url("scheduler", "schedpw"), "devsched", heartbeat_interval_s=1.0),
+        tmp_path / "scheduler.log",
+    )
+    sweeper = ServiceProcess(
+        "devsched.sweeper", service_env(database_url, url("sweeper", "sweeppw"), "devsched"), tmp_path / "sweeper.log"
+    )
+    spool = tmp_path / "spool"
+    (tmp_path / "agent.toml").write_text(
+        f'host_id = "bench-07"\nspool_dir = "{spool}"\nnats_url = "{url("host-bench-07", "h07pw")}"\n'
+        '[[devices]]\ndevice_id = "sim-7"\nlabels = { platform = "sim" }\n'
+    )
+    agent_env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}
+    agent = ServiceProcess(
+        "devsched.agent.main", agent_env, tmp_path / "agent.log", "--config", str(tmp_path / "agent.toml")
+    )
+    processes = [scheduler, sweeper, agent]
+    try:
+        scheduler.start()
+        sweeper.start()
+        await scheduler.wait_logged("serving")
+        await sweeper.wait_logged("sweeping")
+        agent.start()
+        await agent.wait_logged("bound to the assignments consumer")
+
+        async with await Client.connect(url("operator", "oppw"), timeout=5) as client:
+            submitted = await client.submit(
+                {
+                    "steps": [
+                        {"name": "hello", "action": "shell", "args": {"command": "echo hi from $DEVSCHED_DEVICE_ID"}}
+                    ]
+                },
+                selector={"platform": "sim"},
+            )
+            view = await asyncio.wait_for(client.wait(submitted.task_id), timeout=60)
+            assert view.status.value == "done", view
+            assert "hi from sim-7" in str(view.result)
+
+        # Another host: its own subjects only. Violations arrive as asynchronous errors.
+        violations: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            violations.append(str(exc))
+
+        neighbour = await nats.connect(url("host-bench-08", "h08pw"), error_cb=on_error, allow_reconnect=False)
+        try:
+            await neighbour.subscribe("_INBOX.bench-07.>")
+            await neighbour.publish("devsched.host.bench-07.claim", b"{}")
+            await neighbour.flush()
+            await eventually(lambda: len(violations) >= 2, message="both refused by the server")
+        finally:
+            await neighbour.close()
+        refused = [v.lower() for v in violations]  # nats-py lower-cases the server's message
+        assert any("subscription" in v and "_inbox.bench-07.>" in v for v in refused), violations
+        assert any("publish" in v and "devsched.host.bench-07.claim" in v for v in refused), violations
+        for p in processes:
+            log = p.log_path.read_text()
+            assert "permissions violation" not in log.lower(), f"{p.module} hit a permission it lacks"
+            assert "pw@" not in log, f"{p.module} logged a NATS password"
+    finally:
+        for p in reversed(processes):
+            if p.proc is not None:
+                p.terminate()
