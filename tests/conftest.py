@@ -23,6 +23,8 @@ from support.servers import (
     postgres_for_tests,
 )
 
+pytest_plugins = ["support.fixtures"]
+
 _RUNNING: pytest.StashKey[list[ServerHandle]] = pytest.StashKey()
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +12,6 @@ from nats.aio.client import Client as NatsClient
 from support.scheduler_harness import (
     ServiceProcess,
     Spawn,
-    TestHost,
     delete_streams,
     scheduler_process,
     service_env,
@@ -38,18 +37,3 @@ async def spawn(
     for proc in started:
         proc.ensure_stopped()
     await delete_streams(nc, subject_prefix)
-
-
-@pytest.fixture
-async def make_host(nc: NatsClient, subject_prefix: str) -> AsyncIterator[Callable[..., TestHost]]:
-    """Make test hosts (unbound after the test)."""
-    hosts: list[TestHost] = []
-
-    def make(host_id: str | None = None) -> TestHost:
-        host = TestHost(nc, subject_prefix, host_id)
-        hosts.append(host)
-        return host
-
-    yield make
-    for host in hosts:
-        await host.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -286,6 +287,15 @@ async def delete_streams(nc: NatsClient, prefix: str) -> None:
     for suffix in ("ASSIGNMENTS", "EVENTS"):
         with contextlib.suppress(Exception):
             await js.delete_stream(f"{prefix.upper().replace('-', '_')}_{suffix}")
+
+
+async def delete_streams_at(url: str, prefix: str) -> None:
+    """`delete_streams` on a connection of its own (for sync module fixtures' teardown)."""
+    nc = await nats.connect(url)
+    try:
+        await delete_streams(nc, prefix)
+    finally:
+        await nc.close()
 
 
 # -- services in this process ---------------------------------------------------------------------------

@@ -11,22 +11,13 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
 from support.agent_e2e import AgentLab, Plane
 from support.databases import create_test_database, drop_database, in_thread
-from support.scheduler_harness import delete_streams
+from support.scheduler_harness import delete_streams_at
 from support.servers import NatsHandle, PostgresHandle
-
-
-async def _delete_streams(url: str, prefix: str) -> None:
-    nc = await nats.connect(url)
-    try:
-        await delete_streams(nc, prefix)
-    finally:
-        await nc.close()
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +36,7 @@ def shared_plane(
         yield plane
     finally:
         plane.stop()
-        in_thread(lambda: asyncio.run(_delete_streams(nats_server.url, prefix)))
+        in_thread(lambda: asyncio.run(delete_streams_at(nats_server.url, prefix)))
         drop_database(postgres_server.dsn(), name)
 
 
@@ -76,7 +67,7 @@ async def own_plane(
         yield plane
     finally:
         await asyncio.to_thread(plane.stop)
-        await _delete_streams(nats_url, subject_prefix)
+        await delete_streams_at(nats_url, subject_prefix)
 
 
 @pytest.fixture

@@ -3,25 +3,10 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator
 
 import pytest
 
-# Shared with the client's integration tests.
-from support.devsched_stack import Devsched, Stack, run_devsched, stack_for_tests
-from support.servers import NatsHandle, PostgresHandle
-
-
-@pytest.fixture(scope="module")
-def stack(
-    nats_server: NatsHandle,
-    postgres_server: PostgresHandle,
-    database_template: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Stack]:
-    """Scheduler, sweeper and an agent with two `platform=sim` devices, on a database and prefix of their own."""
-    with stack_for_tests(nats_server, postgres_server, database_template, tmp_path_factory.mktemp("stack")) as s:
-        yield s
+from support.devsched_stack import Devsched, Stack, run_devsched
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
-import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
@@ -18,20 +17,12 @@ from support.databases import create_test_database, drop_database, in_thread
 from support.scheduler_harness import (
     ControlPlane,
     Lab,
-    delete_streams,
+    delete_streams_at,
     scheduler_process,
     service_env,
     sweeper_process,
 )
 from support.servers import NatsHandle, PostgresHandle
-
-
-async def _delete_streams(url: str, prefix: str) -> None:
-    nc = await nats.connect(url)
-    try:
-        await delete_streams(nc, prefix)
-    finally:
-        await nc.close()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +53,7 @@ def control_plane(
     finally:
         scheduler.ensure_stopped()
         sweeper.ensure_stopped()
-        in_thread(lambda: asyncio.run(_delete_streams(nats_server.url, prefix)))
+        in_thread(lambda: asyncio.run(delete_streams_at(nats_server.url, prefix)))
         drop_database(postgres_server.dsn(), name)
 
 
