@@ -48,9 +48,49 @@ class ErrorReply(Exception):
         super().__init__(f"{status} {self.code}: {self.message}")
 
 
+def host_inbox(subject: str) -> str | None:
+    """The reply inbox a host's request to `subject` uses (`_INBOX.<host_id>.<unique>`), or None when
+    `subject` is not a host subject `P.host.<host_id>.<verb>`.
+
+    The scheduler answers a host only under the host's own inbox, as the real agent connects with the
+    inbox prefix `_INBOX.<host_id>`.
+    """
+    parts = subject.split(".")
+    if len(parts) != 4 or parts[1] != "host":
+        return None
+    return f"_INBOX.{parts[2]}.{uuid.uuid4().hex}"
+
+
+async def request_with_reply(
+    nc: NatsClient,
+    subject: str,
+    data: bytes,
+    reply: str,
+    *,
+    timeout: float = 5.0,  # noqa: ASYNC109
+) -> Msg:
+    """A request whose reply subject is `reply` (subscribed to before the publish)."""
+    sub = await nc.subscribe(reply, max_msgs=1)
+    try:
+        await nc.publish(subject, data, reply=reply)
+        try:
+            return await sub.next_msg(timeout=timeout)
+        except nats.errors.TimeoutError:
+            raise nats.errors.TimeoutError from None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
 async def raw_request(nc: NatsClient, subject: str, data: bytes, *, timeout: float = 5.0) -> Msg:  # noqa: ASYNC109
-    """Send bytes, return the reply message as is (nats-py raises nothing for error replies)."""
-    return await nc.request(subject, data, timeout=timeout)
+    """Send bytes, return the reply message as is (nats-py raises nothing for error replies).
+
+    A host subject is asked from the host's own inbox (`host_inbox`), as the agent does.
+    """
+    inbox = host_inbox(subject)
+    if inbox is None:
+        return await nc.request(subject, data, timeout=timeout)
+    return await request_with_reply(nc, subject, data, inbox, timeout=timeout)
 
 
 def check(msg: Msg) -> dict[str, Any]:

@@ -95,6 +95,18 @@ class TooLarge(DevschedError):
     status = 413
 
 
+class TooManyRequests(DevschedError):
+    """Too many requests from this host; retry after `details.retry_after_s` seconds.
+
+    The scheduler's fair share per host: one host cannot take the capacity every other host needs to
+    renew its leases in time. Nothing changed; the same request may be sent again after the pause.
+    """
+
+    code = "too_many_requests"
+    status = 429
+    retryable = True
+
+
 class Unavailable(DevschedError):
     """The database is unreachable; nothing changed, and the request may be retried."""
 
@@ -131,6 +143,7 @@ BY_CODE: dict[str, type[DevschedError]] = {
         CancelNotRequested,
         DeviceConflict,
         TooLarge,
+        TooManyRequests,
         Unavailable,
         Internal,
     )

@@ -22,6 +22,7 @@ from devsched.core.errors import (
     InvalidRequest,
     NotFound,
     TooLarge,
+    TooManyRequests,
     Unavailable,
 )
 from devsched.protocol.base import ReplyModel
@@ -45,6 +46,7 @@ _BY_STATUS: dict[int, type[DevschedError]] = {
     404: NotFound,
     409: Conflict,
     413: TooLarge,
+    429: TooManyRequests,
     503: Unavailable,
 }
 

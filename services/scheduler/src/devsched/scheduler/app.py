@@ -15,7 +15,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from devsched.core.fairshare import ShareLimits
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api
 from devsched.scheduler.assigner import Assigner
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_streams
@@ -38,7 +40,16 @@ class Scheduler:
         self.ready = asyncio.Event()
         self.assign_wakeup = Wakeup()
         self.relay_wakeup = Wakeup()
-        self.dispatcher = Dispatcher(settings.max_concurrency)
+        self.admission = Admission(
+            host_inbox_prefixes=settings.host_inbox_prefixes,
+            operator_inbox_prefixes=settings.operator_inbox_prefixes,
+            limits=ShareLimits(
+                max_in_flight=settings.host_max_in_flight,
+                rate_per_s=settings.host_rate_per_s,
+                burst=settings.host_burst,
+            ),
+        )
+        self.dispatcher = Dispatcher(settings.max_concurrency, self.admission)
         self.relay: Relay | None = None
         self.assigner: Assigner | None = None
 

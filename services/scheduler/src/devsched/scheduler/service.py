@@ -3,13 +3,15 @@
 nats-py runs one subscription's callbacks one after another, so a micro endpoint would serve one
 request at a time per process. The `Dispatcher` hands each request to its own task instead, bounded
 by a semaphore (when it is full the callback waits, and requests queue in NATS's per-subscription
-buffer), and knows which requests are in flight so a shutdown can wait for them.
+buffer), and knows which requests are in flight so a shutdown can wait for them. Before that, every
+request passes the `Admission` checks: a reply subject of the requester's own, and the host's fair share.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -20,9 +22,12 @@ from nats.aio.subscription import Subscription
 from nats.micro.request import Handler, Request
 from nats.micro.service import Service
 
+from devsched.core.errors import TooManyRequests
 from devsched.protocol import messages as m
+from devsched.protocol.codec import encode_error
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.transport import typed_handler
+from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
 from devsched.service import flush_subscriptions
 
@@ -36,24 +41,58 @@ def _version() -> str:
         return "0.0.0"
 
 
-class Dispatcher:
-    """Runs each request in its own task, at most `limit` at once."""
+def _reply_of(req: Request) -> str | None:
+    # micro's Request does not expose the reply subject; its message does.
+    return req._msg.reply or None
 
-    def __init__(self, limit: int) -> None:
+
+class Dispatcher:
+    """Runs each admitted request in its own task, at most `limit` at once."""
+
+    def __init__(self, limit: int, admission: Admission | None = None) -> None:
         self._slots = asyncio.Semaphore(limit)
         self._running: set[asyncio.Task[None]] = set()
+        self.admission = admission
 
     @property
     def in_flight(self) -> int:
         """Requests being handled now."""
         return len(self._running)
 
-    def wrap(self, handler: Handler) -> Handler:
-        """A micro handler that starts `handler` in a task and returns at once."""
+    def wrap(self, handler: Handler, *, host_of: Callable[[str], str] | None = None) -> Handler:
+        """A micro handler that admits a request and starts `handler` for it in a task, returning at once.
+
+        `host_of` (host endpoints) names the requesting host from the subject; without it the endpoint is
+        an operator's. A request whose reply subject is not the requester's inbox is dropped unanswered;
+        a host over its fair share is answered 429 at once.
+        """
+        admission = self.admission
 
         async def dispatch(req: Request) -> None:
+            host_id: str | None = None
+            if admission is not None:
+                reply = _reply_of(req)
+                if host_of is None:
+                    if not admission.operator_reply_allowed(req.subject, reply):
+                        return
+                else:
+                    try:
+                        host_id = host_of(req.subject)
+                    except ValueError:
+                        # No host has this id (NATS permissions are made for valid ids only): the handler
+                        # answers 400, and only to an operator's inbox.
+                        if not admission.operator_reply_allowed(req.subject, reply):
+                            return
+                    else:
+                        if not admission.host_reply_allowed(host_id, req.subject, reply):
+                            return
+                        retry_after_s = admission.take(host_id, req.subject)
+                        if retry_after_s is not None:
+                            await _refuse(req, retry_after_s)
+                            return
             await self._slots.acquire()
-            task: asyncio.Task[None] = asyncio.ensure_future(handler(req))
+            work = handler(req) if host_id is None else _giving_back(handler, req, admission, host_id)
+            task: asyncio.Task[None] = asyncio.ensure_future(work)
             self._running.add(task)
             task.add_done_callback(self._finished)
 
@@ -72,6 +111,25 @@ class Dispatcher:
         return not self._running
 
 
+async def _giving_back(handler: Handler, req: Request, admission: Admission | None, host_id: str) -> None:
+    try:
+        await handler(req)
+    finally:
+        if admission is not None:
+            admission.give_back(host_id)
+
+
+async def _refuse(req: Request, retry_after_s: float) -> None:
+    err = TooManyRequests(
+        f"too many requests from this host; retry after {retry_after_s:.3f} s", retry_after_s=round(retry_after_s, 3)
+    )
+    headers, body = encode_error(err)
+    try:
+        await req.respond(body, headers=headers)
+    except Exception as exc:  # the connection is going away; the host retries after its timeout
+        log.debug("429 not sent: %s", type(exc).__name__)
+
+
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
     """One endpoint: micro name, subject, request model and handler."""
@@ -80,6 +138,8 @@ class EndpointSpec:
     subject: str
     request_type: type[Any]
     handler: Any
+    #: A host endpoint (`P.host.*.<verb>`): the host id comes from the subject.
+    host: bool = False
 
 
 def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
@@ -91,11 +151,15 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("tasks-cancel", subjects.tasks_cancel, m.CancelRequest, api.cancel),
         EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
-        EndpointSpec("host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register),
-        EndpointSpec("host-heartbeat", subjects.host_endpoint(HostVerb.HEARTBEAT), m.HeartbeatRequest, api.heartbeat),
-        EndpointSpec("host-claim", subjects.host_endpoint(HostVerb.CLAIM), m.ClaimRequest, api.claim),
-        EndpointSpec("host-renew", subjects.host_endpoint(HostVerb.RENEW), m.RenewRequest, api.renew),
-        EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report),
+        EndpointSpec(
+            "host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register, host=True
+        ),
+        EndpointSpec(
+            "host-heartbeat", subjects.host_endpoint(HostVerb.HEARTBEAT), m.HeartbeatRequest, api.heartbeat, host=True
+        ),
+        EndpointSpec("host-claim", subjects.host_endpoint(HostVerb.CLAIM), m.ClaimRequest, api.claim, host=True),
+        EndpointSpec("host-renew", subjects.host_endpoint(HostVerb.RENEW), m.RenewRequest, api.renew, host=True),
+        EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report, host=True),
     ]
 
 
@@ -115,7 +179,10 @@ async def start_service(
         handler = typed_handler(
             spec.request_type, observed(spec.name, spec.handler), max_payload_bytes=max_payload_bytes
         )
-        await service.add_endpoint(name=spec.name, subject=spec.subject, handler=dispatcher.wrap(handler))
+        host_of = subjects.host_id_of if spec.host else None
+        await service.add_endpoint(
+            name=spec.name, subject=spec.subject, handler=dispatcher.wrap(handler, host_of=host_of)
+        )
     return service
 
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import NoDecode
 
 from devsched.service.settings import Seconds, ServiceSettings
+
+#: A list of subject prefixes: comma-separated in the environment and on the command line.
+Prefixes = Annotated[tuple[str, ...], NoDecode]
 
 
 class SchedulerSettings(ServiceSettings):
@@ -46,6 +50,35 @@ class SchedulerSettings(ServiceSettings):
     """Requests handled at once by this process; more wait in NATS's per-subscription queue."""
     shutdown_grace_s: Seconds = 10.0
     """On SIGTERM, how long requests in flight may take to finish."""
+    host_inbox_prefixes: Prefixes = ("_INBOX.{host_id}.",)
+    """Reply subjects a host endpoint answers, `{host_id}` standing for the requesting host; `_R_.` where
+    hosts are NATS accounts of their own (the server rewrites their replies). Others are dropped unanswered."""
+    operator_inbox_prefixes: Prefixes = ("_INBOX.",)
+    """Reply subjects an operator endpoint (`P.api.*`) answers; others are dropped unanswered."""
+    host_max_in_flight: int = Field(default=16, ge=1, le=10000)
+    """Requests of one host handled at once; more are answered 429 `too_many_requests`."""
+    host_rate_per_s: float = Field(default=100.0, gt=0, allow_inf_nan=False)
+    """Sustained requests per second of one host; more are answered 429 with `retry_after_s`."""
+    host_burst: int = Field(default=200, ge=1, le=100000)
+    """Requests one host may send at once after a quiet spell (the token bucket's size)."""
+
+    @field_validator("host_inbox_prefixes", "operator_inbox_prefixes", mode="before")
+    @classmethod
+    def _split_prefixes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("host_inbox_prefixes", "operator_inbox_prefixes")
+    @classmethod
+    def _concrete_prefixes(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("at least one prefix is needed")
+        for prefix in value:
+            bare = prefix.replace("{host_id}", "h")
+            if not bare.endswith(".") or len(bare) < 2 or any(c in bare for c in "*> \t{}"):
+                raise ValueError(f"{prefix!r}: a prefix is subject tokens ending with a dot, no wildcards")
+        return value
 
     @model_validator(mode="after")
     def _window_within_ages(self) -> SchedulerSettings:
