@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devsched.agent.backoff import backoff_delay, backoff_delays
+from devsched.agent.backoff import MAX_RETRY_AFTER_S, backoff_delay, backoff_delays, retry_after
+from devsched.core.errors import TooManyRequests, Unavailable
 
 pytestmark = pytest.mark.unit
 
@@ -41,3 +42,27 @@ def test_the_series_is_endless_and_bounded() -> None:
 def test_nonsense_inputs_are_refused(failures: int, base: float, cap: float) -> None:
     with pytest.raises(ValueError, match=r"must be|need"):
         backoff_delay(failures, base_s=base, cap_s=cap)
+
+
+@pytest.mark.parametrize(
+    ("details", "expected"),
+    [
+        ({"retry_after_s": 0.25}, 0.25),
+        ({"retry_after_s": 2}, 2.0),
+        ({"retry_after_s": 3600}, MAX_RETRY_AFTER_S),  # a scheduler asking for more is capped
+        ({"retry_after_s": -1}, 0.0),
+        ({"retry_after_s": float("nan")}, 0.0),
+        ({"retry_after_s": True}, 0.0),
+        ({"retry_after_s": "1"}, 0.0),
+        ({}, 0.0),
+    ],
+)
+def test_a_429_asks_for_its_pause(details: dict[str, object], expected: float) -> None:
+    err = TooManyRequests()
+    err.details = dict(details)
+    assert retry_after(err) == expected
+
+
+def test_other_errors_ask_for_no_pause() -> None:
+    assert retry_after(Unavailable()) == 0.0
+    assert retry_after(TimeoutError()) == 0.0

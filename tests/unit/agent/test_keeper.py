@@ -9,7 +9,7 @@ from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
 from devsched.agent.lease import LeaseClock
 from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
-from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, TaskTerminal, Unavailable
+from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, TaskTerminal, TooManyRequests, Unavailable
 from support.polling import eventually
 
 pytestmark = pytest.mark.unit
@@ -123,6 +123,20 @@ async def test_a_transient_failure_is_not_a_loss() -> None:
     await asyncio.wait_for(keeper.renew(), 10)  # bounded by the request timeout
     assert stop.reason is StopReason.NONE
     assert keeper.live()
+
+
+async def test_a_429_is_retried_no_sooner_than_it_asks_and_is_not_a_loss() -> None:
+    now = FakeClock()
+    scheduler, stop = FakeScheduler(ttl_s=30), StopSignal()
+    keeper = claimed(scheduler, stop, LeaseClock(clock=now))
+    scheduler.error = TooManyRequests("slow down", retry_after_s=4.0)
+    await keeper.renew()
+    assert stop.reason is StopReason.NONE
+    assert keeper.live()
+    # the backoff alone would retry within 0.1 s; the pause asked for wins
+    assert keeper._next_wake(now.now) == pytest.approx(4.0)
+    now.now += 4.0
+    assert keeper._next_wake(now.now) == 0.0
 
 
 async def test_no_renewal_is_sent_past_the_deadline() -> None:

@@ -38,7 +38,7 @@ from opentelemetry.trace import SpanKind
 
 from devsched.agent.actions import ActionRegistry, default_registry
 from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
-from devsched.agent.backoff import backoff_delay
+from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, DeviceConfig
 from devsched.agent.reporter import Reporter
@@ -174,14 +174,16 @@ class Agent:
     async def _register_until_done(self, stop: asyncio.Event) -> bool:
         failures = 0
         while not stop.is_set():
+            pause = 0.0
             try:
                 await self._register()
                 return True
             except Exception as exc:
+                pause = retry_after(exc)
                 failures += 1
                 level = logging.ERROR if isinstance(exc, DeviceConflict | InvalidRequest) else logging.WARNING
                 logger.log(level, "registration failed, will retry", extra={"error": repr(exc), "failures": failures})
-            await sleep_or_stop(stop, backoff_delay(failures, base_s=0.2, cap_s=10.0))
+            await sleep_or_stop(stop, max(backoff_delay(failures, base_s=0.2, cap_s=10.0), pause))
         return False
 
     async def _reregister(self) -> None:

@@ -9,7 +9,7 @@ import time
 from enum import StrEnum
 
 from devsched.agent.actions import ActionRegistry
-from devsched.agent.backoff import backoff_delay
+from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
@@ -133,7 +133,7 @@ class Attempt:
                     return ClaimOutcome.STALE
                 failures += 1
                 logger.warning("claim failed, will retry", extra={**self.log_fields(), "error": repr(exc)})
-                delay = backoff_delay(failures, base_s=0.1, cap_s=max(a.ttl_s / 6, 0.1))
+                delay = max(backoff_delay(failures, base_s=0.1, cap_s=max(a.ttl_s / 6, 0.1)), retry_after(exc))
                 if time.monotonic() + delay >= give_up_at:
                     return ClaimOutcome.GAVE_UP
                 with contextlib.suppress(TimeoutError):

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
+
+from devsched.core.errors import TooManyRequests
+
+#: The longest pause a 429 may impose: a scheduler asking for more is not trusted beyond it.
+MAX_RETRY_AFTER_S = 60.0
 
 
 def backoff_delay(
@@ -34,3 +40,16 @@ def backoff_delays(
     while True:
         failures += 1
         yield backoff_delay(failures, base_s=base_s, cap_s=cap_s, random_fraction=random_fraction)
+
+
+def retry_after(exc: BaseException) -> float:
+    """The pause the scheduler asked for with 429 `too_many_requests` (`details.retry_after_s`), else 0.
+
+    Callers wait at least this long before sending again: retrying sooner only earns another 429.
+    """
+    if not isinstance(exc, TooManyRequests):
+        return 0.0
+    value = exc.details.get("retry_after_s")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+        return 0.0
+    return min(float(value), MAX_RETRY_AFTER_S)

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from devsched.agent.backoff import backoff_delay
+from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.lease import LeaseClock
 from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
@@ -118,8 +118,9 @@ class LeaseKeeper:
                     return
                 self._failures += 1
                 ttl = self.clock.ttl_s or 1.0
-                self._retry_at = self.clock.now() + backoff_delay(
-                    self._failures, base_s=min(0.1, ttl / 30), cap_s=max(ttl / 6, 0.1)
+                self._retry_at = self.clock.now() + max(
+                    backoff_delay(self._failures, base_s=min(0.1, ttl / 30), cap_s=max(ttl / 6, 0.1)),
+                    retry_after(exc),
                 )
                 logger.warning(
                     "renewal failed, will retry",

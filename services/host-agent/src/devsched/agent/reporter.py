@@ -18,7 +18,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from devsched.agent.backoff import backoff_delay
+from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
 from devsched.agent.spool import Spool, SpooledReport, report_key
 from devsched.core.errors import (
@@ -105,6 +105,7 @@ class Reporter:
         key, body = spooled.key, spooled.body
         failures = not_found = 0
         while True:
+            pause = 0.0
             try:
                 reply = await self._client.report(body)
             except (InvalidRequest, TooLarge, CancelNotRequested) as exc:
@@ -123,6 +124,7 @@ class Reporter:
                     with contextlib.suppress(Exception):
                         await self._on_not_found()
             except Exception as exc:
+                pause = retry_after(exc)
                 logger.warning(
                     "report not answered, will retry",
                     extra={"spool_key": key, "error": repr(exc), "failures": failures + 1},
@@ -135,8 +137,9 @@ class Reporter:
                 await asyncio.to_thread(self._spool.remove, key)
                 return reply
             failures += 1
-            delay = backoff_delay(failures, base_s=self._base_backoff_s, cap_s=self._max_backoff_s)
-            if await _wait(give_up, delay, self._kick):
+            delay = max(backoff_delay(failures, base_s=self._base_backoff_s, cap_s=self._max_backoff_s), pause)
+            # A 429 is not an outage: a kick (another request answered) must not cut its pause short.
+            if await _wait(give_up, delay, None if pause else self._kick):
                 logger.warning("report left in the spool", extra={"spool_key": key})
                 return None
 
