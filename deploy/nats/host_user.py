@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
-"""Print the NATS user block that pins one device host to its own subjects.
+"""Print the NATS account block that confines one device host to its own subjects.
 
     python deploy/nats/host_user.py bench-07 --password-hash '$2a$11$...'
-    python deploy/nats/host_user.py bench-07 --prefix devsched-lab2
+    python deploy/nats/host_user.py bench-07 --prefix devsched-lab2 --account DEVSCHED_LAB2
 
-Paste the output into the `users` list of the devsched account in `deploy/nats/accounts.conf`
-(between the `# BEGIN host-...` / `# END host-...` markers it prints), apply the ConfigMap again, and
-the chart's config reloader makes NATS pick it up without a restart (see deploy/README.md).
+Paste the output into the `accounts` map of `deploy/nats/accounts.conf` (between the `# BEGIN host-...` /
+`# END host-...` markers it prints), apply the ConfigMap again, and the chart's config reloader makes NATS
+pick it up without a restart (see deploy/README.md).
 
-The block allows exactly what `devsched-agent` does on the wire (PROTOCOL.md):
+Each host is an account of its own, not a user of the devsched account: a NATS request names its own
+reply subject, and JetStream delivers a pull request's messages to whatever reply the puller names, so a
+host inside the devsched account could have its assignments delivered into the streams' subjects (another
+host's `P.assign.<id>`, a task's events). In an account of its own, every reply subject a host names is a
+subject of that account, where no stream and no other host live. The account imports, from the devsched
+account (which exports them in accounts.conf), exactly what `devsched-agent` uses (PROTOCOL.md):
 
-- publish: requests to `P.host.<id>.{register,heartbeat,claim,renew,report}`; the two JetStream API
-  calls it makes on its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer
-  info and pull "next"); and the acks of the messages that consumer delivers
-  (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers nak and in-progress);
-- subscribe: its nudges `P.host.<id>.nudge` and its own inbox `_INBOX.<id>.>` (the agent connects with
-  that inbox prefix), so it reads neither other hosts' replies nor their fetched assignments.
+- services: `P.host.<id>.{register,heartbeat,claim,renew,report}`; the two JetStream API calls it makes on
+  its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and pull "next"),
+  mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also
+  covers nak and in-progress). The server rewrites the reply of an imported request to a `_R_.` subject
+  of the devsched account, so the scheduler answers hosts under `_R_.` (`DEVSCHED_HOST_INBOX_PREFIXES`).
+- stream: its nudges `P.host.<id>.nudge`.
 
-Everything else is denied by omission: another host's subjects, other consumers, creating or deleting
+Its one user may publish to exactly those subjects and subscribe to its nudges and its own inbox
+`_INBOX.<id>.>` (the agent connects with that inbox prefix). The account's limits bound what one host can
+hold of the server: connections (one agent, plus one more during a restart), subscriptions, payload size.
+
+Everything else does not exist for the host: other hosts' subjects, other consumers, creating or deleting
 consumers and streams, the operator API, the event stream.
 
 Standard library only, so it runs anywhere an operator has a Python.
@@ -32,6 +41,12 @@ from collections.abc import Sequence
 
 #: The prefix when none is configured (ARCHITECTURE.md, DEVSCHED_SUBJECT_PREFIX).
 DEFAULT_PREFIX = "devsched"
+#: The account of the services and the streams, which exports the host subjects (accounts.conf).
+DEFAULT_SERVICE_ACCOUNT = "DEVSCHED"
+#: Per-host limits: one agent connection plus one while a restarted agent replaces it; an agent holds a
+#: handful of subscriptions; payloads as large as the NATS server's own default (1 MiB), so an oversized
+#: report is answered 413 by the scheduler rather than cutting the host's connection.
+HOST_LIMITS = {"max_connections": 2, "max_subscriptions": 64, "max_payload": 1048576}
 #: A single NATS subject token: the prefix and host ids (the same rule as devsched.core.ids).
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 #: The requests a host sends, one subject each (`P.host.<id>.<verb>`).
@@ -59,6 +74,36 @@ def default_user(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"host-{host_id}" if prefix == DEFAULT_PREFIX else f"{prefix}-host-{host_id}"
 
 
+def account_name(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """`HOST_<id>`; with another prefix `<PU>_HOST_<id>`, so two deployments can share a server."""
+    return f"HOST_{host_id}" if prefix == DEFAULT_PREFIX else f"{stream_prefix(prefix)}_HOST_{host_id}"
+
+
+def jetstream_api(prefix: str = DEFAULT_PREFIX) -> str:
+    """`P.js.API`: where a host's account maps the JetStream API subjects it imports.
+
+    Not `$JS.API` itself: an account without JetStream answers `$JS.API.>` with 503 ("JetStream not
+    enabled") before the import's answer arrives. The agent sends there (`jetstream_api_prefix`).
+    """
+    return f"{prefix}.js.API"
+
+
+def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
+    """What the host's account imports from the devsched account: (kind, exported subject, local subject)."""
+    _token("host id", host_id)
+    _token("prefix", prefix)
+    stream = f"{stream_prefix(prefix)}_ASSIGNMENTS"
+    consumer = f"host-{host_id}"
+    imports = [("service", f"{prefix}.host.{host_id}.{verb}", "") for verb in HOST_REQUEST_VERBS]
+    for api in ("CONSUMER.INFO", "CONSUMER.MSG.NEXT"):
+        imports.append(
+            ("service", f"$JS.API.{api}.{stream}.{consumer}", f"{jetstream_api(prefix)}.{api}.{stream}.{consumer}")
+        )
+    imports.append(("service", f"$JS.ACK.{stream}.{consumer}.>", ""))
+    imports.append(("stream", f"{prefix}.host.{host_id}.nudge", ""))
+    return imports
+
+
 def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, list[str]]:
     """The subjects a host may publish to and subscribe to.
 
@@ -72,8 +117,8 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
     consumer = f"host-{host_id}"
     publish = [f"{prefix}.host.{host_id}.{verb}" for verb in HOST_REQUEST_VERBS]
     publish += [
-        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"{jetstream_api(prefix)}.CONSUMER.INFO.{stream}.{consumer}",
+        f"{jetstream_api(prefix)}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
     subscribe = [f"{prefix}.host.{host_id}.nudge", f"_INBOX.{host_id}.>"]
@@ -85,37 +130,57 @@ def _quoted_list(items: Sequence[str], indent: str) -> str:
 
 
 def render(
-    host_id: str, prefix: str = DEFAULT_PREFIX, user: str | None = None, password_hash: str | None = None
+    host_id: str,
+    prefix: str = DEFAULT_PREFIX,
+    user: str | None = None,
+    password_hash: str | None = None,
+    service_account: str = DEFAULT_SERVICE_ACCOUNT,
 ) -> str:
-    """The user block, in NATS configuration syntax, with BEGIN/END markers around it.
+    """The host's account block, in NATS configuration syntax, with BEGIN/END markers around it.
 
     Raises:
-        ValueError: an invalid host id, prefix, user name or password hash.
+        ValueError: an invalid host id, prefix, user name, account name or password hash.
     """
     permissions = host_permissions(host_id, prefix)
+    imports = host_imports(host_id, prefix)
     user = _token("user", user) if user is not None else default_user(host_id, prefix)
+    service_account = _token("account", service_account)
     if password_hash is None:
         password_hash = PLACEHOLDER_HASH
     elif not password_hash.startswith("$2") or '"' in password_hash or "\\" in password_hash:
         raise ValueError("the password hash must be a bcrypt hash ($2a$/$2b$...), e.g. from `nats server passwd`")
+    limits = ", ".join(f"{key}: {value}" for key, value in HOST_LIMITS.items())
     return "\n".join(
         [
             f"# BEGIN {user}: generated by deploy/nats/host_user.py {host_id} --prefix {prefix}; do not edit by hand",
-            "{",
-            f'  user: "{user}"',
-            f'  password: "{password_hash}"',
-            "  permissions: {",
-            "    publish: {",
-            "      allow: [",
-            _quoted_list(permissions["publish"], "        "),
-            "      ]",
+            f"{account_name(host_id, prefix)}: {{",
+            f"  limits: {{ {limits} }}",
+            "  users: [",
+            "    {",
+            f'      user: "{user}"',
+            f'      password: "{password_hash}"',
+            "      permissions: {",
+            "        publish: {",
+            "          allow: [",
+            _quoted_list(permissions["publish"], "            "),
+            "          ]",
+            "        }",
+            "        subscribe: {",
+            "          allow: [",
+            _quoted_list(permissions["subscribe"], "            "),
+            "          ]",
+            "        }",
+            "      }",
             "    }",
-            "    subscribe: {",
-            "      allow: [",
-            _quoted_list(permissions["subscribe"], "        "),
-            "      ]",
-            "    }",
-            "  }",
+            "  ]",
+            "  imports: [",
+            *(
+                f'    {{ {kind}: {{ account: {service_account}, subject: "{subject}" }}'
+                + (f', to: "{local}"' if local else "")
+                + " }"
+                for kind, subject, local in imports
+            ),
+            "  ]",
             "}",
             f"# END {user}",
         ]
@@ -126,11 +191,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the block for the host named on the command line; exit 2 on invalid input."""
     parser = argparse.ArgumentParser(
         prog="host_user.py",
-        description="Print the NATS user block that pins one devsched host to its own subjects.",
+        description="Print the NATS account block that confines one devsched host to its own subjects.",
     )
     parser.add_argument("host_id", help="the agent's host_id (agent.toml)")
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="DEVSCHED_SUBJECT_PREFIX of the deployment")
     parser.add_argument("--user", default=None, help="NATS user name (default: host-<host_id>)")
+    parser.add_argument(
+        "--account",
+        default=DEFAULT_SERVICE_ACCOUNT,
+        help="the account of the services and streams, which exports the host subjects (default: DEVSCHED)",
+    )
     parser.add_argument(
         "--password-hash",
         default=None,
@@ -138,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     options = parser.parse_args(argv)
     try:
-        block = render(options.host_id, options.prefix, options.user, options.password_hash)
+        block = render(options.host_id, options.prefix, options.user, options.password_hash, options.account)
     except ValueError as exc:
         parser.error(str(exc))
     sys.stdout.write(block + "\n")

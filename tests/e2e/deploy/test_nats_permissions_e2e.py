@@ -92,7 +92,9 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
     # the permissions are written for the default prefix
     scheduler = ServiceProcess(
         "devsched.scheduler",
-        service_env(database_url, url("scheduler", "schedpw"), "devsched", heartbeat_interval_s=1.0),
+        service_env(
+            database_url, url("scheduler", "schedpw"), "devsched", heartbeat_interval_s=1.0, host_inbox_prefixes="_R_."
+        ),
         tmp_path / "scheduler.log",
     )
     sweeper = ServiceProcess(
@@ -101,6 +103,7 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
     spool = tmp_path / "spool"
     (tmp_path / "agent.toml").write_text(
         f'host_id = "bench-07"\nspool_dir = "{spool}"\nnats_url = "{url("host-bench-07", "h07pw")}"\n'
+        'jetstream_api_prefix = "devsched.js.API"\n'
         '[[devices]]\ndevice_id = "sim-7"\nlabels = { platform = "sim" }\n'
     )
     agent_env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}

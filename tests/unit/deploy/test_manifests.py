@@ -705,7 +705,7 @@ def test_accounts_conf_is_a_valid_nats_server_config(tmp_path: Path) -> None:
 def test_accounts_conf_holds_the_generators_block_for_bench_07_verbatim() -> None:
     accounts = (DEPLOY / "nats" / "accounts.conf").read_text()
     block = host_user.render("bench-07")
-    indented = "\n".join(("      " + line) if line else line for line in block.splitlines())
+    indented = "\n".join(("  " + line) if line else line for line in block.splitlines())
     assert indented in accounts, "regenerate it: python deploy/nats/host_user.py bench-07"
 
 
@@ -722,7 +722,8 @@ def test_accounts_conf_service_users() -> None:
         assert f'"{subject}"' in scheduler
     assert f'"{subjects.assign_all}"' in scheduler
     assert f'"{subjects.events_all}"' in scheduler
-    assert "allow_responses: true" in scheduler
+    # answers go to requesters only, one each, and not forever (the scheduler checks the inbox itself too)
+    assert 'allow_responses: { max: 1, expires: "1m" }' in scheduler
     for stream in (subjects.assignments_stream, subjects.events_stream):
         assert f'"$JS.API.STREAM.CREATE.{stream}"' in scheduler
     assert "$JS.API.>" not in scheduler
@@ -748,8 +749,8 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
     stream, consumer = subjects.assignments_stream, subjects.consumer("bench-07")
     assert permissions["publish"] == [
         *(subjects.host("bench-07", verb) for verb in HOST_ENDPOINT_VERBS),
-        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
+        f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
     assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.bench-07.>"]
@@ -765,9 +766,25 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
     assert permissions["publish"][:5] == [subjects.host(host_id, verb) for verb in HOST_ENDPOINT_VERBS]
     stream, consumer = subjects.assignments_stream, subjects.consumer(host_id)
     assert permissions["publish"][5:] == [
-        f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
-        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
+        f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
+    ]
+    # what the host's account imports from the devsched account, and where
+    assert host_user.host_imports(host_id, prefix) == [
+        *(("service", subjects.host(host_id, verb), "") for verb in HOST_ENDPOINT_VERBS),
+        (
+            "service",
+            f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
+            f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
+        ),
+        (
+            "service",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+            f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+        ),
+        ("service", f"$JS.ACK.{stream}.{consumer}.>", ""),
+        ("stream", subjects.host(host_id, HostVerb.NUDGE), ""),
     ]
     # its own inbox only: exactly the prefix the agent connects with
     assert permissions["subscribe"] == [subjects.host(host_id, HostVerb.NUDGE), f"{host_inbox_prefix(host_id)}.>"]
@@ -790,7 +807,8 @@ def test_rendered_block_names_only_its_own_host() -> None:
 def test_another_prefix_changes_every_name() -> None:
     block = host_user.render("bench-07", prefix="lab-2")
     assert '"lab-2.host.bench-07.register"' in block
-    assert '"$JS.API.CONSUMER.MSG.NEXT.LAB_2_ASSIGNMENTS.host-bench-07"' in block
+    assert '"lab-2.js.API.CONSUMER.MSG.NEXT.LAB_2_ASSIGNMENTS.host-bench-07"' in block
+    assert "LAB_2_HOST_bench-07: {" in block
     assert 'user: "lab-2-host-bench-07"' in block
     assert "devsched" not in block.split("\n", 1)[1]
     assert host_user.stream_prefix("lab-2") == Subjects("lab-2").assignments_stream.removesuffix("_ASSIGNMENTS")
@@ -818,8 +836,58 @@ def test_main_prints_the_block(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().out == host_user.render("bench-07") + "\n"
 
 
+def _service_account(accounts: str) -> str:
+    start = accounts.index("  DEVSCHED {")
+    return accounts[start : accounts.index("\n  }\n", start)]
+
+
 def test_generated_blocks_are_valid_nats_config(tmp_path: Path) -> None:
-    users = "\n".join(host_user.render(host_id) for host_id in ("bench-07", "Bench_08", "x", "a" * 64))
-    accounts = f"accounts {{\n  DEVSCHED {{\n    jetstream: enabled\n    users: [\n{users}\n    ]\n  }}\n}}\n"
+    hosts = "\n".join(host_user.render(host_id) for host_id in ("bench-07", "Bench_08", "x", "a" * 64))
+    devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
+    accounts = f"accounts {{\n{devsched}\n  }}\n{hosts}\n}}\n"
     result = _nats_config_test(tmp_path, accounts)
     assert result.returncode == 0, result.stderr
+
+
+def _subject_matches(pattern: str, subject: str) -> bool:
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
+    devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
+    exported = dict(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
+    exports = {
+        (kind, subject)
+        for subject, kind in ((s, k) for k, s in re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
+    }
+    assert len(exports) == 9, exported
+    for kind, subject, _ in host_user.host_imports("bench-07"):
+        assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
+    # a pull is answered by many messages, so its export must say so
+    assert '{ service: "$JS.API.CONSUMER.MSG.NEXT.DEVSCHED_ASSIGNMENTS.*", response_type: stream }' in devsched
+    # and nothing that would reach the streams or the operator API is exported
+    for _, pattern in exports:
+        assert not pattern.startswith(("devsched.assign", "devsched.events", "devsched.api", "$JS.API.STREAM")), pattern
+
+
+def test_a_host_account_is_limited_and_imports_only_its_own_subjects() -> None:
+    block = host_user.render("bench-07")
+    assert "HOST_bench-07: {" in block
+    assert "limits: { max_connections: 2, max_subscriptions: 64, max_payload: 1048576 }" in block
+    imported = re.findall(r'subject: "([^"]+)"', block) + re.findall(r'to: "([^"]+)"', block)
+    assert len(imported) == 11
+    assert all("bench-07" in subject for subject in imported)
+    assert "jetstream" not in block, "a host account holds no stream"
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_the_deployed_scheduler_answers_hosts_under_the_servers_reply_prefix(name: str) -> None:
+    scheduler = find(render(name), "Deployment", "devsched-scheduler")
+    env = {entry["name"]: entry.get("value") for entry in pod_spec(scheduler)["containers"][0]["env"]}
+    assert env["DEVSCHED_HOST_INBOX_PREFIXES"] == "_R_."

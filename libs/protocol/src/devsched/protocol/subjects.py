@@ -157,6 +157,15 @@ class Subjects:
         return f"{self.prefix}.internal.wake"
 
     @property
+    def host_jetstream_api(self) -> str:
+        """`P.js.API`: the JetStream API prefix of a host that is a NATS account of its own.
+
+        Such an account imports its consumer's `$JS.API.CONSUMER.{INFO,MSG.NEXT}` subjects mapped here: an
+        account without JetStream answers `$JS.API.>` itself (503, "JetStream not enabled"), first.
+        """
+        return f"{self.prefix}.js.API"
+
+    @property
     def _stream_prefix(self) -> str:
         return self.prefix.upper().replace("-", "_")
 

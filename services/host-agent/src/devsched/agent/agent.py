@@ -150,7 +150,7 @@ class Agent:
         workers = [asyncio.create_task(self._work(device)) for device in self.config.devices]
         try:
             await self._resend_spooled(stop)
-            await self._consume(nc.jetstream(), stop)
+            await self._consume(nc.jetstream(prefix=self.config.jetstream_api_prefix), stop)
             await self._shut_down()
         finally:
             background = [*workers, heartbeats, *self._attempt_tasks, *self._report_tasks]

@@ -9,8 +9,9 @@ labels = { platform = "android" }
 env = { ANDROID_SERIAL = "33ab12" }
 ```
 
-`DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX` and `DEVSCHED_NATS_CREDS` override `nats_url`,
-`subject_prefix` and `nats_creds` from the file (the same names the other services read).
+`DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX`, `DEVSCHED_NATS_CREDS` and `DEVSCHED_JETSTREAM_API_PREFIX`
+override `nats_url`, `subject_prefix`, `nats_creds` and `jetstream_api_prefix` from the file (the same names
+the other services read).
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ class AgentConfig(BaseModel):
     request_timeout_s: Seconds = 5.0
     #: Bound on draining the NATS connection at shutdown (nats-py's default of 30 s is too long).
     drain_timeout_s: Seconds = 2.0
+    #: Where this host sends its JetStream API requests (consumer info, pull). `$JS.API` in the account of
+    #: the streams; `<prefix>.js.API` where the host is a NATS account of its own that imports them there
+    #: (deploy/nats/host_user.py), since a JetStream-less account answers `$JS.API` itself with 503.
+    jetstream_api_prefix: str = Field(default="$JS.API", pattern=r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$")
 
     @field_validator("devices")
     @classmethod
@@ -96,6 +101,7 @@ class EnvOverrides(BaseSettings):
     nats_url: str | None = None
     subject_prefix: str | None = None
     nats_creds: str | None = None
+    jetstream_api_prefix: str | None = None
 
 
 def _describe(error: ValidationError) -> list[str]:
