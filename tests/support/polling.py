@@ -58,3 +58,29 @@ async def eventually(
         if time.monotonic() >= deadline:
             raise AssertionError(f"{message}: still false after {timeout:.1f}s (last value: {value!r})")
         await asyncio.sleep(interval)
+
+
+async def throughout(
+    predicate: Callable[[], T | Awaitable[T]],
+    *,
+    seconds: float,
+    interval: float = 0.05,
+    message: str = "condition",
+) -> None:
+    """Re-evaluate `predicate` for `seconds` and fail as soon as it is falsy.
+
+    For claims that something does NOT happen (a message that must never arrive): a bounded watch of the
+    window in which it would have shown, rather than one look after a guessed sleep.
+
+    Raises:
+        AssertionError: `predicate` was falsy at some point in the window.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        outcome = predicate()
+        value = cast(T, await outcome) if inspect.isawaitable(outcome) else outcome
+        if not value:
+            raise AssertionError(f"{message}: became false (value: {value!r})")
+        if time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(interval)

@@ -8,92 +8,38 @@ permissions are enough; and another host is refused its neighbour's subjects and
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 
 import nats
 import pytest
 
 from devsched.client import Client
-from devsched.embedded import free_port, nats_server_binary, parent_death_hook
 from support.polling import eventually
 from support.scheduler_harness import ServiceProcess, service_env
+from support.secured_nats import AGENT_TOML, SCHEDULER_SETTINGS, SecuredNats, secured_nats
 
 pytestmark = pytest.mark.e2e
 
-NATS_DIR = Path(__file__).resolve().parents[3] / "deploy" / "nats"
-PASSWORDS = {"THE.SCHEDULER": "schedpw", "THE.SWEEPER": "sweeppw", "THE.OPERATOR": "oppw", "THIS.HOSTS": "h07pw"}
-
-
-def _host_user() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deploy_nats_host_user_e2e", NATS_DIR / "host_user.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def _accounts() -> str:
-    """accounts.conf with plain-text passwords, plus a second host `bench-08` from the generator."""
-    host_user = _host_user()
-    text = (NATS_DIR / "accounts.conf").read_text()
-    for who, password in PASSWORDS.items():
-        text = text.replace(f"$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.{who}.PASSWORD", password)
-    bench_08 = host_user.render("bench-08").replace(host_user.PLACEHOLDER_HASH, "h08pw")
-    assert "REPLACE.WITH" not in text, "a placeholder was not replaced"
-    return text.replace("# END host-bench-07", "# END host-bench-07\n" + bench_08)
-
-
 @pytest.fixture
-def secured_nats(tmp_path: Path) -> Iterator[str]:
-    """A nats-server with the deploy permissions on a free port; yields `host:port`."""
-    (tmp_path / "devsched").mkdir()
-    (tmp_path / "devsched" / "accounts.conf").write_text(_accounts())
-    port = free_port()
-    conf = tmp_path / "nats.conf"
-    conf.write_text(
-        "{\n"
-        f'  "host": "127.0.0.1", "port": {port},\n'
-        f'  "jetstream": {{"store_dir": "{tmp_path / "js"}"}},\n'
-        "  include ./devsched/accounts.conf;\n"
-        "}\n"
-    )
-    log = (tmp_path / "nats.log").open("wb")
-    proc = subprocess.Popen(
-        [str(nats_server_binary()), "-c", str(conf)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=parent_death_hook(signal.SIGKILL),
-    )
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-        log.close()
+def secured(tmp_path: Path) -> Iterator[SecuredNats]:
+    """A nats-server with the deploy permissions on a free port."""
+    with secured_nats(tmp_path / "nats") as server:
+        yield server
 
 
 async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
-    secured_nats: str, database_url: str, tmp_path: Path
+    secured: SecuredNats, database_url: str, tmp_path: Path
 ) -> None:
     def url(user: str, password: str) -> str:
-        return f"nats://{user}:{password}@{secured_nats}"
+        return f"nats://{user}:{password}@{secured.address}"
 
     # the permissions are written for the default prefix
     scheduler = ServiceProcess(
         "devsched.scheduler",
         service_env(
-            database_url, url("scheduler", "schedpw"), "devsched", heartbeat_interval_s=1.0, host_inbox_prefixes="_R_."
+            database_url, url("scheduler", "schedpw"), "devsched", heartbeat_interval_s=1.0, **SCHEDULER_SETTINGS
         ),
         tmp_path / "scheduler.log",
     )
@@ -103,7 +49,7 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
     spool = tmp_path / "spool"
     (tmp_path / "agent.toml").write_text(
         f'host_id = "bench-07"\nspool_dir = "{spool}"\nnats_url = "{url("host-bench-07", "h07pw")}"\n'
-        'jetstream_api_prefix = "devsched.js.API"\n'
+        f"{AGENT_TOML}"
         '[[devices]]\ndevice_id = "sim-7"\nlabels = { platform = "sim" }\n'
     )
     agent_env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}

@@ -1,0 +1,100 @@
+"""A nats-server with the committed deploy accounts (deploy/nats/accounts.conf), for tests that need the
+production permissions: plain-text passwords are put in for the placeholders, and a second host account
+`bench-08` is added with the generator (deploy/nats/host_user.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+from devsched.embedded import free_port, nats_server_binary, parent_death_hook
+
+NATS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+#: The placeholder of each service user and its password in the tests.
+PASSWORDS = {"THE.SCHEDULER": "schedpw", "THE.SWEEPER": "sweeppw", "THE.OPERATOR": "oppw", "THIS.HOSTS": "h07pw"}
+#: Users and passwords, by role.
+USERS = {
+    "scheduler": ("scheduler", "schedpw"),
+    "sweeper": ("sweeper", "sweeppw"),
+    "operator": ("operator", "oppw"),
+    "bench-07": ("host-bench-07", "h07pw"),
+    "bench-08": ("host-bench-08", "h08pw"),
+}
+#: The scheduler settings that go with these accounts (hosts answered under the server's `_R_.` replies).
+SCHEDULER_SETTINGS = {"host_inbox_prefixes": "_R_."}
+#: The agent.toml keys that go with these accounts.
+AGENT_TOML = 'jetstream_api_prefix = "devsched.js.API"\n'
+
+
+def host_user_module() -> ModuleType:
+    """deploy/nats/host_user.py, imported from its file."""
+    spec = importlib.util.spec_from_file_location("deploy_nats_host_user_support", NATS_DIR / "host_user.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def accounts_text() -> str:
+    """accounts.conf with plain-text passwords, plus a second host `bench-08` from the generator."""
+    host_user = host_user_module()
+    text = (NATS_DIR / "accounts.conf").read_text()
+    for who, password in PASSWORDS.items():
+        text = text.replace(f"$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.{who}.PASSWORD", password)
+    bench_08 = host_user.render("bench-08").replace(host_user.PLACEHOLDER_HASH, USERS["bench-08"][1])
+    assert "REPLACE.WITH" not in text, "a placeholder was not replaced"
+    return text.replace("# END host-bench-07", "# END host-bench-07\n" + bench_08)
+
+
+@dataclass(frozen=True)
+class SecuredNats:
+    """The running server: `address` is `host:port`."""
+
+    address: str
+
+    def url(self, role: str) -> str:
+        """`nats://user:password@host:port` for a role of `USERS`."""
+        user, password = USERS[role]
+        return f"nats://{user}:{password}@{self.address}"
+
+
+@contextmanager
+def secured_nats(directory: Path) -> Iterator[SecuredNats]:
+    """Run a nats-server with the deploy accounts on a free loopback port, its files under `directory`."""
+    (directory / "devsched").mkdir(parents=True)
+    (directory / "devsched" / "accounts.conf").write_text(accounts_text())
+    port = free_port()
+    conf = directory / "nats.conf"
+    conf.write_text(
+        "{\n"
+        f'  "host": "127.0.0.1", "port": {port},\n'
+        f'  "jetstream": {{"store_dir": "{directory / "js"}"}},\n'
+        "  include ./devsched/accounts.conf;\n"
+        "}\n"
+    )
+    log = (directory / "nats.log").open("wb")
+    proc = subprocess.Popen(
+        [str(nats_server_binary()), "-c", str(conf)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=parent_death_hook(signal.SIGKILL),
+    )
+    try:
+        yield SecuredNats(f"127.0.0.1:{port}")
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+        log.close()
