@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The shortest pause suggested to a host that has `max_in_flight` requests running: about one
 #: request's time, so a well-behaved agent retries soon after a slot frees.
@@ -39,9 +40,12 @@ class ShareLimits:
             raise ValueError("rate_per_s must be a finite number above 0")
 
 
-@dataclass(frozen=True, slots=True)
-class Share:
-    """What one host has used: tokens left at `at`, and requests in flight."""
+class Share(NamedTuple):
+    """What one host has used: tokens left at `at`, and requests in flight.
+
+    A named tuple, not a dataclass: the scheduler makes one for every request, and a flood must be cheap
+    to refuse.
+    """
 
     tokens: float
     at: float
@@ -58,17 +62,16 @@ class Share:
         A clock reading older than the share's refills nothing (monotonic clocks do not go back, but the
         caller's readings may arrive out of order).
         """
-        elapsed = max(now - self.at, 0.0)
-        tokens = min(float(limits.burst), self.tokens + elapsed * limits.rate_per_s)
-        return Share(tokens=tokens, at=max(now, self.at), in_flight=self.in_flight)
+        if now <= self.at:
+            return self
+        return Share(min(float(limits.burst), self.tokens + (now - self.at) * limits.rate_per_s), now, self.in_flight)
 
     def idle(self, limits: ShareLimits, now: float) -> bool:
         """Whether forgetting this share changes nothing (full bucket, nothing in flight)."""
         return self.in_flight == 0 and self.refilled(limits, now).tokens >= limits.burst
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """The answer to one request: admitted (with the new share), or refused with a pause."""
 
     share: Share
@@ -92,9 +95,9 @@ def admit(share: Share | None, limits: ShareLimits, now: float) -> Decision:
         return Decision(current, max(MIN_RETRY_AFTER_S, 1.0 / limits.rate_per_s))
     if current.tokens < 1.0:
         return Decision(current, max((1.0 - current.tokens) / limits.rate_per_s, 1e-3))
-    return Decision(Share(tokens=current.tokens - 1.0, at=current.at, in_flight=current.in_flight + 1), None)
+    return Decision(Share(current.tokens - 1.0, current.at, current.in_flight + 1), None)
 
 
 def release(share: Share) -> Share:
     """The share after one of its admitted requests finished."""
-    return Share(tokens=share.tokens, at=share.at, in_flight=max(share.in_flight - 1, 0))
+    return Share(share.tokens, share.at, max(share.in_flight - 1, 0))

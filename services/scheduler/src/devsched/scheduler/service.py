@@ -10,6 +10,7 @@ request passes the `Admission` checks: a reply subject of the requester's own, a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -119,13 +120,20 @@ async def _giving_back(handler: Handler, req: Request, admission: Admission | No
             admission.give_back(host_id)
 
 
-async def _refuse(req: Request, retry_after_s: float) -> None:
+@functools.lru_cache(maxsize=1024)
+def _too_many_requests(retry_after_ms: int) -> tuple[dict[str, str], bytes]:
+    # A flooding host gets thousands of these a second: each distinct pause is encoded once.
+    retry_after_s = retry_after_ms / 1000
     err = TooManyRequests(
-        f"too many requests from this host; retry after {retry_after_s:.3f} s", retry_after_s=round(retry_after_s, 3)
+        f"too many requests from this host; retry after {retry_after_s} s", retry_after_s=retry_after_s
     )
-    headers, body = encode_error(err)
+    return encode_error(err)
+
+
+async def _refuse(req: Request, retry_after_s: float) -> None:
+    headers, body = _too_many_requests(max(1, round(retry_after_s * 1000)))
     try:
-        await req.respond(body, headers=headers)
+        await req.respond(body, headers=dict(headers))
     except Exception as exc:  # the connection is going away; the host retries after its timeout
         log.debug("429 not sent: %s", type(exc).__name__)
 

@@ -57,9 +57,9 @@ class SchedulerSettings(ServiceSettings):
     """Reply subjects an operator endpoint (`P.api.*`) answers; others are dropped unanswered."""
     host_max_in_flight: int = Field(default=16, ge=1, le=10000)
     """Requests of one host handled at once; more are answered 429 `too_many_requests`."""
-    host_rate_per_s: float = Field(default=100.0, gt=0, allow_inf_nan=False)
+    host_rate_per_s: float = Field(default=200.0, gt=0, allow_inf_nan=False)
     """Sustained requests per second of one host; more are answered 429 with `retry_after_s`."""
-    host_burst: int = Field(default=200, ge=1, le=100000)
+    host_burst: int = Field(default=400, ge=1, le=100000)
     """Requests one host may send at once after a quiet spell (the token bucket's size)."""
 
     @field_validator("host_inbox_prefixes", "operator_inbox_prefixes", mode="before")
