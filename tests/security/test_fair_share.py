@@ -72,6 +72,17 @@ asyncio.run(main())
 """
 
 
+def _start_flood(nats_url: str, flooder: TestHost, lease: str) -> subprocess.Popen[str]:
+    args = [nats_url, flooder.subject("renew"), lease, flooder.host_id, str(FLOOD_S), str(FLOOD_RATE)]
+    return subprocess.Popen(
+        [sys.executable, "-c", _FLOOD, *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
 async def claimed_lease(nc: NatsClient, prefix: str, host: TestHost, ttl_s: int) -> dict[str, object]:
     await host.register(f"{host.host_id}-d1")
     await submit(nc, prefix, selector={"device_id": f"{host.host_id}-d1"}, lease_ttl_s=ttl_s)
@@ -94,23 +105,7 @@ async def test_a_flooding_host_costs_another_host_no_lease(
         flood_lease = await claimed_lease(nc, subject_prefix, flooder, ttl_s=3600)
         lease = await claimed_lease(nc, subject_prefix, steady, ttl_s=TTL_S)
 
-        flood = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                _FLOOD,
-                nats_url,
-                flooder.subject("renew"),
-                json.dumps(flood_lease),
-                flooder.host_id,
-                str(FLOOD_S),
-                str(FLOOD_RATE),
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        flood = _start_flood(nats_url, flooder, json.dumps(flood_lease))
         assert flood.stdin is not None
         assert flood.stdout is not None
         assert (await asyncio.to_thread(flood.stdout.readline)).strip() == "ready"
