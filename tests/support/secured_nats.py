@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -69,6 +71,20 @@ class SecuredNats:
         return f"nats://{user}:{password}@{self.address}"
 
 
+def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise AssertionError(f"nats-server exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"nats-server is not listening on {port} after {timeout_s} s") from None
+            time.sleep(0.05)
+
+
 @contextmanager
 def secured_nats(directory: Path) -> Iterator[SecuredNats]:
     """Run a nats-server with the deploy accounts on a free loopback port, its files under `directory`."""
@@ -92,6 +108,7 @@ def secured_nats(directory: Path) -> Iterator[SecuredNats]:
         preexec_fn=parent_death_hook(signal.SIGKILL),
     )
     try:
+        _wait_listening(port, proc, directory / "nats.log")
         yield SecuredNats(f"127.0.0.1:{port}")
     finally:
         if proc.poll() is None:
