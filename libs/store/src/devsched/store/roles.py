@@ -75,6 +75,8 @@ OWNER_ROLE_SETTINGS: Mapping[str, str] = {
 
 #: Serializes the grant passes of concurrent migration runs on one database ("tuple concurrently updated").
 _GRANTS_LOCK = 0x64657673  # "devs"
+#: Serializes role creation (`ensure_roles`); advisory locks are per database: take it in `postgres`.
+ROLES_LOCK = _GRANTS_LOCK + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,7 +302,7 @@ def ensure_roles(
     `postgres` database, which every caller uses for this (`ensure_roles_at`).
     """
     roles = roles or DatabaseRoles.from_env()
-    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _GRANTS_LOCK + 1})
+    conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ROLES_LOCK})
     for statement in ensure_roles_sql(roles, passwords):
         conn.execute(text(statement))
 
@@ -333,3 +335,31 @@ def role_url(url: str, role: str, password: str | None = None) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).set(username=role, password=password).render_as_string(hide_password=False)
+
+
+def adopt_schema_sql(roles: DatabaseRoles) -> list[str]:
+    """Statements (for a superuser, in the database) that give the owner role the objects others own.
+
+    For a database that was created and migrated before the roles existed (by `postgres`, say): the
+    database itself and every table and view of schema `public` go to the owner, so that its migrations
+    can alter them and its grants count. Indexes and owned sequences follow their tables.
+    """
+    owner = quote_ident(roles.owner)
+    return [
+        f"""
+        DO $$
+        DECLARE r record;
+        BEGIN
+            EXECUTE format('ALTER DATABASE %I OWNER TO {owner}', current_database());
+            FOR r IN SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'v', 'm')
+                       AND pg_get_userbyid(c.relowner) <> {_quote_literal(roles.owner)}
+            LOOP
+                EXECUTE format('ALTER %s public.%I OWNER TO {owner}',
+                               CASE r.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' ELSE 'TABLE' END,
+                               r.relname);
+            END LOOP;
+        END
+        $$
+        """
+    ]
