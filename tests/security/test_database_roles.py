@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import AsyncIterator
@@ -29,12 +32,13 @@ from devsched.store.roles import (
     SERVICE_ROLE_SETTINGS,
     UNGRANTED_TABLES,
     DatabaseRoles,
+    adopt_schema_sql,
     ensure_roles_at,
     quote_ident,
     role_url,
 )
 from support.databases import ROLES, TEST_PASSWORD, in_thread, owner_url, service_url
-from support.devsched_stack import Stack, run_devsched
+from support.devsched_stack import Stack, clean_env, run_devsched
 from support.polling import eventually
 from support.servers import PostgresHandle
 from support.store_lab import Lab
@@ -417,3 +421,83 @@ async def test_the_sweeper_process_ends_an_expired_lease_as_its_role(stack: Stac
     view = json.loads(run_devsched("get", task_id, "--json", env=stack.cli_env()).stdout)
     assert view["reason"] == "lease_expired"
     assert view["attempts"][0]["status"] == "expired"
+
+
+# -- devsched up and databases from before the roles ------------------------------------------------------
+
+
+async def test_a_database_from_before_the_roles_is_adopted_by_the_owner(
+    postgres_server: PostgresHandle, database_template: str
+) -> None:
+    """What `devsched up` does to a data directory of an older version: tables owned by `postgres`."""
+    name = f"old_{uuid.uuid4().hex[:8]}"
+    admin = await asyncpg.connect(postgres_server.dsn(), timeout=10)
+    try:
+        await admin.execute(f"CREATE DATABASE {name}")  # owned by the superuser, as before
+        url = postgres_server.url(name)
+        await asyncio.to_thread(upgrade, url, "0002")  # the schema as it was, migrated as `postgres`
+        conn = await asyncpg.connect(postgres_server.dsn(name), timeout=10)
+        try:
+            for statement in adopt_schema_sql(ROLES):
+                await conn.execute(statement)
+            owners = {r[0] for r in await conn.fetch("SELECT tableowner FROM pg_tables WHERE schemaname = 'public'")}
+            assert owners == {ROLES.owner}
+        finally:
+            await conn.close()
+        await asyncio.to_thread(upgrade, owner_url(url))  # 0003 as the owner: it may grant on its tables now
+        sweeper = await asyncpg.connect(plain(service_url(url, "sweeper")), timeout=10)
+        try:
+            assert await sweeper.fetchval("SELECT count(*) FROM tasks") == 0
+            with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                await sweeper.execute(TASK_INSERT)
+        finally:
+            await sweeper.close()
+    finally:
+        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        await admin.close()
+
+
+@pytest.mark.e2e
+async def test_devsched_up_runs_each_service_as_its_own_role(tmp_path: Path) -> None:
+    out_path = tmp_path / "up.out"
+    argv = [sys.executable, "-m", "devsched.client", "up", "--no-demo", "--no-live", "--hosts", "1",
+            "--devices-per-host", "1", "--nats-port", "0"]  # fmt: skip
+    up = _start(argv, tmp_path, out_path)
+    try:
+        await eventually(
+            lambda: up.poll() is not None or "devsched is up." in out_path.read_text(), timeout=90, interval=0.2
+        )
+        assert up.poll() is None, out_path.read_text()
+        env_file = (tmp_path / ".devsched" / "env").read_text()
+        (url,) = re.findall(r"DEVSCHED_DATABASE_URL=(\S+)", env_file)
+        assert f"//{ROLES.owner}@" in url, env_file  # migrate, and the user's `devsched migrate`, as the owner
+        admin = await asyncpg.connect(plain(role_url(url, "postgres")), timeout=10)
+        try:
+
+            async def users() -> set[str]:
+                rows = await admin.fetch(
+                    "SELECT usename FROM pg_stat_activity WHERE datname = 'devsched' AND pid <> pg_backend_pid()"
+                    " AND backend_type = 'client backend'"
+                )
+                return {r[0] for r in rows}
+
+            async def both() -> bool:
+                return {ROLES.scheduler, ROLES.sweeper} <= await users()
+
+            await eventually(both, timeout=30, message="both services connected")
+            assert await users() == {ROLES.scheduler, ROLES.sweeper}
+            owner = await admin.fetchval("SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = 'devsched'")
+            assert owner == ROLES.owner
+        finally:
+            await admin.close()
+        up.send_signal(signal.SIGTERM)
+        assert await asyncio.to_thread(up.wait, 60) == 0, out_path.read_text()
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+def _start(argv: list[str], cwd: Path, out_path: Path) -> subprocess.Popen[bytes]:
+    with out_path.open("w") as out:
+        return subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=clean_env(COLUMNS="200"))
