@@ -25,7 +25,7 @@ import pytest
 
 from devsched.core.status import TaskStatus
 from devsched.store import ManualClock, Store
-from devsched.store.migrations import upgrade
+from devsched.store.migrations import downgrade, upgrade
 from devsched.store.roles import (
     GRANTS,
     OWNER_ROLE_SETTINGS,
@@ -303,7 +303,7 @@ def test_creating_the_roles_is_idempotent_and_race_free(postgres_server: Postgre
     def create() -> None:
         try:
             start.wait(10)
-            ensure_roles_at(postgres_server.url(), roles)
+            ensure_roles_at(postgres_server.url(), roles, {roles.owner: "a:b'c%s$$"})  # quoted, never bound
         except BaseException as exc:  # reported by the assertion below
             errors.append(exc)
 
@@ -326,6 +326,21 @@ def test_creating_the_roles_is_idempotent_and_race_free(postgres_server: Postgre
                 await conn.close()
 
         in_thread(lambda: asyncio.run(drop()))
+
+
+async def test_a_downgrade_gives_back_the_privileges_and_the_next_upgrade_takes_them_again(
+    database_url: str, admin: asyncpg.Connection
+) -> None:
+    migrate_as_owner(database_url)
+    granted = await privileges(admin)
+    await asyncio.to_thread(downgrade, owner_url(database_url), "0002")
+    assert await admin.fetchval("SELECT version_num FROM alembic_version") == "0002"
+    after = await privileges(admin)
+    assert after["tables"] == []
+    assert after["columns"] == []
+    assert "=Tc/" in after["database"]  # PUBLIC may connect again, as before 0003
+    migrate_as_owner(database_url)
+    assert await privileges(admin) == granted
 
 
 def test_role_names_are_checked() -> None:

@@ -193,7 +193,7 @@ def apply_grants(conn: Connection, roles: DatabaseRoles | None = None) -> list[s
     statements += [f"GRANT CONNECT ON DATABASE {database} TO {quote_ident(r)}" for r in sorted(present)]
     statements += grant_statements(roles, tables, sequences, present)
     for statement in statements:
-        conn.execute(text(statement))
+        conn.exec_driver_sql(statement)
     apply_role_settings(conn, roles, only_if_allowed=True)
     return missing
 
@@ -209,9 +209,9 @@ def revoke_grants(conn: Connection, roles: DatabaseRoles | None = None) -> None:
             f"REVOKE ALL ON SCHEMA public FROM {quote_ident(role)}",
             f"REVOKE ALL ON DATABASE {database} FROM {quote_ident(role)}",
         ):
-            conn.execute(text(statement))
-    conn.execute(text(f"GRANT CONNECT, TEMPORARY ON DATABASE {database} TO PUBLIC"))
-    conn.execute(text("GRANT USAGE ON SCHEMA public TO PUBLIC"))
+            conn.exec_driver_sql(statement)
+    conn.exec_driver_sql(f"GRANT CONNECT, TEMPORARY ON DATABASE {database} TO PUBLIC")
+    conn.exec_driver_sql("GRANT USAGE ON SCHEMA public TO PUBLIC")
 
 
 def role_settings(roles: DatabaseRoles) -> dict[str, Mapping[str, str]]:
@@ -253,7 +253,7 @@ def apply_role_settings(conn: Connection, roles: DatabaseRoles, *, only_if_allow
         present = permitted
     for role in sorted(present):
         for name, value in settings[role].items():
-            conn.execute(text(f"ALTER ROLE {quote_ident(role)} SET {name} = {_quote_literal(value)}"))
+            conn.exec_driver_sql(f"ALTER ROLE {quote_ident(role)} SET {name} = {_quote_literal(value)}")
     return bool(present)
 
 
@@ -304,7 +304,7 @@ def ensure_roles(
     roles = roles or DatabaseRoles.from_env()
     conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ROLES_LOCK})
     for statement in ensure_roles_sql(roles, passwords):
-        conn.execute(text(statement))
+        conn.exec_driver_sql(statement)  # not text(): a ':' in a password is no bind parameter
 
 
 def ensure_roles_at(
