@@ -348,6 +348,8 @@ def test_role_names_are_checked() -> None:
     for bad in ("a b", "x;drop", 'a"b', "pg_signal", "", "a" * 64):
         with pytest.raises(ValueError, match="database role name"):
             DatabaseRoles(sweeper=bad)
+    with pytest.raises(ValueError, match="DEVSCHED_DB_SWEEPER_ROLE='x;drop'"):
+        DatabaseRoles.from_env({"DEVSCHED_DB_SWEEPER_ROLE": "x;drop"})
     with pytest.raises(ValueError, match="three different roles"):
         DatabaseRoles(scheduler="same", sweeper="same")
 

@@ -104,7 +104,11 @@ class DatabaseRoles:
         """The names from `DEVSCHED_DB_<OWNER|SCHEDULER|SWEEPER>_ROLE`, defaults where unset."""
         env = os.environ if env is None else env
         given = {f.name: env.get(f"DEVSCHED_DB_{f.name.upper()}_ROLE") for f in fields(cls)}
-        return cls(**{k: v for k, v in given.items() if v})
+        try:
+            return cls(**{k: v for k, v in given.items() if v})
+        except ValueError as exc:
+            names = ", ".join(f"DEVSCHED_DB_{k.upper()}_ROLE={v!r}" for k, v in given.items() if v)
+            raise ValueError(f"{names}: {exc}") from None
 
     def service(self, name: str) -> str:
         """The role of service `name` (`scheduler` or `sweeper`)."""
