@@ -13,7 +13,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
-from support.databases import build_template, create_test_database, drop_database, in_thread
+from support.databases import build_template, create_test_database, drop_database, ensure_test_roles, in_thread
 from support.servers import (
     NatsHandle,
     PostgresHandle,
@@ -66,7 +66,11 @@ def postgres_server(request: pytest.FixtureRequest) -> Iterator[PostgresHandle]:
 
 @pytest.fixture(scope="session")
 def database_template(request: pytest.FixtureRequest, postgres_server: PostgresHandle) -> str:
-    """Name of the session's template database, with every migration applied (built once)."""
+    """Name of the session's template database, with every migration applied (built once).
+
+    The owner, scheduler and sweeper roles are created first (idempotent: sessions share the server's roles);
+    the template is owned and migrated by the owner role.
+    """
     try:
         from devsched.store.migrations import upgrade  # imported late: tests run before it exists
     except ModuleNotFoundError as exc:
@@ -76,6 +80,7 @@ def database_template(request: pytest.FixtureRequest, postgres_server: PostgresH
         if reporter is not None:
             reporter.write_line("devsched.store.migrations is missing: the template database is empty")
         return build_template(postgres_server.dsn(), None, postgres_server.url)
+    ensure_test_roles(postgres_server.url())
     return build_template(postgres_server.dsn(), lambda url: in_thread(lambda: upgrade(url)), postgres_server.url)
 
 

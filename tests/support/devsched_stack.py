@@ -23,7 +23,7 @@ from pathlib import Path
 
 import nats
 
-from support.databases import create_test_database, drop_database, in_thread
+from support.databases import as_service_role, create_test_database, drop_database, in_thread
 from support.servers import NatsHandle, PostgresHandle
 
 #: Fast settings for tests: short ticks, no post-expiry device grace.
@@ -139,9 +139,16 @@ def running_stack(
     config = work_dir / f"{host_id}.toml"
     _agent_config(config, host_id, device_ids, nats_url, prefix)
     try:
-        scheduler = Proc("scheduler", [sys.executable, "-m", "devsched.scheduler"], env, work_dir / "scheduler.log")
+        # each service as its own database role, as deployed (devsched.store.roles)
+        scheduler = Proc(
+            "scheduler", [sys.executable, "-m", "devsched.scheduler"], as_service_role(env, "scheduler"),
+            work_dir / "scheduler.log",
+        )  # fmt: skip
         stack.procs.append(scheduler)
-        sweeper = Proc("sweeper", [sys.executable, "-m", "devsched.sweeper"], env, work_dir / "sweeper.log")
+        sweeper = Proc(
+            "sweeper", [sys.executable, "-m", "devsched.sweeper"], as_service_role(env, "sweeper"),
+            work_dir / "sweeper.log",
+        )  # fmt: skip
         stack.procs.append(sweeper)
         _wait([(scheduler, "serving"), (sweeper, "sweeping")], timeout=60)
         agent_env = {k: v for k, v in env.items() if k != "DEVSCHED_DATABASE_URL"}

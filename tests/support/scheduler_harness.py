@@ -30,6 +30,7 @@ from devsched.embedded import parent_death_hook
 from devsched.scheduler.app import Scheduler
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.sweeper.app import Sweeper, SweeperSettings
+from support.databases import as_service_role, service_url
 from support.polling import eventually
 
 ERROR_CODE_HEADER = "Nats-Service-Error-Code"
@@ -354,9 +355,9 @@ FAST = {
 
 
 def scheduler_settings(database_url: str, nats_url: str, prefix: str, **overrides: Any) -> SchedulerSettings:
-    """Settings for a test scheduler: fast ticks, no device grace (tests opt in to one)."""
+    """Settings for a test scheduler: fast ticks, no device grace (tests opt in to one), the scheduler's role."""
     values: dict[str, Any] = {
-        "database_url": database_url,
+        "database_url": service_url(database_url, "scheduler"),
         "nats_url": nats_url,
         "subject_prefix": prefix,
         **FAST,
@@ -500,13 +501,13 @@ Spawn = Callable[..., ServiceProcess]
 
 
 def scheduler_process(env: Mapping[str, str], log_path: Path) -> ServiceProcess:
-    """A `devsched-scheduler` process (not started)."""
-    return ServiceProcess("devsched.scheduler", env, log_path)
+    """A `devsched-scheduler` process (not started), connected to Postgres as the scheduler's role."""
+    return ServiceProcess("devsched.scheduler", as_service_role(env, "scheduler"), log_path)
 
 
 def sweeper_process(env: Mapping[str, str], log_path: Path) -> ServiceProcess:
-    """A `devsched-sweeper` process (not started)."""
-    return ServiceProcess("devsched.sweeper", env, log_path)
+    """A `devsched-sweeper` process (not started), connected to Postgres as the sweeper's role."""
+    return ServiceProcess("devsched.sweeper", as_service_role(env, "sweeper"), log_path)
 
 
 @dataclass

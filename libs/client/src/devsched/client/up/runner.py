@@ -1,12 +1,13 @@
 """`devsched up`: the whole system on one machine, from pip-installed binaries.
 
 In order: lock the data directory; start nats-server (JetStream) and PostgreSQL from `devsched.embedded`
-unless `--nats-url`/`--database-url` name real ones; create the `devsched` database and migrate it;
-start the scheduler, the sweeper and one agent per simulated host as child processes (logs under
-`<data>/logs/`); wait until the scheduler answers and every agent has registered; print how to reach
-it; submit the demo; show live progress until Ctrl-C/SIGTERM (or, with `--exit-when-done`, until the
-demo has ended); then stop everything it started, in reverse order: agents, sweeper and scheduler (by
-pid, SIGTERM then SIGKILL), Postgres, NATS.
+unless `--nats-url`/`--database-url` name real ones; in the embedded Postgres, create the owner,
+scheduler and sweeper roles (devsched.store.roles) and the `devsched` database owned by the owner, and
+migrate it as the owner; start the scheduler and the sweeper (each as its own role) and one agent per
+simulated host as child processes (logs under `<data>/logs/`); wait until the scheduler answers and
+every agent has registered; print how to reach it; submit the demo; show live progress until
+Ctrl-C/SIGTERM (or, with `--exit-when-done`, until the demo has ended); then stop everything it
+started, in reverse order: agents, sweeper and scheduler (by pid, SIGTERM then SIGKILL), Postgres, NATS.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from devsched.client.up.layout import Layout, LockedError, SimHost, sim_hosts
 from devsched.client.up.processes import Child, python_module, stop_all
 from devsched.core.errors import DevschedError
 from devsched.protocol.messages import HostView, TaskSummary
+from devsched.store.roles import ROLES_LOCK, DatabaseRoles, adopt_schema_sql, ensure_roles_sql, quote_ident, role_url
 
 #: Name of the database `up` creates in an embedded Postgres.
 DATABASE_NAME = "devsched"
@@ -115,13 +117,28 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-async def _ensure_database(admin_dsn: str, name: str) -> None:
+async def _ensure_database(admin_dsn: str, name: str, roles: DatabaseRoles) -> None:
+    """Create the roles (idempotent) and the database owned by the owner role, as the superuser.
+
+    A data directory from before the roles existed has its database and tables owned by `postgres`:
+    they are handed to the owner, so that its migrations can change them and its grants count.
+    """
     import asyncpg  # type: ignore[import-untyped]  # only `up` with an embedded Postgres needs it
 
     conn = await asyncpg.connect(admin_dsn, timeout=15)
     try:
+        async with conn.transaction():  # race-free with another `up` on this server (ensure_roles)
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", ROLES_LOCK)
+            for statement in ensure_roles_sql(roles):
+                await conn.execute(statement)
         if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", name):
-            await conn.execute(f'CREATE DATABASE "{name}"')
+            await conn.execute(f"CREATE DATABASE {quote_ident(name)} OWNER {quote_ident(roles.owner)}")
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(admin_dsn.rsplit("/", 1)[0] + "/" + name, timeout=15)
+    try:
+        for statement in adopt_schema_sql(roles):
+            await conn.execute(statement)
     finally:
         await conn.close()
 
@@ -137,6 +154,7 @@ class Up:
     children: dict[str, Child] = field(default_factory=dict)
     started_at: float = field(default_factory=time.monotonic)
     live: Live | None = None
+    roles: DatabaseRoles = field(default_factory=DatabaseRoles)
 
     def __post_init__(self) -> None:
         self.layout = Layout(self.options.data_dir)
@@ -158,6 +176,10 @@ class Up:
         missing = [dist for module, dist in SERVICES.items() if not _installed(module)]
         if missing:
             raise UpError(f"`devsched up` runs the services, which are not installed: {', '.join(missing)}", 2)
+        try:
+            self.roles = DatabaseRoles.from_env()
+        except ValueError as exc:
+            raise UpError(str(exc), 2) from None
         self.layout.create()
         try:
             self.layout.lock()
@@ -204,13 +226,14 @@ class Up:
             self.say(f"starting PostgreSQL on port {postgres.port}" + (" (first run: initdb)" if first else ""))
             servers.callback(self._stop_server, "PostgreSQL", postgres.stop)
             postgres.start()
-            asyncio.run(_ensure_database(postgres.dsn(), DATABASE_NAME))
-            database_url = postgres.url(DATABASE_NAME)
+            asyncio.run(_ensure_database(postgres.dsn(), DATABASE_NAME, self.roles))
+            # migrations (and `devsched migrate` with .devsched/env) as the owner, never the superuser
+            database_url = role_url(postgres.url(DATABASE_NAME), self.roles.owner)
         self.say("migrating the database")
         from devsched.store.migrations import upgrade
 
         try:
-            upgrade(database_url)
+            upgrade(database_url, roles=self.roles)
         except Exception as exc:
             raise UpError(f"cannot migrate the database at {database_url}: {type(exc).__name__}: {exc}", 5) from None
         env = {"DEVSCHED_NATS_URL": nats_url, "DEVSCHED_SUBJECT_PREFIX": o.prefix}
@@ -244,14 +267,24 @@ class Up:
             env["DEVSCHED_NATS_CREDS"] = str(self.options.creds)
         return env
 
+    def _service_env(self, e: Endpoints, service: str) -> dict[str, str]:
+        """The environment of `service`: in the embedded Postgres it connects as its own role.
+
+        A `--database-url` is given to both services as it is: its roles are the user's business.
+        """
+        env = self._env(e, database=True)
+        if e.embedded_postgres:
+            env["DEVSCHED_DATABASE_URL"] = role_url(e.database_url, self.roles.service(service))
+        return env
+
     def _start_children(self, e: Endpoints) -> None:
         logs = self.layout.logs_dir
-        service_env = self._env(e, database=True)
         self.children["scheduler"] = Child(
-            "scheduler", python_module("devsched.scheduler"), service_env, logs / "scheduler.log"
-        )
+            "scheduler", python_module("devsched.scheduler"), self._service_env(e, "scheduler"),
+            logs / "scheduler.log",
+        )  # fmt: skip
         self.children["sweeper"] = Child(
-            "sweeper", python_module("devsched.sweeper"), service_env, logs / "sweeper.log"
+            "sweeper", python_module("devsched.sweeper"), self._service_env(e, "sweeper"), logs / "sweeper.log"
         )
         agent_env = self._env(e, database=False)
         for host in self.hosts:

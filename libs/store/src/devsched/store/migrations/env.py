@@ -1,17 +1,42 @@
-"""Alembic environment: runs migrations over asyncpg with the URL given by `devsched.store.migrations`."""
+"""Alembic environment: runs migrations over asyncpg with the URL given by `devsched.store.migrations`.
+
+After the migrations, and on every run (also when there was nothing to migrate), the service roles'
+grants are applied again, so they always match `devsched.store.roles.GRANTS`, including for tables a
+later revision added.
+"""
 
 import asyncio
 
 from alembic import context
+from alembic.script import ScriptDirectory
 from sqlalchemy import pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
+
+from devsched.store.roles import DatabaseRoles, apply_grants
+
+#: The revision that introduced the roles: below it (after a downgrade) there are no grants to keep.
+_GRANTS_SINCE = "0003"
+
+
+def _grants_kept(connection: Connection) -> bool:
+    current = context.get_context().get_current_revision()
+    if current is None:
+        return False
+    script = ScriptDirectory.from_config(context.config)
+    return any(s.revision == _GRANTS_SINCE for s in script.iterate_revisions(current, "base"))
 
 
 def _run(connection: Connection) -> None:
     context.configure(connection=connection, target_metadata=None, transaction_per_migration=True)
     with context.begin_transaction():
         context.run_migrations()
+    if connection.in_transaction():
+        connection.commit()
+    with connection.begin():
+        if _grants_kept(connection):
+            roles = context.config.attributes.get("devsched_roles")
+            apply_grants(connection, roles if isinstance(roles, DatabaseRoles) else None)
 
 
 async def _main() -> None:
