@@ -137,11 +137,8 @@ class NatsAccess:
         """
         self.connect_options()
 
-    def connect_options(self) -> dict[str, Any]:
-        """Keyword arguments for nats-py's `Client.connect` (credentials and TLS only).
-
-        The password is given as a callable that re-reads the file at every (re)connection, so a rotated
-        Kubernetes Secret is picked up without a restart; if the file vanished, the last value read stays.
+    def check_combination(self) -> None:
+        """Validate which settings are given together, without reading any file.
 
         Raises:
             TlsConfigError: one line naming what is wrong.
@@ -156,13 +153,26 @@ class NatsAccess:
                 "NATS credentials: set one of a creds file, an nkey seed file or a user with a password file, "
                 f"not {' and '.join(kinds)}"
             )
+        if self.password_file is not None and not self.user:
+            raise TlsConfigError("NATS password file given without a user: set the NATS user too")
+        if self.password_file is None and self.user:
+            raise TlsConfigError("NATS user given without a password file: set the NATS password file too")
+        if self.tls_key is not None and self.tls_cert is None:
+            raise TlsConfigError(f"a TLS key ({self.tls_key}) needs its certificate: set the client certificate too")
+
+    def connect_options(self) -> dict[str, Any]:
+        """Keyword arguments for nats-py's `Client.connect` (credentials and TLS only).
+
+        The password is given as a callable that re-reads the file at every (re)connection, so a rotated
+        Kubernetes Secret is picked up without a restart; if the file vanished, the last value read stays.
+
+        Raises:
+            TlsConfigError: one line naming what is wrong.
+        """
+        self.check_combination()
         options: dict[str, Any] = {}
         if self.password_file is not None:
-            if not self.user:
-                raise TlsConfigError("NATS password file given without a user: set the NATS user too")
             options.update(user=self.user, password=_PasswordFile(self.password_file))
-        elif self.user:
-            raise TlsConfigError("NATS user given without a password file: set the NATS password file too")
         if self.creds is not None:
             read_secret(self.creds, "NATS creds")
             options["user_credentials"] = str(self.creds)

@@ -109,8 +109,8 @@ class AgentConfig(BaseModel):
 
     @model_validator(mode="after")
     def _usable_nats_access(self) -> AgentConfig:
-        try:
-            self.nats_access().check()
+        try:  # the files are read when connecting (`Agent.serve` exits 2 if they are unusable)
+            self.nats_access().check_combination()
         except TlsConfigError as exc:
             raise ValueError(str(exc)) from None
         return self
