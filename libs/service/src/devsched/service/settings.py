@@ -87,17 +87,28 @@ class ServiceSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_nats_access(self) -> ServiceSettings:
-        try:
-            self.nats_access().check()
+        try:  # which settings go together; the files are read by `check_files` (at start, by `settings_from`)
+            self.nats_access().check_combination()
         except TlsConfigError as exc:
             raise ValueError(str(exc)) from None
-        for name in ("database_ssl_root_cert", "database_ssl_cert", "database_ssl_key"):
-            path = getattr(self, name)
-            if path is not None and not os.access(path, os.R_OK):
-                raise ValueError(f"{ENV_PREFIX}{name.upper()}: cannot read {path}")
         if self.database_ssl_key is not None and self.database_ssl_cert is None:
             raise ValueError(f"{ENV_PREFIX}DATABASE_SSL_KEY needs {ENV_PREFIX}DATABASE_SSL_CERT")
         return self
+
+    def check_files(self) -> None:
+        """Read every credentials and TLS file once, so that a bad one stops the service at start.
+
+        Raises:
+            SettingsError: one line naming the file and what is wrong with it.
+        """
+        try:
+            self.nats_access().check()
+        except TlsConfigError as exc:
+            raise SettingsError(f"invalid configuration:\n  {exc}") from None
+        for name in ("database_ssl_root_cert", "database_ssl_cert", "database_ssl_key"):
+            path = getattr(self, name)
+            if path is not None and not os.access(path, os.R_OK):
+                raise SettingsError(f"invalid configuration:\n  {ENV_PREFIX}{name.upper()}: cannot read {path}")
 
     def nats_access(self) -> NatsAccess:
         """The NATS credentials and TLS files of these settings."""
@@ -144,7 +155,7 @@ class SettingsError(Exception):
 
 
 def settings_from(settings_type: type[S], options: argparse.Namespace) -> S:
-    """Settings from the environment, overridden by the flags that were given.
+    """Settings from the environment, overridden by the flags that were given; their files are readable.
 
     Raises:
         SettingsError: a value is invalid (the message names the env variable and flag).
@@ -153,7 +164,7 @@ def settings_from(settings_type: type[S], options: argparse.Namespace) -> S:
         name: value for name, value in vars(options).items() if name in settings_type.model_fields and value is not None
     }
     try:
-        return settings_type(**given)
+        settings = settings_type(**given)
     except ValidationError as exc:
         lines = []
         for error in exc.errors(include_url=False):
@@ -163,6 +174,8 @@ def settings_from(settings_type: type[S], options: argparse.Namespace) -> S:
             else:  # a rule across several settings
                 lines.append(str(error["msg"]).removeprefix("Value error, "))
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    settings.check_files()
+    return settings
 
 
 def parse_settings(
