@@ -49,6 +49,8 @@ class Pki:
     client_key: Path
     other_ca: Path  # a CA that signed nothing here
     other_client_cert: Path  # a client certificate from the other CA
+    pg_client_cert: Path  # a client certificate for the Postgres user `postgres` (CN = the user)
+    pg_client_key: Path
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +60,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     server = ca.issue_cert("127.0.0.1", "localhost")
     client = ca.issue_cert("devsched-client@example.com")
     stranger = other.issue_cert("stranger@example.com")
+    pg_client = ca.issue_cert("postgres@example.com", common_name="postgres")
+    pg_client.cert_chain_pems[0].write_to_path(str(root / "pg-client.pem"))
+    pg_client.private_key_pem.write_to_path(str(root / "pg-client.key"))
     ca.cert_pem.write_to_path(str(root / "ca.pem"))
     other.cert_pem.write_to_path(str(root / "other-ca.pem"))
     server.cert_chain_pems[0].write_to_path(str(root / "server.pem"))
@@ -65,7 +70,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     client.cert_chain_pems[0].write_to_path(str(root / "client.pem"))
     client.private_key_pem.write_to_path(str(root / "client.key"))
     stranger.private_key_and_cert_chain_pem.write_to_path(str(root / "stranger.pem"))
-    for key in ("server.key", "client.key", "stranger.pem"):
+    for key in ("server.key", "client.key", "stranger.pem", "pg-client.key"):
         (root / key).chmod(0o600)
     return Pki(
         ca=root / "ca.pem",
@@ -75,6 +80,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         client_key=root / "client.key",
         other_ca=root / "other-ca.pem",
         other_client_cert=root / "stranger.pem",
+        pg_client_cert=root / "pg-client.pem",
+        pg_client_key=root / "pg-client.key",
     )
 
 
@@ -131,17 +138,21 @@ def tls_postgres(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     data_dir = tmp_path_factory.mktemp("tls-pg")
     tls_dir = data_dir / "tls"
     tls_dir.mkdir()
-    for name, source in (("server.crt", pki.server_cert), ("server.key", pki.server_key)):
+    for name, source in (("server.crt", pki.server_cert), ("server.key", pki.server_key), ("ca.crt", pki.ca)):
         (tls_dir / name).write_bytes(source.read_bytes())
     hba = tls_dir / "pg_hba.conf"
-    # TCP: TLS only. The socket stays trusted for pg_isready and the server's own tools.
-    hba.write_text("local all all trust\nhostssl all all 127.0.0.1/32 trust\n")
+    # TCP: TLS only; the database `devsched_cert` also wants a client certificate naming the user. The
+    # socket stays trusted for pg_isready and the server's own tools.
+    hba.write_text(
+        "local all all trust\nhostssl devsched_cert all 127.0.0.1/32 cert\nhostssl all all 127.0.0.1/32 trust\n"
+    )
     (tls_dir / "server.key").chmod(0o600)
     settings = {
         **FAST_SETTINGS,
         "ssl": "on",
         "ssl_cert_file": str(tls_dir / "server.crt"),
         "ssl_key_file": str(tls_dir / "server.key"),
+        "ssl_ca_file": str(tls_dir / "ca.crt"),
         "hba_file": str(hba),
     }
     server = PostgresServer(data_dir, settings=settings)
@@ -151,12 +162,13 @@ def tls_postgres(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         for path in (tls_dir, *tls_dir.iterdir()):
             os.chown(path, *account)
     with server:
-        subprocess.run(
-            [str(server.bin_dir / "createdb"), "-h", str(server.socket_dir), "-p", str(server.port), "-U", "postgres",
-             "devsched"],
-            check=True,
-            capture_output=True,
-        )  # fmt: skip
+        for database in ("devsched", "devsched_cert"):
+            subprocess.run(
+                [str(server.bin_dir / "createdb"), "-h", str(server.socket_dir), "-p", str(server.port),
+                 "-U", "postgres", database],
+                check=True,
+                capture_output=True,
+            )  # fmt: skip
         yield server
 
 
@@ -375,6 +387,23 @@ def test_migrate_over_plain_text_is_refused_by_the_server(tls_postgres: Postgres
     assert result.returncode != 0, result
     assert "Traceback" not in result.stderr
     assert "no pg_hba.conf entry" in result.stderr or "rejected" in result.stderr, result.stderr
+
+
+def test_migrate_presents_a_client_certificate_where_postgres_wants_one(
+    tls_postgres: PostgresServer, pki: Pki
+) -> None:
+    url = f"postgresql+asyncpg://postgres@127.0.0.1:{tls_postgres.port}/devsched_cert"
+    without = _devsched("migrate", "--database-url", url, "--database-ssl-root-cert", str(pki.ca))
+    assert without.returncode != 0, without
+    assert "certificate" in _one_error_line(without)
+    result = _devsched(
+        "migrate", "--database-url", url, "--database-ssl-root-cert", str(pki.ca),
+        "--database-ssl-cert", str(pki.pg_client_cert), "--database-ssl-key", str(pki.pg_client_key),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    # The same through the URL alone, as the services take it (DEVSCHED_DATABASE_SSL_* fold into it).
+    query = f"?sslrootcert={pki.ca}&sslcert={pki.pg_client_cert}&sslkey={pki.pg_client_key}"
+    assert _devsched("migrate", "--database-url", url + query).returncode == 0
 
 
 def test_verify_full_checks_the_host_name_and_verify_ca_only_the_certificate(pki: Pki) -> None:
