@@ -446,3 +446,31 @@ def test_the_nats_tls_context_always_verifies(pki: Pki) -> None:
     assert options["tls"].verify_mode == ssl.CERT_REQUIRED  # a tls:// URL without files: the system CAs
     with pytest.raises(TlsConfigError, match="needs its certificate"):
         NatsAccess(tls_ca=pki.ca, tls_key=pki.client_key).check()
+
+
+async def test_a_scheduler_trusting_another_ca_for_postgres_logs_it_and_keeps_retrying(
+    tls_nats: str, migrated: str, pki: Pki, tmp_path: Path
+) -> None:
+    env = {
+        **service_env(migrated, f"tls://{tls_nats}", PREFIX),
+        **_service_tls_env(pki),
+        "DEVSCHED_DATABASE_SSL_ROOT_CERT": str(pki.other_ca),
+    }
+    scheduler = ServiceProcess("devsched.scheduler", env, tmp_path / "scheduler.log").start()
+    try:
+        # Like a database that is down: each loop logs one line per failed pass and retries with backoff,
+        # requests get 503 (`unavailable`); nothing is sent to Postgres before the certificate is verified.
+        def refusals() -> list[dict[str, object]]:
+            return [
+                line
+                for line in scheduler.log_lines()
+                if "database unreachable: SSLCertVerificationError" in str(line.get("msg", ""))
+            ]
+
+        await eventually(refusals, timeout=30, message="the database's certificate refused")
+        await scheduler.wait_logged("serving")
+        assert scheduler.proc is not None
+        assert scheduler.proc.poll() is None, scheduler.tail()
+        assert all(line["error"] == "unavailable" for line in refusals())
+    finally:
+        scheduler.terminate()
