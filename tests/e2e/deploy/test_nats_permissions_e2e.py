@@ -47,8 +47,11 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
         "devsched.sweeper", service_env(database_url, url("sweeper", "sweeppw"), "devsched"), tmp_path / "sweeper.log"
     )
     spool = tmp_path / "spool"
+    # The agent refuses credentials in its URL: its password comes from a file, as the DaemonSet gives it.
+    (tmp_path / "host.password").write_text("h07pw\n")
     (tmp_path / "agent.toml").write_text(
-        f'host_id = "bench-07"\nspool_dir = "{spool}"\nnats_url = "{url("host-bench-07", "h07pw")}"\n'
+        f'host_id = "bench-07"\nspool_dir = "{spool}"\nnats_url = "nats://{secured.address}"\n'
+        f'nats_user = "host-bench-07"\nnats_password_file = "{tmp_path / "host.password"}"\n'
         f"{AGENT_TOML}"
         '[[devices]]\ndevice_id = "sim-7"\nlabels = { platform = "sim" }\n'
     )

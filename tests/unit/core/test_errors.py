@@ -29,6 +29,8 @@ PROTOCOL_TABLE = {
     "too_large": 413,
     "unavailable": 503,
     "internal": 500,
+    # docs/protocol.md, additions:
+    "too_many_requests": 429,
 }
 
 ALL_CLASSES = [obj for obj in vars(errors).values() if isinstance(obj, type) and issubclass(obj, DevschedError)]
@@ -55,8 +57,9 @@ def test_409_codes_are_conflicts(code: str) -> None:
     assert issubclass(BY_CODE[code], Conflict)
 
 
-def test_only_unavailable_is_retryable() -> None:
-    assert {cls.code for cls in ALL_CLASSES if cls.retryable} == {"unavailable"}
+def test_only_unavailable_and_too_many_requests_are_retryable() -> None:
+    # a 429 changed nothing either: the same request may be sent again after its retry_after_s
+    assert {cls.code for cls in ALL_CLASSES if cls.retryable} == {"unavailable", "too_many_requests"}
 
 
 def test_decoding_by_code_round_trips() -> None:

@@ -284,6 +284,7 @@ def test_the_error_numbers_of_the_protocol_table() -> None:
         "invalid_request": 400, "not_found": 404, "lease_expired": 409, "lease_superseded": 409,
         "lease_foreign": 409, "task_terminal": 409, "outcome_conflict": 409, "cancel_not_requested": 409,
         "device_conflict": 409, "too_large": 413, "unavailable": 503, "internal": 500,
+        "too_many_requests": 429,  # an addition (docs/protocol.md)
     }  # fmt: skip
     assert {code: encode_error(cls())[0][ERROR_CODE_HEADER] for code, cls in BY_CODE.items()} == {
         code: str(n) for code, n in expected.items()

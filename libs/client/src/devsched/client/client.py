@@ -59,6 +59,7 @@ from devsched.protocol.messages import (
     TaskView,
 )
 from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
+from devsched.protocol.tls import NatsAccess
 from devsched.protocol.transport import request
 
 #: Where a client connects when told nothing else (`DEVSCHED_NATS_URL`'s default).
@@ -90,6 +91,20 @@ def _build(model: type[M], **fields: Any) -> M:
         return model.model_validate(fields)
     except ValidationError as exc:
         raise from_validation(exc) from None
+
+
+def _without_secrets(nats_url: str) -> str:
+    """The URL(s) with any `user:password@` or `token@` replaced by `***@`, for messages."""
+    return ",".join(_mask_one(part) for part in nats_url.split(","))
+
+
+def _mask_one(url: str) -> str:
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep:
+        scheme, rest = "", scheme
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return f"{scheme}{sep}{rest}"
 
 
 class Client:
@@ -132,6 +147,13 @@ class Client:
         connect_timeout: float | None = None,
         retries: int = 2,
         name: str = "devsched-client",
+        nkey_seed: Path | str | None = None,
+        user: str | None = None,
+        password_file: Path | str | None = None,
+        tls_ca: Path | str | None = None,
+        tls_cert: Path | str | None = None,
+        tls_key: Path | str | None = None,
+        tls_hostname: str | None = None,
     ) -> Connecting[Self]:
         """Connect to NATS; `await` it for a client that owns the connection, or use it with `async with`.
 
@@ -148,17 +170,43 @@ class Client:
             connect_timeout: Seconds to keep trying to connect.
             retries: Extra tries of repeatable requests after a timeout.
             name: Connection name shown by the NATS server's monitoring.
+            nkey_seed: An nkey seed file, instead of `creds`.
+            user: A NATS user, with `password_file`.
+            password_file: A file holding the user's password (a password in the URL works too, but
+                shows in process listings and shell history).
+            tls_ca: CA bundle of the server's certificate; setting it (or a `tls://` URL) turns TLS on,
+                and the server is always verified.
+            tls_cert: Client certificate for mutual TLS.
+            tls_key: Key of `tls_cert`.
+            tls_hostname: Name to verify in the server's certificate when it differs from the URL's host.
 
         Raises:
-            NatsUnreachable: no connection within `connect_timeout`, or the server refused it.
+            NatsUnreachable: no connection within `connect_timeout`, or the server refused it (a server
+                certificate that does not verify says `CERTIFICATE_VERIFY_FAILED`).
+            TlsConfigError: a credentials or TLS file is unusable (a `ValueError`), before connecting.
             ValueError: `prefix` is not a subject token.
         """
         Subjects(prefix)  # fail on a bad prefix before connecting
+
+        def path(value: Path | str | None) -> Path | None:
+            return Path(value) if value is not None else None
+
+        access = NatsAccess(
+            creds=path(creds),
+            nkey_seed=path(nkey_seed),
+            user=user,
+            password_file=path(password_file),
+            tls_ca=path(tls_ca),
+            tls_cert=path(tls_cert),
+            tls_key=path(tls_key),
+            tls_hostname=tls_hostname,
+        )
+        options = access.tls_options(nats_url)  # bad files fail here, before anything is sent
         return Connecting(
             cls._open(
                 nats_url,
                 prefix=prefix,
-                creds=creds,
+                options=options,
                 timeout=timeout,
                 connect_timeout=connect_timeout,
                 retries=retries,
@@ -172,13 +220,14 @@ class Client:
         nats_url: str = DEFAULT_NATS_URL,
         *,
         prefix: str = DEFAULT_PREFIX,
-        creds: Path | str | None = None,
+        options: dict[str, Any] | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 - per request, handed to nats-py
         connect_timeout: float | None = None,
         retries: int = 2,
         name: str = "devsched-client",
     ) -> Self:
         servers = [url.strip() for url in nats_url.split(",") if url.strip()]
+        shown = _without_secrets(nats_url)
         deadline = connect_timeout if connect_timeout is not None else timeout
         last_error: list[str] = []
 
@@ -196,18 +245,18 @@ class Client:
                     reconnect_time_wait=0.25,  # type: ignore[arg-type]
                     max_reconnect_attempts=-1,
                     drain_timeout=2,
-                    user_credentials=str(creds) if creds is not None else None,
                     error_cb=remember,
+                    **(options or {}),
                 )
         except TimeoutError:
             await _close_quietly(nc)
             why = f" ({last_error[0]})" if last_error else ""
             raise NatsUnreachable(
-                f"cannot connect to NATS at {nats_url} within {deadline:g} s{why}", url=nats_url
+                f"cannot connect to NATS at {shown} within {deadline:g} s{why}", url=shown
             ) from None
         except (nats.errors.Error, OSError, ValueError) as exc:
             await _close_quietly(nc)
-            raise NatsUnreachable(f"cannot connect to NATS at {nats_url}: {exc}", url=nats_url) from None
+            raise NatsUnreachable(f"cannot connect to NATS at {shown}: {exc}", url=shown) from None
         return cls(nc, prefix=prefix, timeout=timeout, retries=retries, owns_connection=True)
 
     async def close(self) -> None:

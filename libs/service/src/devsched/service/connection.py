@@ -32,6 +32,9 @@ async def connect_nats(
 
     With `max_reconnect_attempts=-1` nats-py retries the first connection as well as later ones, so a
     service may start before NATS does. Subscriptions are restored after a reconnect by nats-py.
+    Credentials and TLS come from `settings.nats_access()` (files only; `devsched.protocol.tls`): a
+    server whose certificate does not verify is logged once (`nats error: ...CERTIFICATE_VERIFY_FAILED`)
+    and retried, like an unreachable one.
 
     Raises:
         Stopped: `stop` was set first.
@@ -52,18 +55,20 @@ async def connect_nats(
         last_error.clear()
         log.info("nats reconnected", extra={"server": _server(nc)})
 
+    servers = [url.strip() for url in settings.nats_url.split(",") if url.strip()]
+    access = settings.nats_access().tls_options(settings.nats_url)
     nc = Client()
     # nats-py annotates these durations as int but uses them as floats (asyncio timeouts).
     connecting = asyncio.ensure_future(
         nc.connect(
-            servers=[url.strip() for url in settings.nats_url.split(",") if url.strip()],
+            servers=servers,
             name=name,
             inbox_prefix=inbox_prefix,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,  # type: ignore[arg-type]
             connect_timeout=2,
             drain_timeout=settings.drain_timeout_s,  # type: ignore[arg-type]
-            user_credentials=str(settings.nats_creds) if settings.nats_creds is not None else None,
+            **access,
             error_cb=on_error,
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,

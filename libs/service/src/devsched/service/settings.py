@@ -8,14 +8,16 @@ allowed. The names are ARCHITECTURE.md's; a deployment can hand the same environ
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.protocol.tls import NatsAccess, TlsConfigError, with_postgres_ssl
 
 #: A single NATS subject token (the prefix).
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
@@ -62,6 +64,71 @@ class ServiceSettings(BaseSettings):
     """Bound on draining the NATS connection at shutdown (nats-py's default, 30 s, outlives a pod's grace)."""
     db_pool_size: int = Field(default=10, ge=1, le=200)
     """Pooled Postgres connections (the pool may overflow by as many again under load)."""
+    nats_nkey_seed: Path | None = None
+    """NATS nkey seed file (`SU...`), for servers with nkey users."""
+    nats_user: str | None = None
+    """NATS user, with `nats_password_file` (the right way to give a password: never in the URL)."""
+    nats_password_file: Path | None = None
+    """File holding the NATS user's password (re-read at every reconnection)."""
+    nats_tls_ca: Path | None = None
+    """CA bundle that signed the NATS server's certificate; setting it (or a `tls://` URL) turns TLS on."""
+    nats_tls_cert: Path | None = None
+    """Client certificate for mutual TLS with NATS."""
+    nats_tls_key: Path | None = None
+    """Private key of `nats_tls_cert`."""
+    nats_tls_hostname: str | None = None
+    """Name to verify in the NATS server's certificate when it differs from the URL's host."""
+    database_ssl_root_cert: Path | None = None
+    """CA of the Postgres server: adds `sslmode=verify-full&sslrootcert=...` to the database URL."""
+    database_ssl_cert: Path | None = None
+    """Client certificate for Postgres (`sslcert`)."""
+    database_ssl_key: Path | None = None
+    """Private key of `database_ssl_cert` (`sslkey`)."""
+
+    @model_validator(mode="after")
+    def _check_nats_access(self) -> ServiceSettings:
+        try:  # which settings go together; the files are read by `check_files` (at start, by `settings_from`)
+            self.nats_access().check_combination()
+        except TlsConfigError as exc:
+            raise ValueError(str(exc)) from None
+        if self.database_ssl_key is not None and self.database_ssl_cert is None:
+            raise ValueError(f"{ENV_PREFIX}DATABASE_SSL_KEY needs {ENV_PREFIX}DATABASE_SSL_CERT")
+        return self
+
+    def check_files(self) -> None:
+        """Read every credentials and TLS file once, so that a bad one stops the service at start.
+
+        Raises:
+            SettingsError: one line naming the file and what is wrong with it.
+        """
+        try:
+            self.nats_access().check()
+        except TlsConfigError as exc:
+            raise SettingsError(f"invalid configuration:\n  {exc}") from None
+        for name in ("database_ssl_root_cert", "database_ssl_cert", "database_ssl_key"):
+            path = getattr(self, name)
+            if path is not None and not os.access(path, os.R_OK):
+                raise SettingsError(f"invalid configuration:\n  {ENV_PREFIX}{name.upper()}: cannot read {path}")
+
+    def nats_access(self) -> NatsAccess:
+        """The NATS credentials and TLS files of these settings."""
+        return NatsAccess(
+            creds=self.nats_creds,
+            nkey_seed=self.nats_nkey_seed,
+            user=self.nats_user,
+            password_file=self.nats_password_file,
+            tls_ca=self.nats_tls_ca,
+            tls_cert=self.nats_tls_cert,
+            tls_key=self.nats_tls_key,
+            tls_hostname=self.nats_tls_hostname,
+        )
+
+    @property
+    def database_dsn(self) -> str:
+        """`database_url` with the `database_ssl_*` settings as libpq parameters (what engines are given)."""
+        return with_postgres_ssl(
+            self.database_url, self.database_ssl_root_cert, self.database_ssl_cert, self.database_ssl_key
+        )
 
 
 def _flag(name: str) -> str:
@@ -88,7 +155,7 @@ class SettingsError(Exception):
 
 
 def settings_from(settings_type: type[S], options: argparse.Namespace) -> S:
-    """Settings from the environment, overridden by the flags that were given.
+    """Settings from the environment, overridden by the flags that were given; their files are readable.
 
     Raises:
         SettingsError: a value is invalid (the message names the env variable and flag).
@@ -97,7 +164,7 @@ def settings_from(settings_type: type[S], options: argparse.Namespace) -> S:
         name: value for name, value in vars(options).items() if name in settings_type.model_fields and value is not None
     }
     try:
-        return settings_type(**given)
+        settings = settings_type(**given)
     except ValidationError as exc:
         lines = []
         for error in exc.errors(include_url=False):
@@ -105,8 +172,10 @@ def settings_from(settings_type: type[S], options: argparse.Namespace) -> S:
                 name = str(error["loc"][0])
                 lines.append(f"{ENV_PREFIX}{name.upper()} / {_flag(name)}: {error['msg']}")
             else:  # a rule across several settings
-                lines.append(str(error["msg"]))
+                lines.append(str(error["msg"]).removeprefix("Value error, "))
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+    settings.check_files()
+    return settings
 
 
 def parse_settings(

@@ -47,6 +47,7 @@ from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode
 from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.tls import TlsConfigError
 from devsched.protocol.tracing import extract, tracer, use_context
 from devsched.service import ServiceSettings, Stopped, bind, close_nats, connect_nats, sleep_or_stop
 
@@ -116,9 +117,23 @@ class Agent:
             except (OSError, SpoolLocked) as exc:
                 logger.error("cannot use the spool directory", extra={"error": str(exc)})
                 return 1
+            access = self.config.nats_access()  # files only: the agent's URL carries no secret
+            try:
+                access.check()
+            except TlsConfigError as exc:
+                logger.error("unusable NATS credentials or TLS settings", extra={"error": str(exc)})
+                spool.unlock()
+                return 2
             settings = ServiceSettings(
                 nats_url=self.config.nats_url,
-                nats_creds=self.config.nats_creds,
+                nats_creds=access.creds,
+                nats_nkey_seed=access.nkey_seed,
+                nats_user=access.user,
+                nats_password_file=access.password_file,
+                nats_tls_ca=access.tls_ca,
+                nats_tls_cert=access.tls_cert,
+                nats_tls_key=access.tls_key,
+                nats_tls_hostname=access.tls_hostname,
                 subject_prefix=self.config.subject_prefix,
                 drain_timeout_s=self.config.drain_timeout_s,
             )

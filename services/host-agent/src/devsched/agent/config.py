@@ -11,7 +11,11 @@ env = { ANDROID_SERIAL = "33ab12" }
 
 `DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX`, `DEVSCHED_NATS_CREDS` and `DEVSCHED_JETSTREAM_API_PREFIX`
 override `nats_url`, `subject_prefix`, `nats_creds` and `jetstream_api_prefix` from the file (the same names
-the other services read).
+the other services read), and so do `DEVSCHED_NATS_NKEY_SEED`, `DEVSCHED_NATS_USER`,
+`DEVSCHED_NATS_PASSWORD_FILE` and `DEVSCHED_NATS_TLS_{CA,CERT,KEY,HOSTNAME}`.
+
+The agent's credentials are files only: every step the agent runs inherits its environment, so a
+`nats_url` with a user, password or token in it (from the file or the environment) is refused at start.
 """
 
 from __future__ import annotations
@@ -20,10 +24,18 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
+
+#: What a `nats_url` with credentials in it is refused with (one line).
+URL_CREDENTIALS_REFUSED = (
+    "nats_url carries credentials, which every step would inherit: remove them from the URL and set "
+    "nats_user + nats_password_file (DEVSCHED_NATS_USER / DEVSCHED_NATS_PASSWORD_FILE), "
+    "or nats_creds / nats_nkey_seed"
+)
 
 #: A single NATS subject token: the prefix, host ids and device ids.
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
@@ -77,6 +89,48 @@ class AgentConfig(BaseModel):
     #: the streams; `<prefix>.js.API` where the host is a NATS account of its own that imports them there
     #: (deploy/nats/host_user.py), since a JetStream-less account answers `$JS.API` itself with 503.
     jetstream_api_prefix: str = Field(default="$JS.API", pattern=r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$")
+    #: NATS nkey seed file (`SU...`), instead of `nats_creds` or a user and password file.
+    nats_nkey_seed: Path | None = None
+    #: NATS user, with `nats_password_file`.
+    nats_user: str | None = None
+    #: File holding the NATS user's password (mounted from a Secret; never the password itself).
+    nats_password_file: Path | None = None
+    #: CA bundle that signed the NATS server's certificate; setting it (or a `tls://` URL) turns TLS on.
+    nats_tls_ca: Path | None = None
+    #: Client certificate for mutual TLS with NATS.
+    nats_tls_cert: Path | None = None
+    #: Private key of `nats_tls_cert`.
+    nats_tls_key: Path | None = None
+    #: Name to verify in the NATS server's certificate when it differs from the URL's host.
+    nats_tls_hostname: str | None = None
+
+    @field_validator("nats_url")
+    @classmethod
+    def _no_credentials_in_url(cls, url: str) -> str:
+        if url_has_credentials(url):
+            raise ValueError(URL_CREDENTIALS_REFUSED)
+        return url
+
+    @model_validator(mode="after")
+    def _usable_nats_access(self) -> AgentConfig:
+        try:  # the files are read when connecting (`Agent.serve` exits 2 if they are unusable)
+            self.nats_access().check_combination()
+        except TlsConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    def nats_access(self) -> NatsAccess:
+        """The NATS credentials and TLS files of this host."""
+        return NatsAccess(
+            creds=self.nats_creds,
+            nkey_seed=self.nats_nkey_seed,
+            user=self.nats_user,
+            password_file=self.nats_password_file,
+            tls_ca=self.nats_tls_ca,
+            tls_cert=self.nats_tls_cert,
+            tls_key=self.nats_tls_key,
+            tls_hostname=self.nats_tls_hostname,
+        )
 
     @field_validator("devices")
     @classmethod
@@ -102,6 +156,13 @@ class EnvOverrides(BaseSettings):
     subject_prefix: str | None = None
     nats_creds: str | None = None
     jetstream_api_prefix: str | None = None
+    nats_nkey_seed: str | None = None
+    nats_user: str | None = None
+    nats_password_file: str | None = None
+    nats_tls_ca: str | None = None
+    nats_tls_cert: str | None = None
+    nats_tls_key: str | None = None
+    nats_tls_hostname: str | None = None
 
 
 def _describe(error: ValidationError) -> list[str]:
@@ -122,9 +183,14 @@ def _describe(error: ValidationError) -> list[str]:
 def parse_config(data: dict[str, Any], *, source: str = "<config>") -> AgentConfig:
     """Validate an already parsed configuration mapping.
 
+    A `nats_url` with credentials is refused with one line of its own (`URL_CREDENTIALS_REFUSED`).
+
     Raises:
         ConfigError: naming `source` and every offending key.
     """
+    url = data.get("nats_url")
+    if isinstance(url, str) and url_has_credentials(url):
+        raise ConfigError(f"agent config {source}: {URL_CREDENTIALS_REFUSED}")
     try:
         return AgentConfig.model_validate(data)
     except ValidationError as exc:

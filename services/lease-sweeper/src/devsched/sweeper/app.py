@@ -90,7 +90,7 @@ class Sweeper:
         s = self.settings
         async with AsyncExitStack() as stack:
             self._store = Store.connect(
-                s.database_url,
+                s.database_dsn,
                 prefix=s.subject_prefix,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,

@@ -34,7 +34,7 @@ def migrate(settings: SchedulerSettings) -> int:
     from devsched.store.migrations import upgrade
 
     try:
-        upgrade(settings.database_url)
+        upgrade(settings.database_dsn)
     except Exception:
         log.exception("migration failed")
         return 1

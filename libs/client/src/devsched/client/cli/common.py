@@ -36,6 +36,7 @@ from devsched.client.errors import (
 )
 from devsched.core.status import TaskStatus
 from devsched.protocol.subjects import DEFAULT_PREFIX
+from devsched.protocol.tls import TlsConfigError
 
 T = TypeVar("T")
 
@@ -94,13 +95,35 @@ class Settings:
     prefix: str = DEFAULT_PREFIX
     creds: Path | None = None
     timeout: float = DEFAULT_TIMEOUT_S
+    nkey_seed: Path | None = None
+    user: str | None = None
+    password_file: Path | None = None
+    tls_ca: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_hostname: str | None = None
 
     async def client(self) -> Client:
         """A connected client (the caller closes it)."""
         try:
-            return await Client.connect(self.nats_url, prefix=self.prefix, creds=self.creds, timeout=self.timeout)
+            connecting = Client.connect(
+                self.nats_url,
+                prefix=self.prefix,
+                creds=self.creds,
+                timeout=self.timeout,
+                nkey_seed=self.nkey_seed,
+                user=self.user,
+                password_file=self.password_file,
+                tls_ca=self.tls_ca,
+                tls_cert=self.tls_cert,
+                tls_key=self.tls_key,
+                tls_hostname=self.tls_hostname,
+            )
+        except TlsConfigError as exc:  # a credentials or TLS file: nothing was sent
+            raise InvalidRequest(str(exc), errors=[{"path": "nats", "message": str(exc)}]) from None
         except ValueError as exc:  # a bad prefix
             raise InvalidRequest(f"--prefix: {exc}", errors=[{"path": "prefix", "message": str(exc)}]) from None
+        return await connecting
 
 
 #: Consoles: stdout for results, stderr for progress and errors (so `--json` output stays clean).

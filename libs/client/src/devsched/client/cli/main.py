@@ -16,6 +16,7 @@ from devsched.client.cli.common import ExitCode, Settings, fail
 from devsched.client.cli.up_command import up
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
 from devsched.protocol.subjects import DEFAULT_PREFIX
+from devsched.protocol.tls import with_postgres_ssl
 
 #: `DEVSCHED_DATABASE_URL`'s default, as the services have it.
 DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/devsched"
@@ -58,9 +59,46 @@ def configure(
             help="Seconds to wait for each reply (and for the connection).",
         ),
     ] = DEFAULT_TIMEOUT_S,
+    nkey_seed: Annotated[
+        Path | None, typer.Option("--nkey-seed", envvar="DEVSCHED_NATS_NKEY_SEED", help="NATS nkey seed file.")
+    ] = None,
+    user: Annotated[
+        str | None, typer.Option("--user", envvar="DEVSCHED_NATS_USER", help="NATS user (with --password-file).")
+    ] = None,
+    password_file: Annotated[
+        Path | None,
+        typer.Option("--password-file", envvar="DEVSCHED_NATS_PASSWORD_FILE", help="File holding the NATS password."),
+    ] = None,
+    tls_ca: Annotated[
+        Path | None,
+        typer.Option("--tls-ca", envvar="DEVSCHED_NATS_TLS_CA", help="CA of the NATS server's certificate (TLS on)."),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option("--tls-cert", envvar="DEVSCHED_NATS_TLS_CERT", help="Client certificate for mutual TLS."),
+    ] = None,
+    tls_key: Annotated[
+        Path | None, typer.Option("--tls-key", envvar="DEVSCHED_NATS_TLS_KEY", help="Key of --tls-cert.")
+    ] = None,
+    tls_hostname: Annotated[
+        str | None,
+        typer.Option("--tls-hostname", envvar="DEVSCHED_NATS_TLS_HOSTNAME", help="Name in the server's certificate."),
+    ] = None,
 ) -> None:
     """Global options, read before any command."""
-    ctx.obj = Settings(nats_url=nats_url, prefix=prefix, creds=creds, timeout=timeout)
+    ctx.obj = Settings(
+        nats_url=nats_url,
+        prefix=prefix,
+        creds=creds,
+        timeout=timeout,
+        nkey_seed=nkey_seed,
+        user=user,
+        password_file=password_file,
+        tls_ca=tls_ca,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        tls_hostname=tls_hostname,
+    )
 
 
 app.command()(commands.submit)
@@ -89,12 +127,34 @@ def migrate(
             "--database-url", envvar="DEVSCHED_DATABASE_URL", help="postgresql+asyncpg://user:password@host:port/db"
         ),
     ] = DEFAULT_DATABASE_URL,
+    ssl_root_cert: Annotated[
+        Path | None,
+        typer.Option(
+            "--database-ssl-root-cert",
+            envvar="DEVSCHED_DATABASE_SSL_ROOT_CERT",
+            help="CA of the Postgres server: TLS with sslmode=verify-full.",
+        ),
+    ] = None,
+    ssl_cert: Annotated[
+        Path | None,
+        typer.Option("--database-ssl-cert", envvar="DEVSCHED_DATABASE_SSL_CERT", help="Postgres client certificate."),
+    ] = None,
+    ssl_key: Annotated[
+        Path | None,
+        typer.Option("--database-ssl-key", envvar="DEVSCHED_DATABASE_SSL_KEY", help="Key of --database-ssl-cert."),
+    ] = None,
 ) -> None:
     """Apply the database migrations (idempotent: an up-to-date database is left as is)."""
+    from devsched.store.engine import DatabaseTlsError, ssl_connect_arg
     from devsched.store.migrations import upgrade  # imported here: alembic is slow to import
 
+    dsn = with_postgres_ssl(database_url, ssl_root_cert, ssl_cert, ssl_key)
     try:
-        upgrade(database_url)
+        ssl_connect_arg(dsn)  # a bad TLS parameter or file: one line, before alembic starts
+    except DatabaseTlsError as exc:
+        fail(str(exc), ExitCode.USAGE)
+    try:
+        upgrade(dsn)
     except (OSError, TimeoutError) as exc:
         fail(f"unavailable: cannot reach the database at {_masked(database_url)}: {exc}", ExitCode.UNAVAILABLE)
     except Exception as exc:

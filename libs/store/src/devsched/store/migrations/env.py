@@ -13,6 +13,7 @@ from sqlalchemy import pool
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from devsched.store.engine import ssl_connect_arg
 from devsched.store.roles import DatabaseRoles, apply_grants
 
 #: The revision that introduced the roles: below it (after a downgrade) there are no grants to keep.
@@ -42,7 +43,8 @@ def _run(connection: Connection) -> None:
 async def _main() -> None:
     url = context.config.get_main_option("sqlalchemy.url")
     assert url, "devsched.store.migrations sets sqlalchemy.url"
-    engine = create_async_engine(url, poolclass=pool.NullPool)
+    bare, tls = ssl_connect_arg(url)  # libpq's sslmode/sslrootcert/... as asyncpg's TLS context
+    engine = create_async_engine(bare, poolclass=pool.NullPool, connect_args={} if tls is None else {"ssl": tls})
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)
