@@ -62,7 +62,7 @@ async def test_step_sees_device_step_and_attempt_variables(tmp_path: Path, monke
     assert env["ANDROID_SERIAL"] == "33ab12"
     assert env["STEP_VAR"] == "step"
     assert env["SHARED"] == "step"
-    assert env["FROM_AGENT"] == "agent"
+    assert "FROM_AGENT" not in env  # the agent's own environment never reaches a step
 
 
 @pytest.mark.parametrize(("command", "status", "code"), [("true", "done", 0), ("exit 3", "failed", 3)])

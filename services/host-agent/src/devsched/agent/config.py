@@ -15,11 +15,13 @@ env = { ANDROID_SERIAL = "33ab12" }
 
 from __future__ import annotations
 
+import os
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.core.ids import TOKEN_PATTERN
@@ -28,6 +30,13 @@ from devsched.core.ids import TOKEN_PATTERN
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
 #: A duration in seconds: finite and > 0.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: A user name as useradd accepts it (no uid numbers: a name is what an operator reads in the config).
+UserName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")]
+
+
+def default_work_dir() -> Path:
+    """`devsched-agent` under the system's temporary directory: where attempts' directories go by default."""
+    return Path(tempfile.gettempdir()) / "devsched-agent"
 
 
 class ConfigError(Exception):
@@ -72,6 +81,11 @@ class AgentConfig(BaseModel):
     request_timeout_s: Seconds = 5.0
     #: Bound on draining the NATS connection at shutdown (nats-py's default of 30 s is too long).
     drain_timeout_s: Seconds = 2.0
+    #: Where each attempt gets its own directory (`<work_dir>/<host_id>/<task>.<attempt>`, the steps' TMPDIR);
+    #: never inside `spool_dir`, whose reports a step must not see.
+    work_dir: Path = Field(default_factory=default_work_dir)
+    #: Run steps as this unprivileged user (and its primary group); None: as the agent's own user.
+    step_user: UserName | None = None
 
     @field_validator("devices")
     @classmethod
@@ -82,6 +96,14 @@ class AgentConfig(BaseModel):
                 raise ValueError(f"duplicate device_id {device.device_id!r}")
             seen.add(device.device_id)
         return devices
+
+    @model_validator(mode="after")
+    def _work_dir_apart_from_spool(self) -> AgentConfig:
+        # The agent clears its work directory at start: one inside the other would lose reports or expose them.
+        work, spool = Path(os.path.abspath(self.work_dir)), Path(os.path.abspath(self.spool_dir))
+        if work == spool or spool in work.parents or work in spool.parents:
+            raise ValueError(f"work_dir {self.work_dir} and spool_dir {self.spool_dir} must not contain each other")
+        return self
 
     def device(self, device_id: str) -> DeviceConfig | None:
         """The configured device with this id, if any."""
