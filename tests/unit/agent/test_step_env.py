@@ -91,10 +91,10 @@ def test_the_inputs_are_not_changed() -> None:
     ],
 )
 def test_a_variable_that_cannot_be_in_an_environment_is_refused_by_name(env: dict[str, str], message: str) -> None:
-    with pytest.raises(StepEnvError, match="^step env: ") as info:
+    with pytest.raises(StepEnvError, match=r"^step env: ") as info:
         step_environment({}, tmpdir="/w", step_env=env)
     assert message in str(info.value)
-    with pytest.raises(StepEnvError, match="^device env: "):
+    with pytest.raises(StepEnvError, match=r"^device env: "):
         step_environment({}, tmpdir="/w", device_env=env)
 
 

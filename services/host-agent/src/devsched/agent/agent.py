@@ -172,7 +172,7 @@ class Agent:
         if removed:
             logger.warning(
                 "removed attempt directories left by an earlier agent",
-                extra={"path": str(workspace.directory), "removed": removed},
+                extra={"path": str(workspace.directory), "removed": " ".join(removed)},
             )
         return workspace
 

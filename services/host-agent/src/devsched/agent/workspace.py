@@ -188,7 +188,13 @@ class Workspace:
         if self.user is None:
             return
         for directory in (self.directory, *self.directory.parents):
-            if not can_pass(os.stat(directory), self.user):
+            st = os.stat(directory)
+            if st.st_uid == self.user.uid:
+                raise ConfigError(
+                    f"work_dir {self.root}: {directory} belongs to step_user {self.user.name!r}, which could "
+                    "replace the agent's directories in it"
+                )
+            if not can_pass(st, self.user):
                 raise ConfigError(
                     f"work_dir {self.root}: step_user {self.user.name!r} cannot pass through {directory}; "
                     "choose a work_dir whose parents others may search (mode o+x)"
