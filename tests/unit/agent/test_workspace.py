@@ -14,6 +14,8 @@ import pytest
 from devsched.agent.config import AgentConfig, ConfigError, default_work_dir, parse_config
 from devsched.agent.steps import StepUser
 from devsched.agent.workspace import (
+    CAP_CHOWN,
+    CAP_DAC_OVERRIDE,
     CAP_KILL,
     CAP_SETGID,
     CAP_SETUID,
@@ -29,7 +31,8 @@ from devsched.agent.workspace import (
 
 pytestmark = pytest.mark.unit
 
-ALL_NEEDED = (1 << CAP_KILL) | (1 << CAP_SETGID) | (1 << CAP_SETUID)
+ALL_NEEDED = sum(1 << cap for cap in (CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID, CAP_SETUID))
+ALL_NAMES = ["CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
 #: A user that exists on every Debian-like system and is neither root nor (in CI) the agent.
 NOBODY = pwd.getpwnam("nobody")
 
@@ -82,9 +85,10 @@ def test_capabilities_are_read_from_the_status_file() -> None:
 
 def test_missing_capabilities_are_named() -> None:
     assert missing_capabilities(ALL_NEEDED, euid=1000) == []
-    assert missing_capabilities(1 << CAP_SETUID, euid=0) == ["CAP_KILL", "CAP_SETGID"]
+    some = 1 << CAP_SETUID | 1 << CAP_CHOWN
+    assert missing_capabilities(some, euid=0) == ["CAP_DAC_OVERRIDE", "CAP_KILL", "CAP_SETGID"]
     assert missing_capabilities(None, euid=0) == []
-    assert missing_capabilities(None, euid=1000) == ["CAP_KILL", "CAP_SETGID", "CAP_SETUID"]
+    assert missing_capabilities(None, euid=1000) == ALL_NAMES
 
 
 def test_a_step_user_resolves_to_its_ids_and_existing_home() -> None:
@@ -99,8 +103,8 @@ def test_a_step_user_resolves_to_its_ids_and_existing_home() -> None:
         ("no-such-user-x", 0, ALL_NEEDED, "step_user 'no-such-user-x': no such user on this host"),
         ("root", 0, ALL_NEEDED, "step_user 'root' is root: steps must run as an unprivileged user"),
         ("nobody", NOBODY.pw_uid, ALL_NEEDED, "step_user 'nobody' is the agent's own user"),
-        ("nobody", 10001, 0, "without CAP_KILL, CAP_SETGID, CAP_SETUID (run it as root, or grant"),
-        ("nobody", 0, 1 << CAP_SETUID | 1 << CAP_SETGID, "without CAP_KILL (run it"),  # root in a container
+        ("nobody", 10001, 0, f"without {', '.join(ALL_NAMES)} (run it as root, or grant"),
+        ("nobody", 0, ALL_NEEDED & ~(1 << CAP_KILL), "without CAP_KILL (run it"),  # root in a container
     ],
 )
 def test_a_step_user_the_agent_cannot_use_is_one_clear_error(name: str, euid: int, caps: int, message: str) -> None:

@@ -6,8 +6,8 @@ and removed once the attempt has ended, however it ended; what a crashed agent l
 the next start, under a lock so that two agents of one host never clear each other's work.
 
 With `step_user`, steps run as that user and its primary group only. The agent refuses to start unless
-it can switch to it (CAP_SETUID and CAP_SETGID, and CAP_KILL to stop its process groups: root has them
-unless a container dropped them), unless the user is unprivileged and not the agent's own, and unless a
+it has the capabilities to switch to it and clean up after it (`_NEEDED_CAPS`: root has them unless a
+container dropped them), unless the user is unprivileged and not the agent's own, and unless a
 credentials file of the agent is closed to group and others. The step user must be able to reach its
 directory, so `<work_dir>/<host_id>` is 0711 (it can pass, not list) and every parent must let it pass.
 
@@ -34,9 +34,17 @@ logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
-#: Capability numbers (linux/capability.h) the agent needs to run steps as another user and stop them.
-CAP_KILL, CAP_SETGID, CAP_SETUID = 5, 6, 7
-_NEEDED_CAPS = {CAP_SETUID: "CAP_SETUID", CAP_SETGID: "CAP_SETGID", CAP_KILL: "CAP_KILL"}
+#: Capability numbers (linux/capability.h) the agent needs with a step user: switch to it (SETUID, SETGID),
+#: stop its process groups (KILL), hand it the attempt's directory (CHOWN) and remove what it left there
+#: (DAC_OVERRIDE: the directory is the step user's, mode 0700).
+CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_KILL, CAP_SETGID, CAP_SETUID = 0, 1, 5, 6, 7
+_NEEDED_CAPS = {
+    CAP_CHOWN: "CAP_CHOWN",
+    CAP_DAC_OVERRIDE: "CAP_DAC_OVERRIDE",
+    CAP_KILL: "CAP_KILL",
+    CAP_SETGID: "CAP_SETGID",
+    CAP_SETUID: "CAP_SETUID",
+}
 #: Fields of AgentConfig naming files that hold secrets: closed to group and others when steps run as a user.
 SECRET_FILE_FIELDS = ("nats_creds",)
 
