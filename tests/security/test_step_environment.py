@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.agent.workspace import workspace_name
 from support.agent_e2e import (
     AgentLab,
     AgentProcess,
@@ -133,6 +134,11 @@ def agent_environment(secrets: Secrets) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **secrets.env}
 
 
+def host_dir(work_dir: Path, agent: AgentProcess) -> Path:
+    """The agent's own directory under `work_dir`, which holds its attempts' directories."""
+    return work_dir / workspace_name(agent.host_id, agent.spool_dir)
+
+
 def present(path: str | Path) -> bool:
     """Whether anything (even a dangling symlink) is at `path`."""
     return os.path.lexists(path)
@@ -180,14 +186,14 @@ async def test_a_step_sees_exactly_the_allowed_variables_and_a_tmpdir_of_its_att
 
     # TMPDIR: the attempt's own directory under work_dir, 0700, shared by the attempt's steps, gone after.
     tmpdir = Path(env["TMPDIR"])
-    assert tmpdir == work_dir / agent.host_id / f"{task_id}.1"
+    assert tmpdir == host_dir(work_dir, agent) / f"{task_id}.1"
     probe = env_lines(output, "tmpdir:")
     assert probe["mode"] == f"700 uid={os.geteuid()}"
     assert probe["second"] == str(tmpdir)
     assert "kept" in view["result"]["steps"][1]["output_tail"]  # one directory for the whole attempt
     assert f"cwd={tmpdir}" in output  # the default working directory
     assert not present(tmpdir)  # removed before the report was sent
-    assert [p.name for p in (work_dir / agent.host_id).iterdir()] == [".lock"]
+    assert [p.name for p in host_dir(work_dir, agent).iterdir()] == [".lock"]
 
 
 async def test_the_attempt_directory_is_removed_when_a_step_is_cancelled(lab: AgentLab, tmp_path: Path) -> None:
@@ -204,7 +210,7 @@ async def test_the_attempt_directory_is_removed_when_a_step_is_cancelled(lab: Ag
     view = await lab.wait_status(task_id, "cancelled", within=15)
     assert step_statuses(view) == [("long", "interrupted")]
     assert not present(tmpdir)
-    assert [p.name for p in (work_dir / agent.host_id).iterdir()] == [".lock"]
+    assert [p.name for p in host_dir(work_dir, agent).iterdir()] == [".lock"]
 
 
 async def test_directories_a_killed_agent_left_are_removed_at_its_next_start(lab: AgentLab, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from devsched.agent.workspace import (
     effective_capabilities,
     missing_capabilities,
     resolve_step_user,
+    workspace_name,
 )
 
 pytestmark = pytest.mark.unit
@@ -163,6 +164,14 @@ def test_a_credentials_file_owned_by_the_step_user_is_refused(tmp_path: Path) ->
 
 
 # -- the work directory ----------------------------------------------------------------------------------
+
+
+def test_the_host_directory_is_named_after_the_host_and_its_spool(tmp_path: Path) -> None:
+    name = workspace_name("bench-07", tmp_path / "spool")
+    assert name.startswith("bench-07-")
+    assert name == workspace_name("bench-07", tmp_path / "x" / ".." / "spool")  # the same spool
+    assert name != workspace_name("bench-07", tmp_path / "other-spool")  # another agent of the same host id
+    assert name != workspace_name("bench-08", tmp_path / "spool")
 
 
 def test_open_creates_a_private_host_directory_and_locks_it(tmp_path: Path) -> None:

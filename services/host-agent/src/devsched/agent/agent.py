@@ -44,7 +44,13 @@ from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.reporter import Reporter
 from devsched.agent.spool import Spool, SpooledReport, SpoolLocked, SpoolUnsafe
-from devsched.agent.workspace import Workspace, WorkspaceLocked, check_secret_files, resolve_step_user
+from devsched.agent.workspace import (
+    Workspace,
+    WorkspaceLocked,
+    check_secret_files,
+    resolve_step_user,
+    workspace_name,
+)
 from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode
@@ -167,7 +173,7 @@ class Agent:
             logger.warning("credentials file open to other users", extra={"error": warning})
         if user is None and os.geteuid() == 0:
             logger.warning("steps run as root: set step_user in agent.toml to run them as an unprivileged user")
-        workspace = Workspace(config.work_dir, config.host_id, user)
+        workspace = Workspace(config.work_dir, workspace_name(config.host_id, config.spool_dir), user)
         removed = workspace.open()
         if removed:
             logger.warning(

@@ -1,15 +1,18 @@
 """Where steps run and as whom: per-attempt directories, the step user, and the checks made at start.
 
-Each attempt gets its own directory `<work_dir>/<host_id>/<task_id>.<attempt>` (mode 0700, owned by the
-step user when there is one): the steps' `TMPDIR` and default `cwd`. It is created before the first step
-and removed once the attempt has ended, however it ended; what a crashed agent left behind is removed at
-the next start, under a lock so that two agents of one host never clear each other's work.
+Each attempt gets its own directory `<work_dir>/<host_id>-<spool key>/<task_id>.<attempt>` (mode 0700,
+owned by the step user when there is one): the steps' `TMPDIR` and default `cwd`. It is created before the
+first step and removed once the attempt has ended, however it ended; what a crashed agent left behind is
+removed at the next start. The host's directory is named after the spool too (`workspace_name`): the
+spool is what makes an agent the same agent across restarts (one process at a time holds it), so two
+agents that share a host id but not a spool (two `devsched up` stacks, two test runs) never share, lock
+or clear each other's directory; a lock in it guards the rest.
 
 With `step_user`, steps run as that user and its primary group only. The agent refuses to start unless
 it has the capabilities to switch to it and clean up after it (`_NEEDED_CAPS`: root has them unless a
 container dropped them), unless the user is unprivileged and not the agent's own, and unless a
 credentials file of the agent is closed to group and others. The step user must be able to reach its
-directory, so `<work_dir>/<host_id>` is 0711 (it can pass, not list) and every parent must let it pass.
+directory, so the host's directory is 0711 (it can pass, not list) and every parent must let it pass.
 
 The functions do blocking file I/O on small directories; call them from a thread in async code.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import logging
 import os
 import pwd
@@ -47,6 +51,12 @@ _NEEDED_CAPS = {
 }
 #: Fields of AgentConfig naming files that hold secrets: closed to group and others when steps run as a user.
 SECRET_FILE_FIELDS = ("nats_creds",)
+
+
+def workspace_name(host_id: str, spool_dir: Path) -> str:
+    """The name of the host's directory under `work_dir`: the host id and a digest of the spool's path."""
+    digest = hashlib.sha256(os.path.abspath(spool_dir).encode()).hexdigest()[:12]
+    return f"{host_id}-{digest}"
 
 
 class WorkspaceLocked(Exception):
@@ -163,11 +173,12 @@ def _remove(path: Path) -> None:
 
 
 class Workspace:
-    """This host's corner of `work_dir`: one directory per running attempt."""
+    """This agent's corner of `work_dir`: one directory per running attempt."""
 
-    def __init__(self, root: Path, host_id: str, user: StepUser | None = None) -> None:
+    def __init__(self, root: Path, name: str, user: StepUser | None = None) -> None:
         self.root = Path(root)
-        self.directory = self.root / host_id
+        #: The host's directory (`workspace_name`), holding the attempts' directories and the lock.
+        self.directory = self.root / name
         self.user = user
         self._lock_fd: int | None = None
 
