@@ -28,6 +28,7 @@ from support.agent_e2e import (
     AgentProcess,
     Plane,
     ensure_step_user,
+    paused,
     shell,
     step_statuses,
     step_user_dir,
@@ -211,6 +212,57 @@ async def test_the_attempt_directory_is_removed_when_a_step_is_cancelled(lab: Ag
     assert step_statuses(view) == [("long", "interrupted")]
     assert not present(tmpdir)
     assert [p.name for p in host_dir(work_dir, agent).iterdir()] == [".lock"]
+
+
+async def _held_attempt_dir(lab: AgentLab, marker: Path) -> Path:
+    """Wait until a step has written `$$ $TMPDIR` to `marker`; its TMPDIR (which must exist)."""
+
+    def written() -> list[str] | None:
+        words = marker.read_text().split() if marker.exists() else []
+        return words if len(words) == 2 else None
+
+    words = await eventually(written, timeout=20, message=f"{marker} written")
+    assert words is not None
+    tmpdir = Path(words[1])
+    assert present(tmpdir)
+    return tmpdir
+
+
+async def test_the_attempt_directory_is_removed_after_a_step_timeout(lab: AgentLab, tmp_path: Path) -> None:
+    agent = await lab.agent("d1", work_dir=tmp_path / "work").ready()
+    marker = lab.path("held")
+    task_id = await lab.submit(
+        [shell("hang", f'echo "$$ $TMPDIR" > {marker}; exec sleep 600', timeout_s=1)], lease_ttl_s=TTL_S
+    )
+    tmpdir = await _held_attempt_dir(lab, marker)
+    view = await lab.wait_status(task_id, "failed")
+    assert step_statuses(view) == [("hang", "timed_out")]
+    assert not present(tmpdir)
+    assert [p.name for p in host_dir(tmp_path / "work", agent).iterdir()] == [".lock"]
+
+
+async def test_the_attempt_directory_is_removed_when_the_lease_is_lost(lab: AgentLab, tmp_path: Path) -> None:
+    agent = await lab.agent("d1", work_dir=tmp_path / "work").ready()
+    marker = lab.path("held")
+    await lab.submit(
+        [shell("wait", f'echo "$$ $TMPDIR" > {marker}; exec sleep 600', interruptible=True)], lease_ttl_s=3
+    )
+    tmpdir = await _held_attempt_dir(lab, marker)
+    # No renewal succeeds while the scheduler is stopped: the agent stops the step at its local deadline.
+    with paused(lab.plane.scheduler):
+        await eventually(lambda: not present(tmpdir), timeout=15, message="attempt directory removed")
+    assert agent.lines("attempt ended", outcome="failed")
+
+
+async def test_the_attempt_directory_is_removed_when_the_agent_shuts_down(lab: AgentLab, tmp_path: Path) -> None:
+    agent = await lab.agent("d1", work_dir=tmp_path / "work").ready()
+    marker = lab.path("held")
+    # Not interruptible: only the shutdown's kill, after shutdown_grace_s and stop_grace_s, stops it.
+    await lab.submit([shell("long", f'echo "$$ $TMPDIR" > {marker}; exec sleep 600')], lease_ttl_s=TTL_S)
+    tmpdir = await _held_attempt_dir(lab, marker)
+    assert await asyncio.to_thread(agent.stop) == [0]  # SIGTERM, and a clean exit
+    assert not present(tmpdir)
+    assert [p.name for p in host_dir(tmp_path / "work", agent).iterdir()] == [".lock"]
 
 
 async def test_directories_a_killed_agent_left_are_removed_at_its_next_start(lab: AgentLab, tmp_path: Path) -> None:
