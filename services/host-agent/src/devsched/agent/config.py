@@ -9,6 +9,9 @@ labels = { platform = "android" }
 env = { ANDROID_SERIAL = "33ab12" }
 ```
 
+Optional confinement of steps: `work_dir` (default `devsched-agent` under the system temp dir) and
+`step_user` (an unprivileged user steps run as; checked at the agent's start, `workspace.py`).
+
 `DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX` and `DEVSCHED_NATS_CREDS` override `nats_url`,
 `subject_prefix` and `nats_creds` from the file (the same names the other services read).
 """
@@ -81,8 +84,8 @@ class AgentConfig(BaseModel):
     request_timeout_s: Seconds = 5.0
     #: Bound on draining the NATS connection at shutdown (nats-py's default of 30 s is too long).
     drain_timeout_s: Seconds = 2.0
-    #: Where each attempt gets its own directory (`<work_dir>/<host_id>/<task>.<attempt>`, the steps' TMPDIR);
-    #: never inside `spool_dir`, whose reports a step must not see.
+    #: Where each attempt gets its own directory, the steps' TMPDIR (`workspace.py`); never inside
+    #: `spool_dir`, whose reports a step must not see, nor around it (the agent clears it at start).
     work_dir: Path = Field(default_factory=default_work_dir)
     #: Run steps as this unprivileged user (and its primary group); None: as the agent's own user.
     step_user: UserName | None = None
