@@ -10,10 +10,14 @@ result. Output tails are 4 KiB, so each probe prints little.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import pwd
+import shutil
 import signal
 import stat
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -414,3 +418,29 @@ async def test_an_agent_refuses_a_step_user_that_does_not_exist(lab: AgentLab, t
     code, lines = await _refused(agent)
     assert code == 2
     assert [line["error"] for line in lines] == ["step_user 'no-such-user-devsched': no such user on this host"]
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv (util-linux) to drop a capability")
+async def test_an_agent_without_cap_kill_refuses_a_step_user(
+    lab: AgentLab, step_user: pwd.struct_passwd, reachable: Path
+) -> None:
+    # Root, but like a container that dropped CAP_KILL: it could start steps as the user, never stop them.
+    agent = AgentProcess(
+        lab.workdir / "nocap",
+        host_id=f"nocap-{lab.tag}",
+        devices=[],
+        nats_url=lab.plane.nats_url,
+        prefix=lab.prefix,
+        work_dir=reachable / "work",
+        step_user=step_user.pw_name,
+    )
+    command = ["setpriv", "--bounding-set", "-kill", "--", sys.executable, "-m", "devsched.agent.main"]
+    done = await asyncio.to_thread(
+        subprocess.run, [*command, "--config", str(agent.config_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 2, done.stderr
+    errors = [json.loads(line) for line in done.stderr.splitlines() if '"invalid agent config"' in line]
+    assert [e["error"] for e in errors] == [
+        f"step_user {step_user.pw_name!r}: the agent cannot run steps as another user without CAP_KILL "
+        "(run it as root, or grant those capabilities)"
+    ]
