@@ -11,7 +11,11 @@ import asyncio
 import contextlib
 import json
 import os
+import pwd
+import shutil
 import signal
+import subprocess
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -19,6 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from nats.aio.client import Client as NatsClient
 
 from support.polling import eventually
@@ -199,7 +204,7 @@ class AgentProcess:
         devices: list[dict[str, Any]],
         nats_url: str,
         prefix: str,
-        **options: float,
+        **options: Any,
     ) -> None:
         self.workdir = workdir
         self.host_id = host_id
@@ -222,10 +227,14 @@ class AgentProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text("\n".join(lines) + "\n")
 
-    def start(self) -> AgentProcess:
-        """Start a process of this agent (the config file, hence the spool, is the same every time)."""
+    def start(self, extra_env: Mapping[str, str] | None = None) -> AgentProcess:
+        """Start a process of this agent (the config file, hence the spool, is the same every time).
+
+        `extra_env` is added to the process's environment (secrets that steps must not see, overrides).
+        """
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}  # the file decides
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra_env or {})
         log = self.workdir / f"agent-{len(self.runs)}.log"
         process = ServiceProcess("devsched.agent.main", env, log, "--config", str(self.config_path))
         self.runs.append(process.start())
@@ -317,8 +326,17 @@ class AgentLab:
         """A gate file of this test."""
         return Gate(self.path(f"gate-{name}"))
 
-    def agent(self, *device_names: str, env: Mapping[str, str] | None = None, **options: float) -> AgentProcess:
-        """Start an agent with these devices (labelled with this lab's label); await `.ready()` next."""
+    def agent(
+        self,
+        *device_names: str,
+        env: Mapping[str, str] | None = None,
+        agent_env: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> AgentProcess:
+        """Start an agent with these devices (labelled with this lab's label); await `.ready()` next.
+
+        `env` is the devices' env in agent.toml, `agent_env` added to the agent process's own environment.
+        """
         host_id = f"h{len(self.agents)}-{self.tag}"
         devices = [
             {"device_id": self.device(name), "labels": self.label, "env": dict(env or {})} for name in device_names
@@ -331,7 +349,7 @@ class AgentLab:
             prefix=self.prefix,
             **options,
         )
-        self.agents.append(agent.start())
+        self.agents.append(agent.start(agent_env))
         return agent
 
     async def submit(self, steps: list[dict[str, Any]], **fields: Any) -> str:
@@ -431,3 +449,50 @@ def identity(attempt: Mapping[str, Any]) -> tuple[Any, ...]:
 def step_statuses(view: Mapping[str, Any]) -> list[tuple[str, str]]:
     """`(name, status)` of every step in the task's recorded result."""
     return [(s["name"], s["status"]) for s in view["result"]["steps"]]
+
+
+# -- step users ----------------------------------------------------------------------------------------
+
+#: The unprivileged user that the step-user tests run steps as (created once, idempotently).
+STEP_USER = "devsched-step"
+
+
+def ensure_step_user(name: str = STEP_USER) -> pwd.struct_passwd:
+    """The system user `name`, created with `useradd --system --no-create-home` if missing.
+
+    Skips the test unless it runs as root: only root can create the user and switch to it.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("step_user tests need root (to create a user and run steps as it); run them in CI as root")
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        pass
+    # Exit code 9: created meanwhile by a concurrent test run, which is as good.
+    done = subprocess.run(
+        ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode not in (0, 9):
+        pytest.fail(f"useradd {name} failed ({done.returncode}): {done.stderr.strip()}")
+    return pwd.getpwnam(name)
+
+
+@contextlib.contextmanager
+def step_user_dir(user: pwd.struct_passwd) -> Iterator[Path]:
+    """A root-owned 0755 directory under the system temp dir, with `marks/` that `user` owns.
+
+    pytest's tmp_path is under a 0700 directory that a step user cannot pass: such tests put the agent's
+    `work_dir` here (`<dir>/work`, which the agent creates) and let steps write markers in `<dir>/marks`.
+    """
+    path = Path(tempfile.mkdtemp(prefix="devsched-step-test-"))
+    try:
+        os.chmod(path, 0o755)
+        marks = path / "marks"
+        marks.mkdir(mode=0o755)
+        os.chown(marks, user.pw_uid, user.pw_gid)
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

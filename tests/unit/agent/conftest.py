@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,3 +40,12 @@ def make_runner() -> Callable[..., PlanRunner]:
 def _no_stray_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("DEVSCHED_NATS_URL", "DEVSCHED_SUBJECT_PREFIX", "DEVSCHED_NATS_CREDS"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def passable() -> Iterator[Path]:
+    """A 0755 directory under the system temp dir (pytest's tmp_path has a 0700 parent others cannot pass)."""
+    path = Path(tempfile.mkdtemp(prefix="devsched-agent-test-"))
+    os.chmod(path, 0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

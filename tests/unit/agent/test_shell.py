@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import time
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from devsched.agent.shell import OutputTail, shell
-from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, StepContext, StepStatus
+from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, StepContext, StepStatus, StepUser
 from support.polling import eventually
 
 from .helpers import IDENTITY, process_running, read_pid
@@ -24,6 +25,8 @@ def context(
     interrupt: asyncio.Event | None = None,
     device_env: dict[str, str] | None = None,
     grace: float = 0.5,
+    tmpdir: str | None = None,
+    user: StepUser | None = None,
 ) -> StepContext:
     return StepContext(
         args=args,
@@ -32,6 +35,8 @@ def context(
         interrupt=interrupt or asyncio.Event(),
         timeout_s=timeout_s,
         stop_grace_s=grace,
+        tmpdir=tmpdir,
+        user=user,
     )
 
 
@@ -62,7 +67,7 @@ async def test_step_sees_device_step_and_attempt_variables(tmp_path: Path, monke
     assert env["ANDROID_SERIAL"] == "33ab12"
     assert env["STEP_VAR"] == "step"
     assert env["SHARED"] == "step"
-    assert env["FROM_AGENT"] == "agent"
+    assert "FROM_AGENT" not in env  # the agent's own environment never reaches a step
 
 
 @pytest.mark.parametrize(("command", "status", "code"), [("true", "done", 0), ("exit 3", "failed", 3)])
@@ -189,3 +194,62 @@ async def test_cancelling_the_action_kills_the_group(tmp_path: Path) -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     await gone(pid)
+
+
+async def test_the_attempt_directory_is_tmpdir_and_the_default_cwd(tmp_path: Path) -> None:
+    result = await shell(context({"command": 'echo "$TMPDIR $(pwd)"'}, tmpdir=str(tmp_path)))
+    assert result.output_tail == f"{tmp_path} {tmp_path}\n"
+    other = tmp_path / "other"
+    other.mkdir()
+    result = await shell(context({"command": "pwd", "cwd": str(other)}, tmpdir=str(tmp_path)))
+    assert result.output_tail == f"{other}\n"  # an explicit cwd still wins
+
+
+@pytest.mark.parametrize(
+    ("env", "message"), [({"A=B": "x"}, "invalid variable name 'A=B'"), ({"A": "x\0"}, "contains a NUL byte")]
+)
+async def test_a_variable_that_cannot_be_in_an_environment_fails_the_step_by_name(
+    env: dict[str, str], message: str
+) -> None:
+    result = await shell(context({"command": "true", "env": env}))
+    assert result.status is StepStatus.FAILED
+    assert result.output_tail.startswith("cannot start the shell step: step env: ")
+    assert message in result.output_tail
+
+
+NOBODY = pwd.getpwnam("nobody")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="running a step as another user needs root")
+
+
+@as_root
+async def test_a_step_user_step_runs_with_that_uid_its_group_only_and_its_home(passable: Path) -> None:
+    os.chown(passable, NOBODY.pw_uid, NOBODY.pw_gid)
+    user = StepUser(NOBODY.pw_name, NOBODY.pw_uid, NOBODY.pw_gid, None)
+    command = 'echo "$(id -u) $(id -g) $(id -G) $HOME"; touch "$TMPDIR/mine"'
+    result = await shell(context({"command": command}, tmpdir=str(passable), user=user))
+    assert result.status is StepStatus.DONE, result.output_tail
+    assert result.output_tail == f"{NOBODY.pw_uid} {NOBODY.pw_gid} {NOBODY.pw_gid} {passable}\n"
+    assert os.stat(passable / "mine").st_uid == NOBODY.pw_uid
+    with_home = StepUser(NOBODY.pw_name, NOBODY.pw_uid, NOBODY.pw_gid, "/some/home")
+    result = await shell(context({"command": 'echo "$HOME"'}, tmpdir=str(passable), user=with_home))
+    assert result.output_tail == "/some/home\n"
+
+
+@as_root
+async def test_a_step_user_step_is_still_stopped_as_a_group(passable: Path) -> None:
+    os.chown(passable, NOBODY.pw_uid, NOBODY.pw_gid)
+    user = StepUser(NOBODY.pw_name, NOBODY.pw_uid, NOBODY.pw_gid, None)
+    pid_file = passable / "child"
+    interrupt = asyncio.Event()
+    command = f"sleep 600 & echo $! > {pid_file}; trap '' TERM; wait; sleep 600"
+    running = asyncio.create_task(
+        shell(context({"command": command}, interrupt=interrupt, tmpdir=str(passable), user=user, grace=0.3))
+    )
+    await eventually(lambda: read_pid(pid_file) is not None, timeout=10, message="child started")
+    child = read_pid(pid_file)
+    assert child is not None
+    assert os.stat(f"/proc/{child}").st_uid == NOBODY.pw_uid
+    interrupt.set()
+    result = await asyncio.wait_for(running, 10)
+    assert result.status is StepStatus.INTERRUPTED
+    await gone(child)

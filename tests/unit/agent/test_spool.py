@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 from pathlib import Path
 
 import pytest
 
-from devsched.agent.spool import Spool, SpoolLocked, report_key
+from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, report_key
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +106,46 @@ def test_keys_cannot_escape_the_directory(tmp_path: Path, key: str) -> None:
 def test_the_directory_is_created(tmp_path: Path) -> None:
     Spool(tmp_path / "a" / "b")
     assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_the_spool_is_private_to_the_agent(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    spool.lock()
+    try:
+        spool.put("t.1", b"x")
+        spool.reject("t.1", "why")
+        assert stat.S_IMODE(os.stat(tmp_path / "spool").st_mode) == 0o700
+        assert stat.S_IMODE(os.stat(tmp_path / "spool" / "rejected").st_mode) == 0o700
+        for path in [tmp_path / "spool" / ".lock", *(tmp_path / "spool" / "rejected").iterdir()]:
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600, path
+    finally:
+        spool.unlock()
+
+
+def test_lock_tightens_a_spool_left_open_by_an_older_agent(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    (directory / "rejected").mkdir(parents=True)
+    (directory / "t.1.json").write_text("{}")
+    (directory / "rejected" / "t.0.json").write_text("{}")
+    os.chmod(directory, 0o755)
+    os.chmod(directory / "rejected", 0o777)
+    os.chmod(directory / "t.1.json", 0o644)
+    os.chmod(directory / "rejected" / "t.0.json", 0o666)
+    spool = Spool(directory)
+    spool.lock()
+    spool.unlock()
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(directory / "rejected").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(directory / "t.1.json").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(directory / "rejected" / "t.0.json").st_mode) == 0o600
+    assert [p.body for p in spool.pending()] == [b"{}"]  # nothing lost
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another user needs root")
+def test_a_spool_owned_by_another_user_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    nobody = pwd.getpwnam("nobody")
+    os.chown(directory, nobody.pw_uid, nobody.pw_gid)
+    with pytest.raises(SpoolUnsafe, match="is not a directory owned by the agent's user"):
+        Spool(directory).lock()

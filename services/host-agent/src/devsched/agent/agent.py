@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
@@ -40,9 +41,16 @@ from devsched.agent.actions import ActionRegistry, default_registry
 from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
 from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
-from devsched.agent.config import AgentConfig, DeviceConfig
+from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.reporter import Reporter
-from devsched.agent.spool import Spool, SpooledReport, SpoolLocked
+from devsched.agent.spool import Spool, SpooledReport, SpoolLocked, SpoolUnsafe
+from devsched.agent.workspace import (
+    Workspace,
+    WorkspaceLocked,
+    check_secret_files,
+    resolve_step_user,
+    workspace_name,
+)
 from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode
@@ -101,6 +109,7 @@ class Agent:
         self._register_lock = asyncio.Lock()
         self._client: HostClient | None = None
         self._reporter: Reporter | None = None
+        self._workspace: Workspace | None = None
         #: Set once registered, for tests and health checks.
         self.registered = asyncio.Event()
         #: Set once bound to the assignments consumer.
@@ -112,10 +121,19 @@ class Agent:
         """Run until `stop` is set, then shut down gracefully; returns the exit code."""
         with bind(host_id=self.config.host_id):
             try:
+                self._workspace = await asyncio.to_thread(self._confine)
+            except ConfigError as exc:
+                logger.error("invalid agent config", extra={"error": str(exc)})
+                return 2
+            except (OSError, WorkspaceLocked) as exc:
+                logger.error("cannot use the work directory", extra={"error": str(exc)})
+                return 1
+            try:
                 spool = await asyncio.to_thread(Spool, self.config.spool_dir)
                 await asyncio.to_thread(spool.lock)
-            except (OSError, SpoolLocked) as exc:
+            except (OSError, SpoolLocked, SpoolUnsafe) as exc:
                 logger.error("cannot use the spool directory", extra={"error": str(exc)})
+                self._workspace.close()
                 return 1
             access = self.config.nats_access()  # files only: the agent's URL carries no secret
             try:
@@ -146,13 +164,38 @@ class Agent:
                 )
             except Stopped:
                 spool.unlock()
+                self._workspace.close()
                 return 0
             try:
                 await self._serve_connected(nc, spool, stop)
             finally:
                 await close_nats(nc)
                 spool.unlock()
+                self._workspace.close()
             return 0
+
+    def _confine(self) -> Workspace:
+        """Check who steps run as and what they could read, then take the work directory (blocking).
+
+        Raises:
+            ConfigError: `step_user` cannot be used, a secret file is open to it, or `work_dir` is unsafe.
+            WorkspaceLocked: another agent of this host holds the work directory.
+            OSError: the work directory cannot be created.
+        """
+        config = self.config
+        user = resolve_step_user(config.step_user) if config.step_user is not None else None
+        for warning in check_secret_files(config, user):
+            logger.warning("credentials file open to other users", extra={"error": warning})
+        if user is None and os.geteuid() == 0:
+            logger.warning("steps run as root: set step_user in agent.toml to run them as an unprivileged user")
+        workspace = Workspace(config.work_dir, workspace_name(config.host_id, config.spool_dir), user)
+        removed = workspace.open()
+        if removed:
+            logger.warning(
+                "removed attempt directories left by an earlier agent",
+                extra={"path": str(workspace.directory), "removed": " ".join(removed)},
+            )
+        return workspace
 
     async def _serve_connected(self, nc: Client, spool: Spool, stop: asyncio.Event) -> None:
         client = HostClient(nc, self.subjects, self.config.host_id, timeout_s=self.config.request_timeout_s)
@@ -353,6 +396,7 @@ class Agent:
             stop_grace_s=self.config.stop_grace_s,
             request_timeout_s=self.config.request_timeout_s,
             received_at=delivery.received_at,
+            workspace=self._workspace,
         )
         span = tracer().start_as_current_span(
             f"run attempt {delivery.assignment.attempt}",

@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from enum import StrEnum
+from pathlib import Path
 
 from devsched.agent.actions import ActionRegistry
 from devsched.agent.backoff import backoff_delay, retry_after
@@ -14,10 +15,12 @@ from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
 from devsched.agent.reporter import Reporter
-from devsched.agent.runner import PlanRunner, Progress, RunResult
+from devsched.agent.runner import PlanRunner, Progress, RunResult, StepReport
 from devsched.agent.spool import SpooledReport
-from devsched.agent.steps import RunIdentity
+from devsched.agent.steps import RunIdentity, StepStatus
 from devsched.agent.stop import StopReason, StopSignal
+from devsched.agent.workspace import Workspace
+from devsched.core.status import Outcome
 from devsched.protocol import messages as wire
 
 logger = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ class ClaimOutcome(StrEnum):
 
 
 AttemptKey = tuple[str, int]
+
+#: Tries at removing an attempt's directory: a step killed at the same moment may still be writing to it.
+_REMOVE_TRIES = 3
+_REMOVE_RETRY_S = 0.1
 
 
 def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest:
@@ -74,6 +81,7 @@ class Attempt:
         stop_grace_s: float,
         request_timeout_s: float,
         received_at: float | None = None,
+        workspace: Workspace | None = None,
     ) -> None:
         self.assignment = assignment
         self.device = device
@@ -82,6 +90,7 @@ class Attempt:
         self._registry = registry
         self._stop_grace_s = stop_grace_s
         self._request_timeout_s = request_timeout_s
+        self._workspace = workspace
         self.stop = StopSignal()
         self.keeper = LeaseKeeper(
             self._renew_call,
@@ -146,7 +155,37 @@ class Attempt:
         return ClaimOutcome.GAVE_UP
 
     async def run(self) -> RunResult:
-        """Run the plan while the keeper renews the lease."""
+        """Run the plan while the keeper renews the lease, in a directory of the attempt's own.
+
+        The directory exists before the first step and is gone when this returns or is cancelled, whatever
+        the outcome (an agent killed outright leaves it to the next start, which clears it).
+        """
+        a = self.assignment
+        workdir: Path | None = None
+        if self._workspace is not None:
+            try:
+                workdir = await asyncio.to_thread(self._workspace.create, str(a.task_id), a.attempt)
+            except (OSError, ValueError) as exc:
+                logger.error("cannot create the attempt's directory", extra={**self.log_fields(), "error": str(exc)})
+                return self._not_run(f"cannot create the attempt's directory: {exc}")
+        try:
+            result = await self._run_in(workdir)
+        finally:
+            if workdir is not None:
+                await self._remove(workdir)
+        logger.info(
+            "attempt ended", extra={**self.log_fields(), "outcome": result.outcome.value, "reason": result.reason}
+        )
+        return result
+
+    def _not_run(self, reason: str) -> RunResult:
+        skipped = tuple(
+            StepReport(step.name, StepStatus.SKIPPED, None, None, None, f"skipped: {reason}")
+            for step in self.assignment.plan.steps
+        )
+        return RunResult(Outcome.FAILED, reason, skipped)
+
+    async def _run_in(self, workdir: Path | None) -> RunResult:
         a = self.assignment
         identity = RunIdentity(
             task_id=str(a.task_id), attempt=a.attempt, lease_id=str(a.lease_id), device_id=a.device_id
@@ -160,17 +199,25 @@ class Attempt:
             device_env=self.device.env,
             registry=self._registry,
             stop_grace_s=self._stop_grace_s,
+            tmpdir=None if workdir is None else str(workdir),
+            user=None if self._workspace is None else self._workspace.user,
         )
         keeping = asyncio.create_task(self.keeper.run())
         try:
-            result = await runner.run()
+            return await runner.run()
         finally:
             self.keeper.close()
             await keeping
-        logger.info(
-            "attempt ended", extra={**self.log_fields(), "outcome": result.outcome.value, "reason": result.reason}
-        )
-        return result
+
+    async def _remove(self, workdir: Path) -> None:
+        assert self._workspace is not None
+        # In a thread, which finishes even if this task is cancelled meanwhile.
+        for attempt in range(_REMOVE_TRIES):
+            if await asyncio.to_thread(self._workspace.remove, workdir):
+                return
+            if attempt + 1 < _REMOVE_TRIES:
+                await asyncio.sleep(_REMOVE_RETRY_S)
+        logger.warning("attempt directory left behind", extra={**self.log_fields(), "path": str(workdir)})
 
     async def spool(self, result: RunResult) -> SpooledReport:
         """Write the report to the spool; delivering it is the caller's (it may take a long outage)."""

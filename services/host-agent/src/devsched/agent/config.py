@@ -16,10 +16,15 @@ the other services read), and so do `DEVSCHED_NATS_NKEY_SEED`, `DEVSCHED_NATS_US
 
 The agent's credentials are files only: every step the agent runs inherits its environment, so a
 `nats_url` with a user, password or token in it (from the file or the environment) is refused at start.
+
+Optional confinement of steps: `work_dir` (default `devsched-agent` under the system temp dir) and
+`step_user` (an unprivileged user steps run as; checked at the agent's start, `workspace.py`).
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any
@@ -41,6 +46,13 @@ URL_CREDENTIALS_REFUSED = (
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
 #: A duration in seconds: finite and > 0.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+#: A user name as useradd accepts it (no uid numbers: a name is what an operator reads in the config).
+UserName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")]
+
+
+def default_work_dir() -> Path:
+    """`devsched-agent` under the system's temporary directory: where attempts' directories go by default."""
+    return Path(tempfile.gettempdir()) / "devsched-agent"
 
 
 class ConfigError(Exception):
@@ -104,6 +116,12 @@ class AgentConfig(BaseModel):
     #: Name to verify in the NATS server's certificate when it differs from the URL's host.
     nats_tls_hostname: str | None = None
 
+    #: Where each attempt gets its own directory, the steps' TMPDIR (`workspace.py`); never inside
+    #: `spool_dir`, whose reports a step must not see, nor around it (the agent clears it at start).
+    work_dir: Path = Field(default_factory=default_work_dir)
+    #: Run steps as this unprivileged user (and its primary group); None: as the agent's own user.
+    step_user: UserName | None = None
+
     @field_validator("nats_url")
     @classmethod
     def _no_credentials_in_url(cls, url: str) -> str:
@@ -141,6 +159,14 @@ class AgentConfig(BaseModel):
                 raise ValueError(f"duplicate device_id {device.device_id!r}")
             seen.add(device.device_id)
         return devices
+
+    @model_validator(mode="after")
+    def _work_dir_apart_from_spool(self) -> AgentConfig:
+        # The agent clears its work directory at start: one inside the other would lose reports or expose them.
+        work, spool = Path(os.path.abspath(self.work_dir)), Path(os.path.abspath(self.spool_dir))
+        if work == spool or spool in work.parents or work in spool.parents:
+            raise ValueError(f"work_dir {self.work_dir} and spool_dir {self.spool_dir} must not contain each other")
+        return self
 
     def device(self, device_id: str) -> DeviceConfig | None:
         """The configured device with this id, if any."""

@@ -33,6 +33,7 @@ from devsched.agent.steps import (
     RunIdentity,
     StepContext,
     StepStatus,
+    StepUser,
 )
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
@@ -140,6 +141,8 @@ class PlanRunner:
         registry: ActionRegistry | None = None,
         stop_grace_s: float = 5.0,
         now: Callable[[], datetime] = utc_now,
+        tmpdir: str | None = None,
+        user: StepUser | None = None,
     ) -> None:
         self._steps = tuple(steps)
         self._identity = identity
@@ -150,6 +153,8 @@ class PlanRunner:
         self._registry = registry if registry is not None else default_registry()
         self._stop_grace_s = stop_grace_s
         self._now = now
+        self._tmpdir = tmpdir
+        self._user = user
         #: The first step failure that happened before any stop: the run's cause, if it is one.
         self._failure: str | None = None
         #: Failures after the first cause, for the reason.
@@ -247,6 +252,8 @@ class PlanRunner:
             interrupt=interrupt,
             timeout_s=step.timeout_s,
             stop_grace_s=self._stop_grace_s,
+            tmpdir=self._tmpdir,
+            user=self._user,
         )
         backstop = asyncio.timeout(step.timeout_s + 2 * self._stop_grace_s + BACKSTOP_S)
         try:

@@ -8,6 +8,10 @@ must be free of the previous attempt's work before the next one starts.
 Output goes to a pipe that the agent owns (not an asyncio subprocess pipe): in Python 3.11
 `Process.wait()` waits for the subprocess pipes to close, so a background process holding stdout
 would hang it. Here the exit and the end of output are awaited separately, each bounded.
+
+The step's environment is built by `step_env.step_environment` (never the agent's own), and with a step
+user its processes run as that user and its primary group (no supplementary groups). The agent stays
+able to signal them: it keeps CAP_KILL (root has it), which `workspace.resolve_step_user` checks at start.
 """
 
 from __future__ import annotations
@@ -17,9 +21,12 @@ import contextlib
 import os
 import signal
 import subprocess
+import tempfile
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from devsched.agent.step_env import StepEnvError, step_environment
 from devsched.agent.steps import (
     OUTPUT_TAIL_BYTES,
     ActionResult,
@@ -46,7 +53,7 @@ class ShellArgs(BaseModel):
     command: str = Field(min_length=1)
     #: Added to the environment (over the device's env; the DEVSCHED_* variables win).
     env: dict[str, str] = Field(default_factory=dict)
-    #: Working directory; the agent's own when absent.
+    #: Working directory; the attempt's own directory (TMPDIR) when absent.
     cwd: str | None = None
 
 
@@ -102,8 +109,10 @@ def group_alive(pgid: int) -> bool:
     """
     try:
         os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
+    except ProcessLookupError:
         return False
+    except PermissionError:
+        pass  # the group exists but is another user's (a step user, an agent without CAP_KILL): /proc decides
     if not os.path.isdir(_PROC):
         return True
     return _live_member_in_proc(pgid)
@@ -150,7 +159,21 @@ async def _supervise(process: asyncio.subprocess.Process, ctx: StepContext) -> S
 async def shell(ctx: StepContext) -> ActionResult:
     """Run `args.command` with `/bin/sh -c`; see the module docstring for how it is stopped."""
     args = parse_args(ShellArgs, "shell", ctx.args)
-    env = {**os.environ, **ctx.device_env, **args.env, **ctx.identity.env()}
+    tmpdir = ctx.tmpdir or tempfile.gettempdir()
+    try:
+        env = step_environment(
+            os.environ,
+            tmpdir=tmpdir,
+            device_env=ctx.device_env,
+            step_env=args.env,
+            identity_env=ctx.identity.env(),
+            home=None if ctx.user is None else (ctx.user.home or tmpdir),
+        )
+    except StepEnvError as exc:
+        return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")
+    as_user: dict[str, Any] = {}
+    if ctx.user is not None:
+        as_user = {"user": ctx.user.uid, "group": ctx.user.gid, "extra_groups": []}
     read_fd, write_fd = os.pipe()
     try:
         process = await asyncio.create_subprocess_exec(
@@ -161,8 +184,9 @@ async def shell(ctx: StepContext) -> ActionResult:
             stdout=write_fd,
             stderr=write_fd,
             env=env,
-            cwd=args.cwd,
+            cwd=args.cwd if args.cwd is not None else ctx.tmpdir,
             start_new_session=True,
+            **as_user,
         )
     except OSError as exc:
         os.close(read_fd)

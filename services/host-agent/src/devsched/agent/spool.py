@@ -6,6 +6,10 @@ spool resends them, byte for byte, before it takes new work. A report is removed
 answered it (recorded, duplicate, or a 409 that makes it moot). A report the scheduler can never accept
 (it fails the schema, or is too large) is moved to `rejected/` for an operator: never lost silently.
 
+The spool is the agent's alone: the directory is 0700 and its files 0600, owned by the agent's user (a
+step, which may run as another user, must not read the reports of other tasks). `lock` tightens a
+spool left looser by an older agent and refuses one owned by another user.
+
 The methods do blocking file I/O on small files; call them from a thread in async code.
 """
 
@@ -15,6 +19,7 @@ import contextlib
 import fcntl
 import os
 import re
+import stat
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +74,19 @@ class SpoolLocked(Exception):
     """Another process (another agent) holds the spool."""
 
 
+class SpoolUnsafe(Exception):
+    """The spool directory is not the agent's own (another user owns it, or it is not a directory)."""
+
+
+def _tighten(path: Path, mode: int) -> None:
+    """Make `path` (not followed if a symlink) no more open than `mode`."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return
+    if stat.S_IMODE(st.st_mode) & ~mode:
+        os.chmod(path, stat.S_IMODE(st.st_mode) & mode)
+
+
 class Spool:
     """A directory of pending reports, one file per key.
 
@@ -78,7 +96,7 @@ class Spool:
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._lock_fd: int | None = None
 
     def lock(self) -> None:
@@ -86,7 +104,9 @@ class Spool:
 
         Raises:
             SpoolLocked: another process holds it.
+            SpoolUnsafe: it is not a directory owned by this process's user.
         """
+        self._secure()
         fd = os.open(self.directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -98,6 +118,17 @@ class Spool:
         for leftover in self.directory.glob(f".*{_TMP_SUFFIX}"):
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
+
+    def _secure(self) -> None:
+        st = os.lstat(self.directory)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            raise SpoolUnsafe(f"spool {self.directory} is not a directory owned by the agent's user ({os.geteuid()})")
+        _tighten(self.directory, 0o700)
+        for path in self.directory.iterdir():
+            _tighten(path, 0o700 if path.is_dir() else 0o600)
+            if path.name == REJECTED and path.is_dir() and not path.is_symlink():
+                for inner in path.iterdir():
+                    _tighten(inner, 0o600)
 
     def unlock(self) -> None:
         """Release the lock taken by `lock`."""
@@ -148,7 +179,7 @@ class Spool:
         """Move the report under `key` to `rejected/`, with `why` beside it; None if it was gone."""
         source = self._path(key)
         target_dir = self.directory / REJECTED
-        target_dir.mkdir(exist_ok=True)
+        target_dir.mkdir(mode=0o700, exist_ok=True)
         target = target_dir / source.name
         try:
             os.replace(source, target)

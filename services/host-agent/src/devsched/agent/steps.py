@@ -65,6 +65,18 @@ class RunIdentity:
 
 
 @dataclass(frozen=True, slots=True)
+class StepUser:
+    """The unprivileged user that steps run as (`step_user` in agent.toml), resolved at the agent's start."""
+
+    name: str
+    uid: int
+    #: Its primary group: the step's only group (no supplementary groups are kept).
+    gid: int
+    #: Its home directory when that exists; None gives the step the per-attempt directory as `HOME`.
+    home: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class StepContext:
     """Everything an action gets for one step."""
 
@@ -79,6 +91,10 @@ class StepContext:
     timeout_s: float
     #: Time between SIGTERM and SIGKILL when a process group is stopped.
     stop_grace_s: float
+    #: The attempt's own directory (`TMPDIR`, the default `cwd`); None outside an attempt (the system's).
+    tmpdir: str | None = None
+    #: Who the step's processes run as; None: the agent's own user.
+    user: StepUser | None = None
 
 
 @dataclass(frozen=True, slots=True)
