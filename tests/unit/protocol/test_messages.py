@@ -245,6 +245,16 @@ def test_builtin_args_are_typed_and_plugin_args_are_free() -> None:
     assert PLAN.steps[3].builtin_args() is None
 
 
+@pytest.mark.parametrize(
+    ("env", "what"), [({"A=B": "1"}, "'A=B'"), ({"": "1"}, "''"), ({"A\0": "1"}, "NUL"), ({"A": "x\0y"}, "NUL byte")]
+)
+def test_a_shell_env_the_agent_could_not_set_is_refused_at_submit(env: dict[str, str], what: str) -> None:
+    body = {"plan": {"steps": [{"name": "a", "action": "shell", "args": {"command": "true", "env": env}}]}}
+    with pytest.raises(InvalidRequest) as err:
+        decode(m.SubmitRequest, json.dumps(body).encode())
+    assert what in err.value.details["errors"][0]["message"]
+
+
 def test_progress_index_must_be_below_of() -> None:
     with pytest.raises(ValidationError, match="index must be below of"):
         m.Progress(step="a", index=2, of=2)

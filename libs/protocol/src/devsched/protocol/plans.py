@@ -23,7 +23,19 @@ class ShellArgs(RequestModel):
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables, on top of the device's `env` and the `DEVSCHED_*` ones."""
     cwd: str | None = None
-    """Working directory; the agent's own when null."""
+    """Working directory; the attempt's own directory when null."""
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        # The agent could not set such a variable (the kernel splits a name at "=", NUL ends it): refused
+        # at submit rather than failing the step on the device.
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"environment variable name {name!r} is empty or holds '=' or NUL")
+            if "\0" in value:
+                raise ValueError(f"environment variable {name!r} holds a NUL byte")
+        return env
 
 
 class SleepArgs(RequestModel):
