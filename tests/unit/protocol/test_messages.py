@@ -267,6 +267,9 @@ def test_heartbeat_reply_is_the_register_reply() -> None:
 
 # -- properties ------------------------------------------------------------------------------------------
 
+#: What an environment can hold: a name without "=" or NUL, a value without NUL.
+_env_names = st.text(min_size=1).filter(lambda n: "=" not in n and "\0" not in n)
+_env_values = st.text().filter(lambda v: "\0" not in v)
 _json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
 _json_values = st.recursive(
     _json_scalars,
@@ -282,7 +285,7 @@ def _steps(draw: st.DrawFn, name: str) -> dict[str, Any]:
     kind = draw(st.sampled_from(["shell", "sleep", "noop", "plugin"]))
     args: dict[str, Any]
     if kind == "shell":
-        args = {"command": draw(st.text(min_size=1)), "env": draw(st.dictionaries(st.text(), st.text(), max_size=3))}
+        args = {"command": draw(st.text(min_size=1)), "env": draw(st.dictionaries(_env_names, _env_values, max_size=3))}
         action = "shell"
     elif kind == "sleep":
         args, action = {"seconds": draw(_seconds | st.integers(1, 10**6))}, "sleep"
