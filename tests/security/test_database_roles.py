@@ -91,9 +91,7 @@ async def privileges(admin: asyncpg.Connection) -> dict[str, Any]:
         "SELECT c.relname, a.grantee::regrole::text AS grantee, a.privilege_type"
         " FROM pg_class c, aclexplode(c.relacl) a WHERE c.relkind = 'S' ORDER BY 1, 2, 3"
     )
-    database = await admin.fetchval(
-        "SELECT datacl::text FROM pg_database WHERE datname = current_database()"
-    )
+    database = await admin.fetchval("SELECT datacl::text FROM pg_database WHERE datname = current_database()")
     schema = await admin.fetchval("SELECT nspacl::text FROM pg_namespace WHERE nspname = 'public'")
     return {
         "tables": [tuple(r) for r in tables],
@@ -126,7 +124,7 @@ async def test_the_sweepers_role_cannot_rewrite_a_plan_delete_or_touch_hosts(
     try:
         for statement in (
             # a new plan would run on a host: only the columns a sweep writes are granted
-            "UPDATE tasks SET plan = '{\"steps\": [{\"name\": \"x\", \"action\": \"shell\"}]}'",
+            'UPDATE tasks SET plan = \'{"steps": [{"name": "x", "action": "shell"}]}\'',
             "UPDATE tasks SET priority = 1000",
             "DELETE FROM tasks",
             "DELETE FROM outbox",
@@ -399,9 +397,7 @@ async def sessions_of(stack: Stack) -> set[tuple[str, str]]:
     return {(r["usename"], r["application_name"]) for r in rows}
 
 
-async def test_the_stack_runs_a_task_to_done_with_each_service_as_its_own_role(
-    stack: Stack, tmp_path: Path
-) -> None:
+async def test_the_stack_runs_a_task_to_done_with_each_service_as_its_own_role(stack: Stack, tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     plan.write_text("steps:\n  - {name: hello, action: shell, args: {command: echo hi}}\n")
     result = await asyncio.to_thread(

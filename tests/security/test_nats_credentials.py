@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,10 +23,10 @@ import pytest
 from devsched.agent.config import URL_CREDENTIALS_REFUSED
 from devsched.client import Client
 from devsched.client.errors import NatsUnreachable
-from devsched.embedded import free_port, nats_server_binary, parent_death_hook
 from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
 from devsched.service.settings import ServiceSettings, SettingsError, build_parser, settings_from
 from support.scheduler_harness import ServiceProcess, service_env
+from support.secured_nats import configured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -60,46 +59,9 @@ def secured_nats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secrets]:
     public = nkeys.from_seed(bytearray(seed)).public_key.decode()
     (files / "nkey.seed").write_bytes(seed + b"\n")
     users = ",\n".join(f'    {{"user": "{u}", "password": "{p}"}}' for u, p in PASSWORDS.items())
-    port = free_port()
-    conf = root / "nats.conf"
-    conf.write_text(
-        "{\n"
-        f'  "host": "127.0.0.1", "port": {port},\n'
-        f'  "jetstream": {{"store_dir": "{root / "js"}"}},\n'
-        f'  "authorization": {{"users": [\n{users},\n    {{"nkey": "{public}"}}\n  ]}}\n'
-        "}\n"
-    )
-    log = (root / "nats.log").open("wb")
-    proc = subprocess.Popen(
-        [str(nats_server_binary()), "-c", str(conf)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=parent_death_hook(signal.SIGKILL),
-    )
-    try:
-        _wait_for_port(port, proc)
-        yield Secrets(f"127.0.0.1:{port}", files, files / "nkey.seed")
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-        log.close()
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    import socket
-    import time
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "nats-server exited"
-        with socket.socket() as sock:
-            sock.settimeout(0.2)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nats-server did not listen on {port}")
+    auth = f'  "authorization": {{"users": [\n{users},\n    {{"nkey": "{public}"}}\n  ]}}'
+    with configured_nats(root / "server", auth) as address:
+        yield Secrets(address, files, files / "nkey.seed")
 
 
 def _clean_env() -> dict[str, str]:
@@ -295,7 +257,16 @@ def test_service_settings_that_do_not_fit_together_exit_with_one_line(fields: di
 
 def test_the_cli_refuses_a_user_without_a_password_file_with_one_line(secured_nats: Secrets) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "devsched.client", "--nats-url", f"nats://{secured_nats.address}", "--user", "u", "hosts"],  # noqa: E501
+        [
+            sys.executable,
+            "-m",
+            "devsched.client",
+            "--nats-url",
+            f"nats://{secured_nats.address}",
+            "--user",
+            "u",
+            "hosts",
+        ],
         env=_clean_env(),
         capture_output=True,
         text=True,

@@ -170,7 +170,7 @@ async def test_a_step_sees_exactly_the_allowed_variables_and_a_tmpdir_of_its_att
         nats_creds=secrets.creds,
         work_dir=work_dir,
     ).ready()
-    dump = shell("dump", f"{ENV_DUMP}; {TMPDIR_PROBE}; echo kept > \"$TMPDIR/kept\"")
+    dump = shell("dump", f'{ENV_DUMP}; {TMPDIR_PROBE}; echo kept > "$TMPDIR/kept"')
     dump["args"]["env"] = {"STEP_VAR": "from-step"}
     task_id = await lab.submit(
         [dump, shell("second", 'cat "$TMPDIR/kept"; echo "tmpdir:second=$TMPDIR"')], lease_ttl_s=TTL_S
@@ -318,7 +318,7 @@ PROBES = (
     "touch {spool}/planted.json 2>/dev/null && echo spool:WRITTEN || echo spool:unwritable; "
     "cat /proc/$PPID/environ >/dev/null 2>&1 && echo environ:READ || echo environ:denied; "
     "tr '\\0' '\\n' < /proc/$PPID/environ 2>&1 | head -c 200; echo; "
-    'kill -0 $PPID 2>/dev/null && echo agent:SIGNALLABLE || echo agent:unsignallable; '
+    "kill -0 $PPID 2>/dev/null && echo agent:SIGNALLABLE || echo agent:unsignallable; "
     f"{TMPDIR_PROBE}"
 )
 

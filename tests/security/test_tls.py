@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -26,12 +25,13 @@ import trustme
 
 from devsched.client import Client
 from devsched.client.errors import NatsUnreachable
-from devsched.embedded import PostgresServer, free_port, nats_server_binary, parent_death_hook
+from devsched.embedded import PostgresServer
 from devsched.embedded.postgres_server import FAST_SETTINGS
 from devsched.protocol.tls import NatsAccess, TlsConfigError, client_tls_context
 from devsched.store.engine import DatabaseTlsError, ssl_connect_arg
 from support.polling import eventually
 from support.scheduler_harness import ServiceProcess, service_env
+from support.secured_nats import configured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -89,47 +89,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 def tls_nats(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A nats-server with JetStream that requires TLS and a client certificate; yields `127.0.0.1:port`."""
     root = tmp_path_factory.mktemp("tls-nats")
-    port = free_port()
-    conf = root / "nats.conf"
-    conf.write_text(
-        "{\n"
-        f'  "host": "127.0.0.1", "port": {port},\n'
-        f'  "jetstream": {{"store_dir": "{root / "js"}"}},\n'
+    tls = (
         f'  "tls": {{"cert_file": "{pki.server_cert}", "key_file": "{pki.server_key}",\n'
-        f'          "ca_file": "{pki.ca}", "verify": true, "timeout": 2}}\n'
-        "}\n"
+        f'          "ca_file": "{pki.ca}", "verify": true, "timeout": 2}}'
     )
-    log = (root / "nats.log").open("wb")
-    proc = subprocess.Popen(
-        [str(nats_server_binary()), "-c", str(conf)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=parent_death_hook(signal.SIGKILL),
-    )
-    try:
-        _wait_for_port(port, proc)
-        yield f"127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-        log.close()
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    import socket
-    import time
-
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "nats-server exited"
-        with socket.socket() as sock:
-            sock.settimeout(0.2)
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"nats-server did not listen on {port}")
+    with configured_nats(root, tls) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -389,9 +354,7 @@ def test_migrate_over_plain_text_is_refused_by_the_server(tls_postgres: Postgres
     assert "no pg_hba.conf entry" in result.stderr or "rejected" in result.stderr, result.stderr
 
 
-def test_migrate_presents_a_client_certificate_where_postgres_wants_one(
-    tls_postgres: PostgresServer, pki: Pki
-) -> None:
+def test_migrate_presents_a_client_certificate_where_postgres_wants_one(tls_postgres: PostgresServer, pki: Pki) -> None:
     url = f"postgresql+asyncpg://postgres@127.0.0.1:{tls_postgres.port}/devsched_cert"
     without = _devsched("migrate", "--database-url", url, "--database-ssl-root-cert", str(pki.ca))
     assert without.returncode != 0, without

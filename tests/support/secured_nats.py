@@ -86,32 +86,42 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout
 
 
 @contextmanager
-def secured_nats(directory: Path) -> Iterator[SecuredNats]:
-    """Run a nats-server with the deploy accounts on a free loopback port, its files under `directory`."""
-    (directory / "devsched").mkdir(parents=True)
-    (directory / "devsched" / "accounts.conf").write_text(accounts_text())
+def configured_nats(directory: Path, config: str = "") -> Iterator[str]:
+    """A nats-server on a free loopback port, JetStream under `directory`, with `config` (lines of the
+    server's configuration, such as `tls {...}` or an include) added; yields `host:port` once it listens.
+    Stopped by its pid."""
+    directory.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = directory / "nats.conf"
     conf.write_text(
         "{\n"
         f'  "host": "127.0.0.1", "port": {port},\n'
         f'  "jetstream": {{"store_dir": "{directory / "js"}"}},\n'
-        "  include ./devsched/accounts.conf;\n"
+        f"{config}\n"
         "}\n"
     )
-    log = (directory / "nats.log").open("wb")
-    proc = subprocess.Popen(
-        [str(nats_server_binary()), "-c", str(conf)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        preexec_fn=parent_death_hook(signal.SIGKILL),
-    )
+    log_path = directory / "nats.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(nats_server_binary()), "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=parent_death_hook(signal.SIGKILL),
+        )
     try:
-        _wait_listening(port, proc, directory / "nats.log")
-        yield SecuredNats(f"127.0.0.1:{port}")
+        _wait_listening(port, proc, log_path)
+        yield f"127.0.0.1:{port}"
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
-        log.close()
+
+
+@contextmanager
+def secured_nats(directory: Path) -> Iterator[SecuredNats]:
+    """Run a nats-server with the deploy accounts on a free loopback port, its files under `directory`."""
+    (directory / "devsched").mkdir(parents=True)
+    (directory / "devsched" / "accounts.conf").write_text(accounts_text())
+    with configured_nats(directory, "  include ./devsched/accounts.conf;") as address:
+        yield SecuredNats(address)
