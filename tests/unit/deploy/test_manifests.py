@@ -11,7 +11,6 @@ a renamed setting fails here rather than silently at deploy time.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import os
 import re
 import shutil
@@ -20,7 +19,6 @@ import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -35,6 +33,7 @@ from devsched.protocol.subjects import HOST_ENDPOINT_VERBS, HostVerb, Subjects
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ENV_PREFIX, ServiceSettings
 from devsched.sweeper.app import SweeperSettings
+from support.secured_nats import host_user_module
 
 pytestmark = pytest.mark.unit
 
@@ -635,17 +634,7 @@ def test_network_policies_allow_no_ingress_and_only_nats_postgres_and_dns_egress
 # -- NATS --------------------------------------------------------------------------------------------------------
 
 
-def _load_host_user() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("deploy_nats_host_user", DEPLOY / "nats" / "host_user.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-host_user = _load_host_user()
+host_user = host_user_module()
 
 
 def _quoted(text: str) -> list[str]:
@@ -870,12 +859,8 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 
 def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
     devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
-    exported = dict(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    exports = {
-        (kind, subject)
-        for subject, kind in ((s, k) for k, s in re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    }
-    assert len(exports) == 9, exported
+    exports = set(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
+    assert len(exports) == 9, exports
     for kind, subject, _ in host_user.host_imports("bench-07"):
         assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
     # a pull is answered by many messages, so its export must say so
