@@ -85,7 +85,8 @@ class Secrets:
         tag = uuid.uuid4().hex
         #: In the agent's environment only.
         self.sentinel = f"s3cr3t-env-{tag}"
-        #: The password in the agent's DEVSCHED_NATS_URL (the test server has no auth: any password passes).
+        #: A password in a URL in the agent's environment (the agent itself refuses credentials in its own
+        #: DEVSCHED_NATS_URL, so this stands for whatever else an agent's environment may carry).
         self.password = f"s3cr3t-pw-{tag}"
         #: In the credentials file only.
         self.creds_secret = f"s3cr3t-creds-{tag}"
@@ -93,7 +94,8 @@ class Secrets:
         host_port = nats_url.split("://", 1)[1]
         self.env = {
             "DEVSCHED_NATS_PASSWORD_SENTINEL": self.sentinel,
-            "DEVSCHED_NATS_URL": f"nats://host:{self.password}@{host_port}",
+            "DEVSCHED_NATS_URL": f"nats://{host_port}",
+            "NATS_URL": f"nats://host:{self.password}@{host_port}",
             self.unrelated: "agent-only",
             "LANG": "C.UTF-8",
             "LC_MESSAGES": "C",

@@ -22,6 +22,7 @@ from typing import Any
 
 import nats
 import nats.errors
+import nats.js.api
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -75,9 +76,13 @@ async def request_with_reply(
     try:
         await nc.publish(subject, data, reply=reply)
         try:
-            return await sub.next_msg(timeout=timeout)
+            msg = await sub.next_msg(timeout=timeout)
         except nats.errors.TimeoutError:
             raise nats.errors.TimeoutError from None
+        # the server's "no responders" status message, which nc.request turns into this error
+        if msg.headers and msg.headers.get(nats.js.api.Header.STATUS) == "503" and not msg.data:
+            raise nats.errors.NoRespondersError
+        return msg
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
