@@ -19,12 +19,14 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
 from support.scheduler_harness import (
     TestHost,
     call,
+    check,
     delete_streams,
     scheduler_process,
     service_env,
@@ -94,7 +96,7 @@ async def test_renewal_round_trips_beside_a_bare_echo(
         db_pool_size=20,
         max_concurrency=128,
         host_rate_per_s=1_000_000,
-        host_burst=1_000_000,
+        host_burst=100_000,
     )
     scheduler = scheduler_process(env, tmp_path / "scheduler.log").start()
     echo_subject = f"{subject_prefix}.bench.echo"
@@ -115,10 +117,17 @@ async def test_renewal_round_trips_beside_a_bare_echo(
                 await host.claim(a)
                 leases.append({"host": host, "lease": a.lease})
 
+        # One connection per host with the host's inbox prefix, as the agent has: its requests share one
+        # reply subscription, and the scheduler answers them in the host's own inbox.
+        host_connections = {
+            host.host_id: await nats.connect(nats_url, inbox_prefix=f"_INBOX.{host.host_id}") for host in hosts
+        }
+        bodies = [json.dumps(lease["lease"]).encode() for lease in leases]
+
         async def renew(i: int) -> None:
             host = leases[i]["host"]
             assert isinstance(host, TestHost)
-            await call(nc, host.subject("renew"), leases[i]["lease"], timeout=10)  # type: ignore[arg-type]
+            check(await host_connections[host.host_id].request(host.subject("renew"), bodies[i], timeout=10))
 
         payload = json.dumps(leases[0]["lease"]).encode()
 
@@ -139,6 +148,8 @@ async def test_renewal_round_trips_beside_a_bare_echo(
         assert renew_rps > 0
         for host in hosts:
             await host.close()
+        for connection in host_connections.values():
+            await connection.close()
     finally:
         echo.kill()
         echo.wait(timeout=10)
