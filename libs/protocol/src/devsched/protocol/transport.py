@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -21,6 +20,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel
 
+from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, TooLarge
 from devsched.protocol.codec import decode, encode, encode_error, raise_for_error
 from devsched.protocol.tracing import extract, inject, messaging_attributes, tracer, use_context
@@ -48,11 +48,6 @@ class NoReply(DevschedError):
     code = "no_reply"
     status = 504
     retryable = True
-
-
-def _delay(attempt: int, backoff: float, max_backoff: float) -> float:
-    # Full jitter: many agents retrying after one scheduler restart should not arrive in lockstep.
-    return random.uniform(0, min(max_backoff, backoff * 2**attempt))
 
 
 async def request(
@@ -96,7 +91,8 @@ async def request(
                 if attempt == retries:
                     reason = "timeout" if isinstance(exc, nats.errors.TimeoutError) else "no_responders"
                     raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
-                await asyncio.sleep(_delay(attempt, backoff, max_backoff))
+                # jittered: many agents retrying after one scheduler restart should not arrive in lockstep
+                await asyncio.sleep(backoff_delay(attempt + 1, base_s=backoff, cap_s=max(max_backoff, backoff)))
                 continue
             raise_for_error(msg.headers, msg.data)
             try:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import signal
 from collections.abc import Awaitable, Callable
+
+from devsched.core.backoff import backoff_delay
 
 log = logging.getLogger("devsched.service")
 
@@ -60,9 +61,9 @@ async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> bool:
 
 
 class Backoff:
-    """Exponential pauses with full jitter, reset after a success.
+    """Exponential pauses with jitter (`devsched.core.backoff`), reset after a success.
 
-    Full jitter keeps replicas that failed together (the database went away for all of them) from
+    The jitter keeps replicas that failed together (the database went away for all of them) from
     retrying in lockstep when it returns.
     """
 
@@ -73,9 +74,8 @@ class Backoff:
 
     def next(self) -> float:
         """The pause before the next try; each call counts one more failure."""
-        delay = random.uniform(self.base / 2, min(self.cap, self.base * 2**self.failures))
         self.failures += 1
-        return delay
+        return backoff_delay(self.failures, base_s=self.base, cap_s=max(self.cap, self.base))
 
     def reset(self) -> None:
         """Start again from the base after a success."""

@@ -39,7 +39,6 @@ from opentelemetry.trace import SpanKind
 
 from devsched.agent.actions import ActionRegistry, default_registry
 from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
-from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.reporter import Reporter
@@ -51,6 +50,7 @@ from devsched.agent.workspace import (
     resolve_step_user,
     workspace_name,
 )
+from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode

@@ -10,7 +10,6 @@ from enum import StrEnum
 from pathlib import Path
 
 from devsched.agent.actions import ActionRegistry
-from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
@@ -20,6 +19,7 @@ from devsched.agent.spool import SpooledReport
 from devsched.agent.steps import RunIdentity, StepStatus
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.agent.workspace import Workspace
+from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.status import Outcome
 from devsched.protocol import messages as wire
 

@@ -18,10 +18,10 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.lease import LeaseClock
 from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
+from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import Conflict, DevschedError, NotFound
 
 logger = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
-from devsched.agent.backoff import backoff_delay, retry_after
 from devsched.agent.client import HostClient
 from devsched.agent.spool import Spool, SpooledReport, report_key
+from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import (
     CancelNotRequested,
     Conflict,

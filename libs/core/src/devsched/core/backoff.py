@@ -1,4 +1,9 @@
-"""Capped exponential backoff with jitter, for retrying requests to the control plane."""
+"""Capped exponential backoff with jitter: the one formula every retry in devsched uses.
+
+Agents retrying their requests, clients retrying a request with no answer, and the services' loops waiting
+for Postgres or NATS all pause by `backoff_delay`, so a change to how devsched backs off is made here once.
+Pure: the random draw is a parameter (tests pass a fixed one).
+"""
 
 from __future__ import annotations
 

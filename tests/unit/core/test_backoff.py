@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devsched.agent.backoff import MAX_RETRY_AFTER_S, backoff_delay, backoff_delays, retry_after
+from devsched.core.backoff import MAX_RETRY_AFTER_S, backoff_delay, backoff_delays, retry_after
 from devsched.core.errors import TooManyRequests, Unavailable
 
 pytestmark = pytest.mark.unit
