@@ -21,18 +21,19 @@ from devsched.core.matching import matches, plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
 from devsched.store.clock import Clock
+from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
 from devsched.store.views import AssignmentMessage
 
 _SELECTORS = text("SELECT DISTINCT selector_labels, selector_device_id FROM tasks WHERE status = 'queued'")
 
 _FREE_DEVICES = text(
-    """
+    f"""
     SELECT d.device_id, d.host_id, d.labels
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
     WHERE d.registered AND NOT d.drained
       AND (d.available_after IS NULL OR d.available_after <= :now)
-      AND h.last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * h.heartbeat_interval_s)
+      AND {host_online("h")}
       AND NOT EXISTS (SELECT 1 FROM reservations r
                       WHERE r.device_id = d.device_id AND r.attempt_status = 'active')
     ORDER BY d.updated_at, d.device_id

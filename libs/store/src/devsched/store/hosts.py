@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import DeviceConflict, NotFound
 from devsched.core.status import DeviceState
-from devsched.store.liveness import touch_host
+from devsched.store.liveness import host_online, touch_host
 from devsched.store.views import DeviceSpec, DeviceView, HostView
 
 _UPSERT_HOST = text(
@@ -103,9 +103,9 @@ async def heartbeat(conn: AsyncConnection, now: datetime, host_id: str) -> None:
     await touch_host(conn, host_id, now)
 
 
-_DEVICE_COLUMNS = """
+_DEVICE_COLUMNS = f"""
     d.device_id, d.host_id, d.labels, d.drained, d.drain_reason,
-    h.last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * h.heartbeat_interval_s) AS online,
+    {host_online("h")} AS online,
     EXISTS (SELECT 1 FROM reservations r
             WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
 """
@@ -124,9 +124,9 @@ def _device_view(row: Any) -> DeviceView:
 
 
 _HOSTS = text(
-    """
+    f"""
     SELECT host_id, agent_version, last_seen_at,
-           last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * heartbeat_interval_s) AS online
+           {host_online("hosts")} AS online
     FROM hosts ORDER BY host_id
     """
 )

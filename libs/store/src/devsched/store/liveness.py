@@ -10,6 +10,22 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import DevschedError, NotFound
 
+#: Heartbeats a host may miss before it counts as offline (ARCHITECTURE.md: "3 missed make a host offline").
+MISSED_HEARTBEATS = 3
+
+
+def host_online(hosts: str = "h") -> str:
+    """The one SQL condition "the host is online" at `:now`, for the `hosts` row aliased `hosts`.
+
+    Every query that needs it (assignment, the host and device views, pending reasons) takes it from here,
+    so the rule cannot drift between them.
+    """
+    return (
+        f"{hosts}.last_seen_at > CAST(:now AS timestamptz)"
+        f" - make_interval(secs => {MISSED_HEARTBEATS} * {hosts}.heartbeat_interval_s)"
+    )
+
+
 #: Liveness is written at most once a second per host: renewals of many devices of one host would
 #: otherwise all queue on the host row.
 _TOUCH = text(

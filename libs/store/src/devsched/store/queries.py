@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from devsched.core.errors import InvalidRequest, NotFound
 from devsched.core.records import Selector
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.store.liveness import host_online
 from devsched.store.views import AttemptView, TaskPage, TaskView
 
 _TASK_SELECT = """
@@ -58,9 +59,9 @@ _ATTEMPTS = text(
 
 #: Matching devices of a queued task, with what stops each from taking it.
 _CANDIDATES = text(
-    """
+    f"""
     SELECT d.device_id, d.drained, d.available_after,
-           h.last_seen_at > CAST(:now AS timestamptz) - make_interval(secs => 3 * h.heartbeat_interval_s) AS online,
+           {host_online("h")} AS online,
            EXISTS (SELECT 1 FROM reservations r
                    WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
