@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from devsched.agent.actions import ActionRegistry, default_registry, noop, sleep
-from devsched.agent.steps import ActionError, ActionResult, StepContext, StepStatus, tail_text
+from devsched.agent.steps import ActionError, ActionResult, StepContext, tail_text
+from devsched.protocol.plans import StepStatus
 
 from .helpers import IDENTITY
 

@@ -11,9 +11,10 @@ import pytest
 from devsched.agent import runner as runner_module
 from devsched.agent.actions import default_registry
 from devsched.agent.runner import PlanRunner, PlanStep, Progress, RunResult
-from devsched.agent.steps import ActionResult, StepContext, StepStatus
+from devsched.agent.steps import ActionResult, StepContext
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.status import Outcome
+from devsched.protocol.plans import StepStatus
 from support.polling import eventually
 
 pytestmark = pytest.mark.unit

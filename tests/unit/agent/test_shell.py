@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from devsched.agent.shell import OutputTail, shell
-from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, StepContext, StepStatus, StepUser
+from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, StepContext, StepUser
+from devsched.protocol.plans import StepStatus
 from support.polling import eventually
 
 from .helpers import IDENTITY, process_running, read_pid

@@ -13,7 +13,8 @@ from collections.abc import Iterator, Mapping
 from pydantic import BaseModel, ConfigDict, Field
 
 from devsched.agent.shell import shell
-from devsched.agent.steps import Action, ActionError, ActionResult, StepContext, StepStatus, parse_args
+from devsched.agent.steps import Action, ActionError, ActionResult, StepContext, parse_args
+from devsched.protocol.plans import StepStatus
 
 
 class ActionRegistry:

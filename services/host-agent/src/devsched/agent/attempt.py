@@ -16,12 +16,13 @@ from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
 from devsched.agent.reporter import Reporter
 from devsched.agent.runner import PlanRunner, Progress, RunResult, StepReport
 from devsched.agent.spool import SpooledReport
-from devsched.agent.steps import RunIdentity, StepStatus
+from devsched.agent.steps import RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.agent.workspace import Workspace
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.status import Outcome
 from devsched.protocol import messages as wire
+from devsched.protocol.plans import StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest
     steps = [
         wire.StepResult(
             name=step.name,
-            status=wire.StepStatus(step.status.value),
+            status=step.status,
             exit_code=step.exit_code,
             started_at=step.started_at,
             finished_at=step.finished_at,

@@ -26,17 +26,10 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from devsched.agent.actions import ActionRegistry, default_registry
-from devsched.agent.steps import (
-    FAILURES,
-    ActionError,
-    ActionResult,
-    RunIdentity,
-    StepContext,
-    StepStatus,
-    StepUser,
-)
+from devsched.agent.steps import FAILURES, ActionError, ActionResult, RunIdentity, StepContext, StepUser
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
+from devsched.protocol.plans import StepStatus
 
 logger = logging.getLogger(__name__)
 

@@ -27,14 +27,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from devsched.agent.step_env import StepEnvError, step_environment
-from devsched.agent.steps import (
-    OUTPUT_TAIL_BYTES,
-    ActionResult,
-    StepContext,
-    StepStatus,
-    parse_args,
-    tail_text,
-)
+from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionResult, StepContext, parse_args, tail_text
+from devsched.protocol.plans import StepStatus
 
 #: How often a process group is checked for having emptied.
 _POLL_S = 0.02

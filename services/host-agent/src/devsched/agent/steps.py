@@ -4,28 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from devsched.protocol.plans import StepStatus
+
 #: How much of a step's combined stdout/stderr is kept for the report (the last bytes).
 OUTPUT_TAIL_BYTES = 4096
-
-
-class StepStatus(StrEnum):
-    """How one step of a plan ended (`result.steps[].status`)."""
-
-    #: Ran and succeeded (exit code 0 for `shell`).
-    DONE = "done"
-    #: Ran and failed, or could not start (bad arguments, unknown action, missing `cwd`).
-    FAILED = "failed"
-    #: Ran past its `timeout_s` and was killed.
-    TIMED_OUT = "timed_out"
-    #: Stopped early because the run was stopped and the step allowed it.
-    INTERRUPTED = "interrupted"
-    #: Never started.
-    SKIPPED = "skipped"
 
 
 #: Statuses of a step that went wrong on its own (not because the run was stopped).
