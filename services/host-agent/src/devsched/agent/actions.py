@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from devsched.agent.shell import shell
 from devsched.agent.steps import Action, ActionError, ActionResult, StepContext, parse_args
-from devsched.protocol.plans import StepStatus
+from devsched.protocol.plans import NoopArgs, SleepArgs, StepStatus
 
 
 class ActionRegistry:
@@ -52,21 +50,6 @@ class ActionRegistry:
 
     def __iter__(self) -> Iterator[str]:
         return iter(sorted(self._actions))
-
-
-class NoopArgs(BaseModel):
-    """`noop` takes no arguments."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class SleepArgs(BaseModel):
-    """Arguments of a `sleep` step."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    #: How long to sleep; fractions allowed, > 0.
-    seconds: float = Field(gt=0, allow_inf_nan=False)
 
 
 async def noop(ctx: StepContext) -> ActionResult:

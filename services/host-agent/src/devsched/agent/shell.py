@@ -24,11 +24,9 @@ import subprocess
 import tempfile
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from devsched.agent.step_env import StepEnvError, step_environment
 from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionResult, StepContext, parse_args, tail_text
-from devsched.protocol.plans import StepStatus
+from devsched.protocol.plans import ShellArgs, StepStatus
 
 #: How often a process group is checked for having emptied.
 _POLL_S = 0.02
@@ -36,19 +34,6 @@ _POLL_S = 0.02
 _DRAIN_S = 1.0
 _READ_CHUNK = 65536
 _PROC = "/proc"
-
-
-class ShellArgs(BaseModel):
-    """Arguments of a `shell` step."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    #: Run with `/bin/sh -c`.
-    command: str = Field(min_length=1)
-    #: Added to the environment (over the device's env; the DEVSCHED_* variables win).
-    env: dict[str, str] = Field(default_factory=dict)
-    #: Working directory; the attempt's own directory (TMPDIR) when absent.
-    cwd: str | None = None
 
 
 class OutputTail:
