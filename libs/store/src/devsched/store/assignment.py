@@ -17,15 +17,19 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.ids import new_lease_id
+from devsched.core.lifecycle import Trigger
 from devsched.core.matching import matches, plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
 from devsched.store.clock import Clock
 from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
+from devsched.store.statuses import entering, leaving
 from devsched.store.views import AssignmentMessage
 
-_SELECTORS = text("SELECT DISTINCT selector_labels, selector_device_id FROM tasks WHERE status = 'queued'")
+_SELECTORS = text(
+    f"SELECT DISTINCT selector_labels, selector_device_id FROM tasks WHERE status IN {leaving(Trigger.ASSIGN)}"
+)
 
 _FREE_DEVICES = text(
     f"""
@@ -43,11 +47,11 @@ _FREE_DEVICES = text(
 )
 
 _QUEUED = text(
-    """
+    f"""
     SELECT t.task_id, t.selector_labels, t.selector_device_id, t.lease_ttl_s, t.attempt_count, t.plan,
            t.trace_headers
     FROM tasks t
-    WHERE t.status = 'queued'
+    WHERE t.status IN {leaving(Trigger.ASSIGN)}
       AND (t.selector_labels, COALESCE(t.selector_device_id, '')) IN (
           SELECT l, d FROM unnest(CAST(:labels AS jsonb[]), CAST(:device_ids AS text[])) AS u(l, d))
     ORDER BY t.priority DESC, t.created_at, t.task_id
@@ -75,10 +79,11 @@ _INSERT_RESERVATIONS = text(
 )
 
 _MARK_ASSIGNED = text(
-    """
-    UPDATE tasks t SET status = 'assigned', attempt_count = u.a, updated_at = :now, event_seq = t.event_seq + 1
+    f"""
+    UPDATE tasks t
+    SET status = {entering(Trigger.ASSIGN)}, attempt_count = u.a, updated_at = :now, event_seq = t.event_seq + 1
     FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[])) AS u(id, a)
-    WHERE t.task_id = u.id AND t.status = 'queued' AND t.attempt_count = u.a - 1
+    WHERE t.task_id = u.id AND t.status IN {leaving(Trigger.ASSIGN)} AND t.attempt_count = u.a - 1
     RETURNING t.task_id, t.event_seq
     """
 )

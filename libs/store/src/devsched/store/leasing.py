@@ -12,12 +12,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import Conflict, LeaseExpired
 from devsched.core.leases import ReportKind, decide_claim, decide_renew, decide_report
+from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store.clock import Clock
 from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
 from devsched.store.rows import lock_task, named_attempt
+from devsched.store.statuses import IN_FLIGHT, entering, leaving
 from devsched.store.views import LeaseGrant, ReportReceipt
 
 _EXTEND = text(
@@ -35,9 +37,9 @@ _EXTEND = text(
 )
 
 _DISPATCH = text(
-    """
-    UPDATE tasks SET status = 'dispatched', updated_at = :now, event_seq = event_seq + 1
-    WHERE task_id = :task_id AND status = 'assigned'
+    f"""
+    UPDATE tasks SET status = {entering(Trigger.CLAIM)}, updated_at = :now, event_seq = event_seq + 1
+    WHERE task_id = :task_id AND status IN {leaving(Trigger.CLAIM)}
     RETURNING event_seq
     """
 )
@@ -119,11 +121,11 @@ _END_ATTEMPT = text(
 )
 
 _END_TASK = text(
-    """
+    f"""
     UPDATE tasks
     SET status = :status, reason = :reason, result = CAST(:result AS jsonb), updated_at = :now,
         event_seq = event_seq + 1
-    WHERE task_id = :task_id AND status IN ('assigned', 'dispatched')
+    WHERE task_id = :task_id AND status IN {IN_FLIGHT}
     RETURNING event_seq
     """
 )

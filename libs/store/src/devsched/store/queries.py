@@ -16,10 +16,11 @@ from devsched.core.errors import InvalidRequest, NotFound
 from devsched.core.records import Selector
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
 from devsched.store.liveness import host_online
+from devsched.store.statuses import IN_FLIGHT
 from devsched.store.views import AttemptView, TaskPage, TaskView
 
-_TASK_SELECT = """
-    SELECT t.*, (t.status IN ('assigned', 'dispatched') AND EXISTS (
+_TASK_SELECT = f"""
+    SELECT t.*, (t.status IN {IN_FLIGHT} AND EXISTS (
         SELECT 1 FROM cancel_requests c WHERE c.task_id = t.task_id AND c.attempt = t.attempt_count
     )) AS cancel_pending
     FROM tasks t

@@ -16,6 +16,7 @@ from devsched.core.expiry import decide_expiry, is_expired
 from devsched.store.clock import Clock
 from devsched.store.outbox import Outbox
 from devsched.store.rows import TASK_COLUMNS, task_record
+from devsched.store.statuses import IN_FLIGHT
 from devsched.store.views import ExpiredLease
 
 _CANDIDATES = text(
@@ -47,10 +48,10 @@ _EXPIRE_ATTEMPTS = text(
 )
 
 _END_TASKS = text(
-    """
+    f"""
     UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1
     FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[])) AS u(id, s, r)
-    WHERE t.task_id = u.id AND t.status IN ('assigned', 'dispatched')
+    WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
     RETURNING t.task_id, t.event_seq, t.trace_headers
     """
 )

@@ -10,18 +10,20 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.cancellation import CancelKind, decide_cancel
+from devsched.core.lifecycle import Trigger
 from devsched.core.status import EventKind, TaskReason, TaskStatus
 from devsched.store.outbox import Outbox, current_trace
 from devsched.store.rows import bump_seq, lock_task
+from devsched.store.statuses import entering, leaving
 from devsched.store.views import CancelReceipt, NewTask, Submitted
 
 _INSERT = text(
-    """
+    f"""
     INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
                        selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq,
                        trace_headers)
-    VALUES (:task_id, :name, 'queued', :priority, :max_attempts, :lease_ttl_s, CAST(:labels AS jsonb),
-            :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, :now, :now, 1,
+    VALUES (:task_id, :name, {entering(Trigger.SUBMIT)}, :priority, :max_attempts, :lease_ttl_s,
+            CAST(:labels AS jsonb), :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, :now, :now, 1,
             CAST(:trace AS jsonb))
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING task_id
@@ -60,9 +62,10 @@ async def submit(conn: AsyncConnection, now: datetime, outbox: Outbox, new: NewT
 
 
 _CANCEL_QUEUED = text(
-    """
-    UPDATE tasks SET status = 'cancelled', reason = :reason, updated_at = :now, event_seq = event_seq + 1
-    WHERE task_id = :task_id AND status = 'queued'
+    f"""
+    UPDATE tasks
+    SET status = {entering(Trigger.CANCEL)}, reason = :reason, updated_at = :now, event_seq = event_seq + 1
+    WHERE task_id = :task_id AND status IN {leaving(Trigger.CANCEL)}
     RETURNING event_seq
     """
 )
