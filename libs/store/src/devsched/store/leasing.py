@@ -11,7 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import Conflict, LeaseExpired
-from devsched.core.leases import ReportKind, decide_claim, decide_renew, decide_report
+from devsched.core.leases import Extension, ReportKind, decide_claim, decide_renew, decide_report
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
@@ -20,7 +20,7 @@ from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
 from devsched.store.rows import lock_task, named_attempt
 from devsched.store.statuses import IN_FLIGHT, entering, leaving
-from devsched.store.views import LeaseGrant, ReportReceipt
+from devsched.store.views import ReportReceipt
 
 _EXTEND = text(
     """
@@ -61,7 +61,7 @@ async def extend(
     claim: bool,
     clock: Clock,
     progress: Mapping[str, Any] | None = None,
-) -> LeaseGrant | Rejected:
+) -> Extension | Rejected:
     """Claim (first time: assigned -> dispatched) or renew a live lease by its ttl from the clock.
 
     The expiry is judged by the clock read AFTER the task lock: a lease that ran out while this request
@@ -107,7 +107,7 @@ async def extend(
             **common,
         )
     await outbox.flush(conn, now)
-    return LeaseGrant(expires_at=ext.expires_at, ttl_s=ext.ttl_s, cancel_requested=ext.cancel_requested)
+    return ext
 
 
 _END_ATTEMPT = text(

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from devsched.core.errors import InvalidRequest
 from devsched.core.ids import is_token, new_task_id
+from devsched.core.leases import Extension
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
 from devsched.store import assignment, hosts, leasing, outbox, queries, sweeping, tasks
@@ -25,7 +26,6 @@ from devsched.store.views import (
     DeviceView,
     ExpiredLease,
     HostView,
-    LeaseGrant,
     NewTask,
     ReportReceipt,
     Submitted,
@@ -168,18 +168,18 @@ class Store:
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def claim(self, ref: LeaseRef) -> LeaseGrant:
+    async def claim(self, ref: LeaseRef) -> Extension:
         """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> LeaseGrant | Rejected:
+        async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
             return await leasing.extend(conn, now, self._outbox(), ref, claim=True, clock=self.clock)
 
         return _unwrap(await self._tx.run(op, name="claim"))
 
-    async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> LeaseGrant:
+    async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> LeaseGrant | Rejected:
+        async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
             return await leasing.extend(
                 conn, now, self._outbox(), ref, claim=False, clock=self.clock, progress=progress
             )

@@ -58,15 +58,6 @@ class AssignmentMessage:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseGrant:
-    """A granted claim or renewal."""
-
-    expires_at: datetime
-    ttl_s: int
-    cancel_requested: bool
-
-
-@dataclass(frozen=True, slots=True)
 class ReportReceipt:
     """The answer to a report; a duplicate carries the first report's `recorded_at`."""
 
