@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.live import Live
 
 from devsched.client.client import Client
-from devsched.client.up.dashboard import Endpoints, dashboard, demo_table, how_to_reach
-from devsched.client.up.demo import Demo
-from devsched.client.up.layout import Layout, LockedError, SimHost, sim_hosts
-from devsched.client.up.processes import Child, python_module, stop_all
 from devsched.core.errors import DevschedError
+from devsched.devstack.dashboard import Endpoints, dashboard, demo_table, how_to_reach
+from devsched.devstack.demo import Demo
+from devsched.devstack.layout import Layout, LockedError, SimHost, sim_hosts
+from devsched.devstack.processes import Child, python_module, stop_all
 from devsched.protocol.messages import HostView, TaskSummary
 from devsched.store.roles import ROLES_LOCK, DatabaseRoles, adopt_schema_sql, ensure_roles_sql, quote_ident, role_url
 
