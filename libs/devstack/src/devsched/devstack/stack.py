@@ -222,6 +222,11 @@ class Up:
                 self.say(f"port {pg_port} is busy: the embedded Postgres takes a free port instead")
                 pg_port = None
             postgres = PostgresServer(self.layout.postgres_dir, port=pg_port)
+            if postgres.requested_data_dir is not None:
+                self.say(
+                    f"PostgreSQL data lives in {postgres.data_dir}: its account cannot reach "
+                    f"{postgres.requested_data_dir} (a private directory, left as it is)"
+                )
             first = not (postgres.pgdata / "PG_VERSION").exists()
             self.say(f"starting PostgreSQL on port {postgres.port}" + (" (first run: initdb)" if first else ""))
             servers.callback(self._stop_server, "PostgreSQL", postgres.stop)
