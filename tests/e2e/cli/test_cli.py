@@ -407,6 +407,15 @@ def test_bash_completion_script_and_completions() -> None:
     assert "--install-completion" in ok(run_devsched("--help")).stdout
 
 
+def test_install_completion_for_bash_writes_only_below_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    ok(run_devsched("--install-completion", "bash", env=clean_env(HOME=str(home))))
+    script = home / ".bash_completions" / "devsched.sh"
+    assert "complete -o default -F _devsched_completion devsched" in script.read_text()
+    assert f"source '{script}'" in (home / ".bashrc").read_text()
+
+
 def test_agent_help_points_at_the_readme() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "devsched.agent.main", "--help"], capture_output=True, text=True, timeout=60, check=False
