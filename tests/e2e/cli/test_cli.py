@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
+import re
+import select
+import struct
 import subprocess
+import sys
+import termios
 import time
 import uuid
 from pathlib import Path
@@ -235,3 +243,187 @@ def test_migrate_an_unreachable_database() -> None:
 def test_bench_outside_a_checkout_says_how(tmp_path: Path) -> None:
     line = one_line_error(run_devsched("bench", cwd=tmp_path), 2)
     assert "pytest -m bench tests/bench" in line
+
+
+# -- tables at 80 columns and in a pipe: no column is dropped ---------------------------------------------
+
+TASK_HEADERS = ("TASK", "NAME", "STATUS", "PRI", "ATTEMPTS", "CREATED", "NOTE")
+HOST_HEADERS = ("HOST", "ONLINE", "LAST SEEN", "DEVICE", "STATE", "LABELS")
+LONG_NAME = "a-rather-long-task-name-for-a-narrow-terminal"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def a_task_with_a_long_note(devsched: Devsched, tmp_path: Path) -> tuple[str, str]:
+    """A task with a long name and a NOTE; its id and that note as `ls --json` has it.
+
+    The note is the reason of a cancelled queued task: `ls` summaries carry no pending_reason today (only
+    `get` works it out); a long pending_reason is shown by `test_a_long_pending_reason_is_whole_at_80_columns`.
+    """
+    path = plan_file(tmp_path, NOOP_PLAN)
+    selector = "board=a-board-that-no-device-in-this-lab-has-ever-had"
+    task_id = doc(devsched("submit", path, "--name", LONG_NAME, "--selector", selector, "--json"))["task_id"]
+    ok(devsched("cancel", task_id))
+    tasks = doc(devsched("ls", "--json"))["tasks"]
+    note = next(t for t in tasks if t["task_id"] == task_id)["reason"]
+    assert note, tasks
+    return task_id, str(note)
+
+
+def in_a_terminal(env: dict[str, str], *args: str, columns: int = 80, timeout: float = 60) -> str:
+    """`devsched ARGS...` with its stdout a terminal (a pty) `columns` wide; the text it showed, without colours."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, columns, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devsched.client", *args],
+        env={**env, "COLUMNS": str(columns), "TERM": "xterm"}, stdin=subprocess.DEVNULL, stdout=slave,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if not ready:
+                if proc.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(max(0.1, deadline - time.monotonic())) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    return ANSI.sub("", b"".join(chunks).decode()).replace("\r\n", "\n")
+
+
+def column(text: str, header: str, headers: tuple[str, ...]) -> str:
+    """What a table's column holds, its cells' lines joined without spaces (to compare with folded values)."""
+    lines = text.splitlines()
+    top = next(i for i, line in enumerate(lines) if all(h in line for h in headers))
+    start = lines[top].index(header)
+    later = [h for h in headers if lines[top].index(h) > start]
+    end = min((lines[top].index(h) for h in later), default=None)
+    return "".join(line[start:end] for line in lines[top + 1 :]).replace(" ", "")
+
+
+def test_ls_and_hosts_fit_80_columns(devsched: Devsched, stack: Stack, tmp_path: Path) -> None:
+    task_id, note = a_task_with_a_long_note(devsched, tmp_path)
+    shown = in_a_terminal(stack.cli_env(), "ls")
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    assert all(h in shown for h in TASK_HEADERS), shown
+    assert task_id in column(shown, "TASK", TASK_HEADERS), shown
+    assert LONG_NAME in column(shown, "NAME", TASK_HEADERS), shown
+    assert note.replace(" ", "") in column(shown, "NOTE", TASK_HEADERS), shown
+
+    shown = in_a_terminal(stack.cli_env(), "hosts")
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    assert all(h in shown for h in HOST_HEADERS), shown
+    assert stack.host_id in column(shown, "HOST", HOST_HEADERS), shown
+    assert all(d in column(shown, "DEVICE", HOST_HEADERS) for d in stack.device_ids), shown
+
+
+def test_ls_and_hosts_in_a_pipe_keep_every_column_whole(devsched: Devsched, stack: Stack, tmp_path: Path) -> None:
+    task_id, note = a_task_with_a_long_note(devsched, tmp_path)
+    at_80 = stack.cli_env()
+    at_80["COLUMNS"] = "80"
+    unset = {k: v for k, v in stack.cli_env().items() if k != "COLUMNS"}  # rich's own default for a pipe: 80
+    for env in (at_80, unset):
+        lines = ok(run_devsched("ls", env=env)).stdout.splitlines()
+        assert any(all(h in line for h in TASK_HEADERS) for line in lines), lines
+        row = next(line for line in lines if task_id in line)  # one line per task, every value whole
+        assert all(part in row for part in (LONG_NAME, note, "cancelled")), row
+        assert "\x1b[" not in "".join(lines)
+
+        lines = ok(run_devsched("hosts", env=env)).stdout.splitlines()
+        assert any(all(h in line for h in HOST_HEADERS) for line in lines), lines
+        assert any(stack.host_id in line for line in lines), lines
+        assert all(any(d in line for line in lines) for d in stack.device_ids), lines
+
+
+def test_a_long_pending_reason_is_whole_at_80_columns() -> None:
+    """The `ls` table printed by the CLI's own printer, to an 80-column terminal and to a pipe."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from devsched.client.cli.render import print_table, tasks_table
+    from devsched.protocol.messages import TaskSummary
+
+    reason = "no_online_device: 3 devices match board=rpi4,usb=hub-7 but their hosts are offline (last seen 4m ago)"
+    task = TaskSummary.model_validate_json(json.dumps(
+        {"task_id": str(uuid.uuid4()), "name": LONG_NAME, "status": "queued", "priority": 100, "max_attempts": 3,
+         "attempt_count": 0, "cancel_requested": False, "selector": {"labels": {"board": "rpi4"}},
+         "plan": {"steps": [{"name": "a", "action": "shell", "args": {"command": "true"}}]},
+         "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z", "pending_reason": reason}
+    ))  # fmt: skip
+    for terminal in (True, False):
+        buffer = StringIO()
+        console = Console(file=buffer, width=80, force_terminal=terminal, color_system=None, highlight=False)
+        print_table(console, lambda compact: tasks_table([task], compact=compact))
+        shown = buffer.getvalue()
+        assert all(h in shown for h in TASK_HEADERS), shown
+        if terminal:
+            assert all(len(line) <= 80 for line in shown.splitlines()), shown
+            assert str(task.task_id) in column(shown, "TASK", TASK_HEADERS), shown
+            assert LONG_NAME in column(shown, "NAME", TASK_HEADERS), shown
+            assert reason.replace(" ", "") in column(shown, "NOTE", TASK_HEADERS), shown
+        else:
+            row = next(line for line in shown.splitlines() if str(task.task_id) in line)
+            assert all(part in row for part in (LONG_NAME, reason, "100")), shown
+
+
+# -- what a new user meets: the version, shell completion, the agent's help -------------------------------
+
+
+def test_version_prints_the_client_package_version() -> None:
+    from importlib.metadata import version
+
+    result = ok(run_devsched("--version"))
+    assert result.stdout == f"devsched {version('devsched-client')}\n"
+    assert ok(run_devsched("--version", "ls")).stdout == result.stdout  # eager: no command runs, nothing connects
+
+
+def test_bash_completion_script_and_completions() -> None:
+    script = ok(run_devsched("--show-completion", "bash")).stdout
+    assert "_DEVSCHED_COMPLETE=complete_bash" in script
+    assert "complete -o default -F _devsched_completion devsched" in script
+
+    def complete(words: str, cword: int) -> list[str]:
+        env = clean_env(_DEVSCHED_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(cword))
+        return ok(run_devsched(env=env)).stdout.split()
+
+    assert complete("devsched l", 1) == ["ls"]
+    assert complete("devsched ls --st", 2) == ["--status"]
+    assert "--install-completion" in ok(run_devsched("--help")).stdout
+
+
+def test_install_completion_for_bash_writes_only_below_home(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    ok(run_devsched("--install-completion", "bash", env=clean_env(HOME=str(home))))
+    script = home / ".bash_completions" / "devsched.sh"
+    assert "complete -o default -F _devsched_completion devsched" in script.read_text()
+    assert f"source '{script}'" in (home / ".bashrc").read_text()
+
+
+def test_agent_help_points_at_the_readme() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devsched.agent.main", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "ARCHITECTURE.md" not in text
+    assert "README.md, section Configuration" in text
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert "## Configuration" in readme
+    assert "The agent reads a TOML file" in readme.split("## Configuration", 1)[1]

@@ -233,9 +233,9 @@ async def test_an_invalid_plan_carries_the_servers_field_paths(client: Client) -
         await client.submit({"steps": [{"name": "a", "action": "sleep", "args": {"seconds": -1}}, {"name": "b"}]},
                             priority=5000)  # fmt: skip
     paths = [path for path, _ in field_errors(caught.value)]
-    assert paths == ["plan.steps.0.args", "plan.steps.1.action", "priority"]
+    assert paths == ["plan.steps.0.args.seconds", "plan.steps.1.action", "priority"]
     assert caught.value.code == "invalid_request"
-    assert describe(caught.value).startswith("invalid_request: plan.steps.0.args: invalid sleep args: seconds:")
+    assert describe(caught.value).startswith("invalid_request: plan.steps.0.args.seconds: invalid sleep args: ")
 
 
 async def test_the_servers_own_400_comes_back_typed_with_its_path(client: Client) -> None:

@@ -53,7 +53,7 @@ def test_overrides_win_and_labels_merge() -> None:
 def test_schema_errors_have_the_servers_paths() -> None:
     with pytest.raises(InvalidRequest) as caught:
         build_request({"steps": [{"name": "a", "action": "shell", "args": {}}, {"name": "a", "action": "noop"}]})
-    assert [p for p, _ in field_errors(caught.value)] == ["plan.steps.0.args"]
+    assert [p for p, _ in field_errors(caught.value)] == ["plan.steps.0.args.command"]
     with pytest.raises(InvalidRequest) as caught:
         build_request({"plan": PLAN, "retries": 3})
     assert field_errors(caught.value) == [("retries", "Extra inputs are not permitted")]

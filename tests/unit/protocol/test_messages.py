@@ -255,6 +255,35 @@ def test_a_shell_env_the_agent_could_not_set_is_refused_at_submit(env: dict[str,
     assert what in err.value.details["errors"][0]["message"]
 
 
+@pytest.mark.parametrize(
+    ("action", "args", "path", "message"),
+    [
+        ("sleep", {"seconds": -1}, "plan.steps.0.args.seconds", "invalid sleep args: Input should be greater than 0"),
+        ("sleep", {}, "plan.steps.0.args.seconds", "invalid sleep args: Field required"),
+        ("sleep", {"seconds": 1, "typo": 2}, "plan.steps.0.args.typo", "invalid sleep args: Extra inputs"),
+        ("shell", {"command": "true", "env": {"A=B": "1"}}, "plan.steps.0.args.env", "invalid shell args: "),
+        ("noop", {"x": 1}, "plan.steps.0.args.x", "invalid noop args: Extra inputs"),
+    ],
+)
+def test_a_bad_action_argument_is_named_by_its_own_path(
+    action: str, args: dict[str, Any], path: str, message: str
+) -> None:
+    body = {"plan": {"steps": [{"name": "a", "action": action, "args": args}]}}
+    with pytest.raises(InvalidRequest) as err:
+        decode(m.SubmitRequest, json.dumps(body).encode())
+    errors = err.value.details["errors"]
+    assert [e["path"] for e in errors] == [path]
+    assert errors[0]["message"].startswith(message), errors
+    assert str(err.value).startswith(f"invalid request: {path}: {message}"), str(err.value)
+
+
+def test_every_bad_argument_of_a_step_is_listed() -> None:
+    body = {"plan": {"steps": [{"name": "a", "action": "shell", "args": {"command": "", "cwd": 3}}]}}
+    with pytest.raises(InvalidRequest) as err:
+        decode(m.SubmitRequest, json.dumps(body).encode())
+    assert [e["path"] for e in err.value.details["errors"]] == ["plan.steps.0.args.command", "plan.steps.0.args.cwd"]
+
+
 def test_progress_index_must_be_below_of() -> None:
     with pytest.raises(ValidationError, match="index must be below of"):
         m.Progress(step="a", index=2, of=2)

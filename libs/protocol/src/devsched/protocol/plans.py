@@ -7,7 +7,7 @@ from enum import StrEnum
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds, Timestamp, Token
 
@@ -53,10 +53,6 @@ class NoopArgs(RequestModel):
 BUILTIN_ARGS: dict[str, type[RequestModel]] = {"shell": ShellArgs, "sleep": SleepArgs, "noop": NoopArgs}
 
 
-def _dotted(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(part) for part in loc)
-
-
 class Step(RequestModel):
     """One step of a plan."""
 
@@ -81,12 +77,23 @@ class Step(RequestModel):
             try:
                 model.model_validate(args)
             except ValidationError as exc:
-                # pydantic gives no way to extend the location from here, so the inner path leads the text.
-                problems = "; ".join(f"{_dotted(e['loc'])}: {e['msg']}" for e in exc.errors())
-                raise PydanticCustomError(
-                    "invalid_args",
-                    "invalid {action} args: {problems}",
-                    {"action": info.data["action"], "problems": problems},
+                # Raised as a ValidationError, each error keeps its own location, which pydantic appends to
+                # this field's: `plan.steps.0.args.seconds`, not `plan.steps.0.args`.
+                action = info.data["action"]
+                raise ValidationError.from_exception_data(
+                    exc.title,
+                    [
+                        InitErrorDetails(
+                            type=PydanticCustomError(
+                                "invalid_args",
+                                "invalid {action} args: {message}",
+                                {"action": action, "message": e["msg"]},
+                            ),
+                            loc=e["loc"],
+                            input=e["input"],
+                        )
+                        for e in exc.errors()
+                    ],
                 ) from None
         return args
 

@@ -16,7 +16,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The command line: the config file and the log level."""
     parser = argparse.ArgumentParser(
         prog="devsched-agent",
-        description="Run assigned task plans on this host's devices (see ARCHITECTURE.md for agent.toml).",
+        description=(
+            "Run assigned task plans on this host's devices. The keys of agent.toml are described in "
+            "README.md, section Configuration, at 'The agent reads a TOML file'."
+        ),
     )
     parser.add_argument("--config", type=Path, required=True, help="the agent's TOML file")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])

@@ -23,7 +23,7 @@ from devsched.client.cli.common import (
     run,
     with_client,
 )
-from devsched.client.cli.render import event_line, hosts_table, status_text, task_detail, tasks_table
+from devsched.client.cli.render import event_line, hosts_table, print_table, status_text, task_detail, tasks_table
 from devsched.client.client import Client, task_uuid
 from devsched.client.plans import load_request, parse_labels
 from devsched.core.status import TERMINAL, TaskStatus
@@ -210,7 +210,7 @@ def ls(
         if not tasks:
             out.print("no tasks" + (f" in status {status}" if status else ""))
             return
-        out.print(tasks_table(tasks))
+        print_table(out, lambda compact: tasks_table(tasks, compact=compact))
         if cursor is not None:
             out.print(f"more: devsched ls --after {cursor}" + (f" --status {status}" if status else ""), style="dim")
 
@@ -268,7 +268,7 @@ def hosts(ctx: typer.Context, json_out: JsonFlag = False) -> None:
         elif not found:
             out.print("no hosts registered")
         else:
-            out.print(hosts_table(found))
+            print_table(out, lambda compact: hosts_table(found, compact=compact))
 
     run(lambda: with_client(ctx, main))
 

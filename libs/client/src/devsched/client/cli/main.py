@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Callable
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import Annotated
 
@@ -28,9 +28,23 @@ app = typer.Typer(
     epilog=EPILOG,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
     rich_markup_mode=None,
 )
+
+
+def client_version() -> str:
+    """The installed devsched-client's version (`unknown` when run from sources that were never installed)."""
+    try:
+        return version("devsched-client")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"devsched {client_version()}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -79,6 +93,12 @@ def configure(
         str | None,
         typer.Option("--tls-hostname", envvar="DEVSCHED_NATS_TLS_HOSTNAME", help="Name in the server's certificate."),
     ] = None,
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the devsched-client version and exit."
+        ),
+    ] = False,
 ) -> None:
     """Global options, read before any command."""
     ctx.obj = Settings(

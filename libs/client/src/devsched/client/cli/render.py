@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from rich.console import Group, RenderableType
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -63,16 +65,33 @@ def _note(task: TaskSummary) -> str:
     return task.reason or ""
 
 
-def tasks_table(tasks: Iterable[TaskSummary], *, title: str | None = None, short_ids: bool = False) -> Table:
-    """The `ls` table: one row per task (`short_ids`: the first 8 characters of each id)."""
-    table = Table(title=title, title_justify="left", expand=False)
-    table.add_column("TASK", no_wrap=True)
-    table.add_column("NAME", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
-    table.add_column("STATUS", no_wrap=True)
-    table.add_column("PRI", justify="right")
-    table.add_column("ATTEMPTS", justify="right", no_wrap=True)
-    table.add_column("CREATED", no_wrap=True)
-    table.add_column("NOTE", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
+def tasks_table(
+    tasks: Iterable[TaskSummary], *, title: str | None = None, short_ids: bool = False, compact: bool = False
+) -> Table:
+    """The `ls` table: one row per task (`short_ids`: the first 8 characters of each id).
+
+    `compact` is the layout for a terminal too narrow for the full table: no vertical rules, and the id, name,
+    date and note may all wrap, so rich shares the shortage among them instead of squeezing the few wrapping
+    columns (NAME, PRI, NOTE) out of sight, as it does when the long ones may not wrap.
+    """
+    if compact:
+        table = _compact_table(title)
+        table.add_column("TASK", overflow="fold")
+        table.add_column("NAME", overflow="fold")
+        table.add_column("STATUS", no_wrap=True)
+        table.add_column("PRI", justify="right", no_wrap=True)
+        table.add_column("ATTEMPTS", justify="right", no_wrap=True)
+        table.add_column("CREATED", overflow="fold")
+        table.add_column("NOTE", overflow="fold")
+    else:
+        table = Table(title=title, title_justify="left", expand=False)
+        table.add_column("TASK", no_wrap=True)
+        table.add_column("NAME", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
+        table.add_column("STATUS", no_wrap=True)
+        table.add_column("PRI", justify="right")
+        table.add_column("ATTEMPTS", justify="right", no_wrap=True)
+        table.add_column("CREATED", no_wrap=True)
+        table.add_column("NOTE", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
     for task in tasks:
         table.add_row(
             str(task.task_id)[:8] if short_ids else str(task.task_id),
@@ -86,15 +105,24 @@ def tasks_table(tasks: Iterable[TaskSummary], *, title: str | None = None, short
     return table
 
 
-def hosts_table(hosts: Sequence[HostView]) -> Table:
-    """The `hosts` table: one row per device, grouped by host."""
-    table = Table(expand=False)
-    table.add_column("HOST", no_wrap=True)
-    table.add_column("ONLINE", no_wrap=True)
-    table.add_column("LAST SEEN", justify="right", no_wrap=True)
-    table.add_column("DEVICE", no_wrap=True)
-    table.add_column("STATE", no_wrap=True)
-    table.add_column("LABELS", overflow="fold")
+def hosts_table(hosts: Sequence[HostView], *, compact: bool = False) -> Table:
+    """The `hosts` table: one row per device, grouped by host (`compact`: as for `tasks_table`)."""
+    if compact:
+        table = _compact_table(None)
+        table.add_column("HOST", overflow="fold")
+        table.add_column("ONLINE", no_wrap=True)
+        table.add_column("LAST SEEN", justify="right")
+        table.add_column("DEVICE", overflow="fold")
+        table.add_column("STATE", no_wrap=True)
+        table.add_column("LABELS", overflow="fold")
+    else:
+        table = Table(expand=False)
+        table.add_column("HOST", no_wrap=True)
+        table.add_column("ONLINE", no_wrap=True)
+        table.add_column("LAST SEEN", justify="right", no_wrap=True)
+        table.add_column("DEVICE", no_wrap=True)
+        table.add_column("STATE", no_wrap=True)
+        table.add_column("LABELS", overflow="fold")
     for host in sorted(hosts, key=lambda h: h.host_id):
         online = Text("yes", style="green") if host.online else Text("no", style="red")
         devices = host.devices or []
@@ -113,6 +141,47 @@ def hosts_table(hosts: Sequence[HostView]) -> Table:
                 labels,
             )
     return table
+
+
+def _compact_table(title: str | None) -> Table:
+    return Table(
+        title=title, title_justify="left", expand=False, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0)
+    )
+
+
+class Fitted:
+    """A table in its full layout where that fits the width it is given, else in its compact layout.
+
+    Args:
+        build: Makes the table; its argument is `compact`.
+    """
+
+    def __init__(self, build: Callable[[bool], Table]) -> None:
+        self.build = build
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        """The full table if its natural width fits `options.max_width`, the compact one otherwise."""
+        full = self.build(False)
+        yield full if natural_width(console, full) <= options.max_width else self.build(True)
+
+
+def natural_width(console: Console, table: Table) -> int:
+    """The width `table` takes when nothing limits it (a measurement is clamped to the width it is given)."""
+    return Measurement.get(console, console.options.update_width(10_000), table).maximum
+
+
+def print_table(console: Console, build: Callable[[bool], Table]) -> None:
+    """Print a table so that no column is lost: fitted to a terminal, at its natural width into a pipe.
+
+    Rich renders into a pipe at 80 columns, where it would wrap every row or squeeze whole columns out; a
+    script reading `devsched ls | grep queued` wants one line per row with every value whole, so a pipe gets
+    the full table at the width it needs (still text for people: `--json` is the machine format).
+    """
+    if console.is_terminal:
+        console.print(Fitted(build))
+        return
+    full = build(False)
+    Console(file=console.file, width=natural_width(console, full), highlight=False, color_system=None).print(full)
 
 
 def task_detail(view: TaskView) -> RenderableType:
