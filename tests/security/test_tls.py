@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,9 +100,13 @@ def tls_nats(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
 
 
 @pytest.fixture(scope="module")
-def tls_postgres(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
-    """A PostgreSQL that accepts TCP connections over TLS only (hostssl), with the server cert of `pki`."""
-    data_dir = tmp_path_factory.mktemp("tls-pg")
+def tls_postgres(pki: Pki) -> Iterator[PostgresServer]:
+    """A PostgreSQL that accepts TCP connections over TLS only (hostssl), with the server cert of `pki`.
+
+    Its directory is made under the system temp dir, not pytest's (0700 as root): the server's own user
+    must read the certificate and key that the settings name.
+    """
+    data_dir = Path(tempfile.mkdtemp(prefix="devsched-tls-pg-"))
     tls_dir = data_dir / "tls"
     tls_dir.mkdir()
     for name, source in (("server.crt", pki.server_cert), ("server.key", pki.server_key), ("ca.crt", pki.ca)):
@@ -120,8 +126,8 @@ def tls_postgres(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         "ssl_ca_file": str(tls_dir / "ca.crt"),
         "hba_file": str(hba),
     }
-    server = PostgresServer(data_dir, settings=settings)
-    server.bin_dir = _postgres_with_ssl()
+    server = PostgresServer(data_dir, settings=settings, bin_dir=_postgres_with_ssl())
+    assert server.data_dir == data_dir, "the TLS files must be where the server's user can read them"
     account = server._run_as()  # as root, the server runs as its own user, which must own its key
     if account is not None:
         for path in (tls_dir, *tls_dir.iterdir()):
@@ -135,6 +141,7 @@ def tls_postgres(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator
                 capture_output=True,
             )  # fmt: skip
         yield server
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def _postgres_with_ssl() -> Path:
