@@ -37,10 +37,7 @@ from support.agent_e2e import (
     step_statuses,
     step_user_dir,
 )
-from support.databases import create_test_database, drop_database, in_thread
 from support.polling import eventually
-from support.scheduler_harness import delete_streams_at
-from support.servers import NatsHandle, PostgresHandle
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -50,30 +47,10 @@ IDENTITY_VARS = {"DEVSCHED_TASK_ID", "DEVSCHED_ATTEMPT", "DEVSCHED_LEASE_ID", "D
 SHELL_VARS = {"PWD", "SHLVL", "_", "OLDPWD"}
 
 
-@pytest.fixture(scope="module")
-def plane(
-    nats_server: NatsHandle,
-    postgres_server: PostgresHandle,
-    database_template: str,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Plane]:
-    """A scheduler and a sweeper for the module's tests (each test has its own hosts, devices and label)."""
-    name = create_test_database(postgres_server.dsn(), database_template)
-    prefix = f"s{uuid.uuid4().hex[:10]}"
-    plane = Plane.start(postgres_server.url(name), nats_server.url, prefix, tmp_path_factory.mktemp("plane"))
-    try:
-        in_thread(lambda: asyncio.run(plane.ready()))
-        yield plane
-    finally:
-        plane.stop()
-        in_thread(lambda: asyncio.run(delete_streams_at(nats_server.url, prefix)))
-        drop_database(postgres_server.dsn(), name)
-
-
 @pytest.fixture
-async def lab(plane: Plane, nc: NatsClient, tmp_path: Path) -> AsyncIterator[AgentLab]:
+async def lab(agent_plane: Plane, nc: NatsClient, tmp_path: Path) -> AsyncIterator[AgentLab]:
     """This test's corner of the module's control plane; its agents are stopped after the test."""
-    lab = AgentLab(nc, plane, tmp_path)
+    lab = AgentLab(nc, agent_plane, tmp_path)
     yield lab
     await asyncio.to_thread(lab.stop)
 
