@@ -12,8 +12,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import DeviceConflict, NotFound
 from devsched.core.status import DeviceState
+from devsched.core.views import DeviceView, HostView
 from devsched.store.liveness import host_online, touch_host
-from devsched.store.views import DeviceSpec, DeviceView, HostView
+from devsched.store.views import DeviceSpec
 
 _UPSERT_HOST = text(
     """

@@ -15,9 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from devsched.core.errors import InvalidRequest, NotFound
 from devsched.core.records import Selector
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.core.views import AttemptView, TaskPage, TaskView
 from devsched.store.liveness import host_online
 from devsched.store.statuses import IN_FLIGHT
-from devsched.store.views import AttemptView, TaskPage, TaskView
 
 _TASK_SELECT = f"""
     SELECT t.*, (t.status IN {IN_FLIGHT} AND EXISTS (
@@ -47,6 +47,25 @@ def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | 
         result=row.result,
         pending_reason=pending,
         attempts=attempts,
+    )
+
+
+def _attempt_view(row: Any) -> AttemptView:
+    return AttemptView(
+        attempt=row.attempt,
+        lease_id=row.lease_id,
+        host_id=row.host_id,
+        device_id=row.device_id,
+        status=AttemptStatus(row.status),
+        assigned_at=row.assigned_at,
+        dispatched_at=row.dispatched_at,
+        expires_at=row.expires_at,
+        ended_at=row.ended_at,
+        end_reason=EndReason(row.end_reason) if row.end_reason else None,
+        progress=row.progress,
+        cancel_requested=bool(row.cancel_requested),
+        report_reason=row.report_reason,
+        result=row.result,
     )
 
 
@@ -107,25 +126,7 @@ async def get_task(conn: AsyncConnection, now: datetime, task_id: uuid.UUID) -> 
     row = (await conn.execute(text(_TASK_SELECT + " WHERE t.task_id = :id"), {"id": task_id})).one_or_none()
     if row is None:
         raise NotFound(f"no task {task_id}", task_id=str(task_id))
-    attempts = tuple(
-        AttemptView(
-            attempt=a.attempt,
-            lease_id=a.lease_id,
-            host_id=a.host_id,
-            device_id=a.device_id,
-            status=AttemptStatus(a.status),
-            assigned_at=a.assigned_at,
-            dispatched_at=a.dispatched_at,
-            expires_at=a.expires_at,
-            ended_at=a.ended_at,
-            end_reason=EndReason(a.end_reason) if a.end_reason else None,
-            progress=a.progress,
-            cancel_requested=bool(a.cancel_requested),
-            report_reason=a.report_reason,
-            result=a.result,
-        )
-        for a in (await conn.execute(_ATTEMPTS, {"task_id": task_id})).all()
-    )
+    attempts = tuple(_attempt_view(a) for a in (await conn.execute(_ATTEMPTS, {"task_id": task_id})).all())
     pending = await pending_reason(conn, row, now) if row.status == TaskStatus.QUEUED else None
     return _task_view(row, attempts, pending)
 

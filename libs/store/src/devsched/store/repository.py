@@ -14,6 +14,7 @@ from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
+from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
 from devsched.store import assignment, hosts, leasing, outbox, queries, sweeping, tasks
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.engine import DatabaseTimeouts, make_engine
@@ -23,14 +24,10 @@ from devsched.store.views import (
     AssignmentMessage,
     CancelReceipt,
     DeviceSpec,
-    DeviceView,
     ExpiredLease,
-    HostView,
     NewTask,
     ReportReceipt,
     Submitted,
-    TaskPage,
-    TaskView,
 )
 
 T = TypeVar("T")
