@@ -8,10 +8,10 @@ import pytest
 
 from devsched.agent.keeper import LeaseKeeper, ends_lease
 from devsched.agent.lease import LeaseClock
-from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, TaskTerminal, TooManyRequests, Unavailable
 from devsched.core.leases import Extension
+from devsched.protocol.plans import Progress
 from support.polling import eventually
 
 pytestmark = pytest.mark.unit
@@ -91,10 +91,10 @@ async def test_a_granted_renewal_extends_the_local_deadline() -> None:
     scheduler = FakeScheduler(ttl_s=30)
     keeper = claimed(scheduler, StopSignal(), LeaseClock(clock=now))
     now.now += 20
-    await keeper.renew(Progress("flash", 0, 2))
+    await keeper.renew(Progress(step="flash", index=0, of=2))
     assert keeper.clock.deadline == 1050.0
     assert keeper.renewals == 1
-    assert scheduler.calls == [Progress("flash", 0, 2)]
+    assert scheduler.calls == [Progress(step="flash", index=0, of=2)]
 
 
 async def test_a_pending_cancellation_in_a_reply_is_a_cancellation_stop() -> None:
@@ -213,7 +213,7 @@ async def test_renewals_go_on_after_a_cancellation_for_teardown(running: list[as
 async def test_scheduled_renewals_carry_the_latest_progress(running: list[asyncio.Task[None]]) -> None:
     scheduler = FakeScheduler(ttl_s=1)
     keeper = claimed(scheduler, StopSignal())
-    await keeper.renew(Progress("test", 1, 3))
+    await keeper.renew(Progress(step="test", index=1, of=3))
     start(keeper, running)
     await eventually(lambda: len(scheduler.calls) >= 3, message="scheduled renewals")
-    assert set(scheduler.calls) == {Progress("test", 1, 3)}
+    assert set(scheduler.calls) == {Progress(step="test", index=1, of=3)}

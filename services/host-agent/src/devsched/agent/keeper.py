@@ -18,11 +18,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.lease import LeaseClock
-from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import Conflict, DevschedError, NotFound
 from devsched.core.leases import Extension
+from devsched.protocol.plans import Progress
 
 logger = logging.getLogger(__name__)
 
