@@ -13,6 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import InvalidRequest, NotFound
+from devsched.core.limits import LIST_LIMIT_MAX, LIST_LIMIT_MIN
 from devsched.core.records import Selector
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
 from devsched.core.views import AttemptView, TaskPage, TaskView
@@ -149,8 +150,9 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 async def list_tasks(conn: AsyncConnection, status: TaskStatus | None, limit: int, after: str | None) -> TaskPage:
     """Tasks newest first, `limit` per page, continuing after the cursor of the previous page."""
-    if not 1 <= limit <= 1000:
-        raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": "must be 1..1000"}])
+    if not LIST_LIMIT_MIN <= limit <= LIST_LIMIT_MAX:
+        message = f"must be {LIST_LIMIT_MIN}..{LIST_LIMIT_MAX}"
+        raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": message}])
     where: list[str] = []
     params: dict[str, Any] = {"limit": limit + 1}
     if status is not None:

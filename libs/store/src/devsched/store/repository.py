@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from devsched.core.errors import InvalidRequest
 from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
+from devsched.core.limits import LIST_LIMIT_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
@@ -112,7 +113,7 @@ class Store:
         return await self._tx.run(op, name="get_task")
 
     async def list_tasks(
-        self, *, status: TaskStatus | None = None, limit: int = 100, after: str | None = None
+        self, *, status: TaskStatus | None = None, limit: int = LIST_LIMIT_DEFAULT, after: str | None = None
     ) -> TaskPage:
         """One page of tasks, newest first."""
 

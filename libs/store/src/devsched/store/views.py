@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from devsched.core.limits import LEASE_TTL_DEFAULT_S, MAX_ATTEMPTS_DEFAULT, PRIORITY_DEFAULT
 from devsched.core.records import Selector
 from devsched.core.status import TaskStatus
 
@@ -23,9 +24,9 @@ class NewTask:
     plan: Mapping[str, Any]
     name: str | None = None
     selector: Selector = field(default_factory=Selector)
-    priority: int = 0
-    max_attempts: int = 3
-    lease_ttl_s: int = 30
+    priority: int = PRIORITY_DEFAULT
+    max_attempts: int = MAX_ATTEMPTS_DEFAULT
+    lease_ttl_s: int = LEASE_TTL_DEFAULT_S
     idempotency_key: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
