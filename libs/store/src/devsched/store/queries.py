@@ -17,6 +17,7 @@ from devsched.core.limits import LIST_LIMIT_MAX, LIST_LIMIT_MIN
 from devsched.core.records import Selector
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
 from devsched.core.views import AttemptView, TaskPage, TaskView
+from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
 from devsched.store.statuses import IN_FLIGHT
 
@@ -83,8 +84,7 @@ _CANDIDATES = text(
     f"""
     SELECT d.device_id, d.drained, d.available_after,
            {host_online("h")} AS online,
-           EXISTS (SELECT 1 FROM reservations r
-                   WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
+           {device_busy("d")} AS busy
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
     WHERE d.registered AND d.labels @> CAST(:labels AS jsonb)
       AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)
