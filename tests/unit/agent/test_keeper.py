@@ -2,36 +2,43 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
+from devsched.agent.keeper import LeaseKeeper, ends_lease
 from devsched.agent.lease import LeaseClock
-from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, TaskTerminal, TooManyRequests, Unavailable
+from devsched.core.leases import Extension
+from devsched.protocol.plans import Progress
 from support.polling import eventually
 
 pytestmark = pytest.mark.unit
 
 
+def grant(ttl_s: int, cancel_requested: bool = False) -> Extension:
+    """A claim or renewal as the host client returns it (ttls are whole seconds, as on the wire)."""
+    return Extension(datetime.now(UTC) + timedelta(seconds=ttl_s), ttl_s, cancel_requested)
+
+
 class FakeScheduler:
     """Answers renewals with a fixed ttl, or with the error or hang it is told to."""
 
-    def __init__(self, ttl_s: float = 30.0) -> None:
+    def __init__(self, ttl_s: int = 30) -> None:
         self.ttl_s = ttl_s
         self.cancel_requested = False
         self.error: BaseException | None = None
         self.hang = False
         self.calls: list[Progress | None] = []
 
-    async def renew(self, progress: Progress | None) -> Grant:
+    async def renew(self, progress: Progress | None) -> Extension:
         self.calls.append(progress)
         if self.hang:
             await asyncio.sleep(3600)
         if self.error is not None:
             raise self.error
-        return Grant(ttl_s=self.ttl_s, cancel_requested=self.cancel_requested)
+        return grant(self.ttl_s, self.cancel_requested)
 
 
 class FakeClock:
@@ -44,7 +51,7 @@ class FakeClock:
 
 def claimed(scheduler: FakeScheduler, stop: StopSignal, clock: LeaseClock | None = None) -> LeaseKeeper:
     keeper = LeaseKeeper(scheduler.renew, stop, clock=clock, request_timeout_s=0.2)
-    keeper.granted(keeper.clock.now(), Grant(ttl_s=scheduler.ttl_s, cancel_requested=False))
+    keeper.granted(keeper.clock.now(), grant(scheduler.ttl_s))
     return keeper
 
 
@@ -84,10 +91,10 @@ async def test_a_granted_renewal_extends_the_local_deadline() -> None:
     scheduler = FakeScheduler(ttl_s=30)
     keeper = claimed(scheduler, StopSignal(), LeaseClock(clock=now))
     now.now += 20
-    await keeper.renew(Progress("flash", 0, 2))
+    await keeper.renew(Progress(step="flash", index=0, of=2))
     assert keeper.clock.deadline == 1050.0
     assert keeper.renewals == 1
-    assert scheduler.calls == [Progress("flash", 0, 2)]
+    assert scheduler.calls == [Progress(step="flash", index=0, of=2)]
 
 
 async def test_a_pending_cancellation_in_a_reply_is_a_cancellation_stop() -> None:
@@ -151,7 +158,7 @@ async def test_no_renewal_is_sent_past_the_deadline() -> None:
 
 
 async def test_the_loop_renews_at_about_a_third_of_the_ttl(running: list[asyncio.Task[None]]) -> None:
-    scheduler, stop = FakeScheduler(ttl_s=0.6), StopSignal()
+    scheduler, stop = FakeScheduler(ttl_s=1), StopSignal()
     keeper = claimed(scheduler, stop)
     task = start(keeper, running)
     await eventually(lambda: keeper.renewals >= 3, message="three scheduled renewals")
@@ -173,7 +180,7 @@ async def test_a_nudge_renews_at_once(running: list[asyncio.Task[None]]) -> None
 
 
 async def test_failing_renewals_lose_the_lease_at_the_deadline(running: list[asyncio.Task[None]]) -> None:
-    scheduler, stop = FakeScheduler(ttl_s=0.3), StopSignal()
+    scheduler, stop = FakeScheduler(ttl_s=1), StopSignal()
     keeper = claimed(scheduler, stop)
     scheduler.error = Unavailable()
     task = start(keeper, running)
@@ -184,7 +191,7 @@ async def test_failing_renewals_lose_the_lease_at_the_deadline(running: list[asy
 
 
 async def test_a_rejection_ends_the_loop(running: list[asyncio.Task[None]]) -> None:
-    scheduler, stop = FakeScheduler(ttl_s=0.3), StopSignal()
+    scheduler, stop = FakeScheduler(ttl_s=1), StopSignal()
     keeper = claimed(scheduler, stop)
     scheduler.error = LeaseExpired()
     task = start(keeper, running)
@@ -194,7 +201,7 @@ async def test_a_rejection_ends_the_loop(running: list[asyncio.Task[None]]) -> N
 
 
 async def test_renewals_go_on_after_a_cancellation_for_teardown(running: list[asyncio.Task[None]]) -> None:
-    scheduler, stop = FakeScheduler(ttl_s=0.6), StopSignal()
+    scheduler, stop = FakeScheduler(ttl_s=1), StopSignal()
     scheduler.cancel_requested = True
     keeper = claimed(scheduler, stop)
     start(keeper, running)
@@ -204,9 +211,9 @@ async def test_renewals_go_on_after_a_cancellation_for_teardown(running: list[as
 
 
 async def test_scheduled_renewals_carry_the_latest_progress(running: list[asyncio.Task[None]]) -> None:
-    scheduler = FakeScheduler(ttl_s=0.6)
+    scheduler = FakeScheduler(ttl_s=1)
     keeper = claimed(scheduler, StopSignal())
-    await keeper.renew(Progress("test", 1, 3))
+    await keeper.renew(Progress(step="test", index=1, of=3))
     start(keeper, running)
     await eventually(lambda: len(scheduler.calls) >= 3, message="scheduled renewals")
-    assert set(scheduler.calls) == {Progress("test", 1, 3)}
+    assert set(scheduler.calls) == {Progress(step="test", index=1, of=3)}

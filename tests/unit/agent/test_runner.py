@@ -10,11 +10,11 @@ import pytest
 
 from devsched.agent import runner as runner_module
 from devsched.agent.actions import default_registry
-from devsched.agent.runner import PlanRunner, PlanStep, Progress, RunResult
+from devsched.agent.runner import PlanRunner, PlanStep, RunResult
 from devsched.agent.steps import ActionResult, StepContext
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.status import Outcome
-from devsched.protocol.plans import StepStatus
+from devsched.protocol.plans import Progress, StepStatus
 from support.polling import eventually
 
 pytestmark = pytest.mark.unit
@@ -76,7 +76,11 @@ async def test_a_plan_that_succeeds_is_done(make_runner: MakeRunner) -> None:
         assert step.finished_at is not None
         assert step.started_at.tzinfo is UTC
         assert step.started_at <= step.finished_at
-    assert seen == [Progress("flash", 0, 3), Progress("wait", 1, 3), Progress("nothing", 2, 3)]
+    assert seen == [
+        Progress(step="flash", index=0, of=3),
+        Progress(step="wait", index=1, of=3),
+        Progress(step="nothing", index=2, of=3),
+    ]
 
 
 async def test_a_failed_step_fails_the_run_and_skips_the_rest(make_runner: MakeRunner, tmp_path: Path) -> None:

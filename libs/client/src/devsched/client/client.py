@@ -38,6 +38,7 @@ from devsched.client.errors import NatsUnreachable, from_validation, invalid
 from devsched.client.plans import build_request, load_request
 from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
+from devsched.core.limits import LIST_LIMIT_DEFAULT
 from devsched.core.status import TERMINAL, TaskStatus
 from devsched.protocol.messages import (
     CancelReply,
@@ -366,14 +367,14 @@ class Client:
         return await self._call(self.subjects.tasks_get, GetTaskRequest(task_id=task_uuid(task_id)), TaskView)
 
     async def list_page(
-        self, *, status: TaskStatus | str | None = None, limit: int = 100, after: str | None = None
+        self, *, status: TaskStatus | str | None = None, limit: int = LIST_LIMIT_DEFAULT, after: str | None = None
     ) -> ListTasksReply:
         """One page of tasks, newest first (`P.api.tasks.list`); pass the reply's `next` as `after`."""
         body = _build(ListTasksRequest, status=status, limit=limit, after=after)
         return await self._call(self.subjects.tasks_list, body, ListTasksReply)
 
     async def pages(
-        self, *, status: TaskStatus | str | None = None, page_size: int = 100, after: str | None = None
+        self, *, status: TaskStatus | str | None = None, page_size: int = LIST_LIMIT_DEFAULT, after: str | None = None
     ) -> AsyncIterator[ListTasksReply]:
         """Every page of tasks, newest first, fetched one at a time as the iteration goes on."""
         cursor = after
@@ -449,7 +450,7 @@ class Client:
         return await self._call(self.subjects.devices_drain, body, DeviceDrainView)
 
     async def list(
-        self, *, status: TaskStatus | str | None = None, limit: int | None = None, page_size: int = 100
+        self, *, status: TaskStatus | str | None = None, limit: int | None = None, page_size: int = LIST_LIMIT_DEFAULT
     ) -> AsyncIterator[TaskSummary]:
         """Tasks, newest first, across pages (fetched lazily); at most `limit` when given.
 

@@ -26,7 +26,11 @@ from devsched.core.status import TERMINAL, AttemptStatus, Outcome, TaskStatus
 
 @dataclass(frozen=True, slots=True)
 class Extension:
-    """A granted claim or renewal: the new expiry, and whether a cancellation is pending."""
+    """A granted claim or renewal: the new expiry, and whether a cancellation is pending.
+
+    One value on both sides of the wire: the store decides it, the scheduler sends it as `LeaseReply`,
+    and the host agent's client reads the reply back into it for its lease keeper.
+    """
 
     expires_at: datetime
     ttl_s: int

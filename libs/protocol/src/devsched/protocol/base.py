@@ -14,7 +14,7 @@ import re
 import uuid
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Self, TypeVar
 
 from pydantic import (
     AfterValidator,
@@ -119,6 +119,19 @@ class WireModel(BaseModel):
         allow_inf_nan=False,
         extra="forbid",
     )
+
+    @classmethod
+    def from_value(cls, value: object) -> Self:
+        """This model built from a value with the same field names (a core view, a store receipt).
+
+        The one conversion from what the services compute to what goes on the wire. Fields are read by
+        name, nested values the same way (a tuple of views becomes a list of models); attributes the model
+        lacks are left out (`TaskSummary` takes a task view without its attempts), and everything is
+        validated as if built by hand. Tests check that each model and its value name the same fields.
+        """
+        # Lax, because the value is typed Python (tuples and mappings where the model has lists and dicts),
+        # not JSON from a peer: the strictness that guards decoding has nothing to guard here.
+        return cls.model_validate(value, from_attributes=True, strict=False)
 
 
 class RequestModel(WireModel):

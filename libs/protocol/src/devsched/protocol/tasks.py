@@ -4,18 +4,23 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from devsched.core.limits import (
+    LEASE_TTL_DEFAULT_S,
+    LEASE_TTL_MAX_S,
+    LEASE_TTL_MIN_S,
+    LIST_LIMIT_DEFAULT,
+    LIST_LIMIT_MAX,
+    LIST_LIMIT_MIN,
+    MAX_ATTEMPTS_DEFAULT,
+    MAX_ATTEMPTS_MAX,
+    MAX_ATTEMPTS_MIN,
+    PRIORITY_DEFAULT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+)
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
 from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
-
-#: Range and default of `priority` (higher runs first).
-PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = -1000, 1000, 0
-#: Range and default of `max_attempts`.
-MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 100, 3
-#: Range and default of `lease_ttl_s`.
-LEASE_TTL_MIN_S, LEASE_TTL_MAX_S, LEASE_TTL_DEFAULT_S = 1, 3600, 30
-#: Range and default of a list page's `limit`.
-LIST_LIMIT_MIN, LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT = 1, 1000, 100
 
 
 class SubmitRequest(RequestModel):

@@ -22,6 +22,7 @@ from devsched.core.matching import matches, plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
 from devsched.store.clock import Clock
+from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
 from devsched.store.statuses import entering, leaving
@@ -38,8 +39,7 @@ _FREE_DEVICES = text(
     WHERE d.registered AND NOT d.drained
       AND (d.available_after IS NULL OR d.available_after <= :now)
       AND {host_online("h")}
-      AND NOT EXISTS (SELECT 1 FROM reservations r
-                      WHERE r.device_id = d.device_id AND r.attempt_status = 'active')
+      AND NOT {device_busy("d")}
     ORDER BY d.updated_at, d.device_id
     LIMIT :limit
     FOR UPDATE OF d SKIP LOCKED

@@ -11,9 +11,26 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import DeviceConflict, NotFound
-from devsched.core.status import DeviceState
+from devsched.core.status import AttemptStatus, DeviceState
+from devsched.core.views import DeviceView, HostView
 from devsched.store.liveness import host_online, touch_host
-from devsched.store.views import DeviceSpec, DeviceView, HostView
+from devsched.store.views import DeviceSpec
+
+
+def device_busy(devices: str = "d") -> str:
+    """The one SQL condition "the device runs an attempt", for the `devices` row aliased `devices`.
+
+    An active reservation is what makes a device busy; assignment, the device views and the pending
+    reasons all take the condition from here.
+    """
+    return (
+        f"EXISTS (SELECT 1 FROM reservations r WHERE r.device_id = {devices}.device_id"
+        f" AND r.attempt_status = '{AttemptStatus.ACTIVE.value}')"
+    )
+
+
+#: A device its host still lists, or that still runs an attempt: it belongs to that host.
+_HELD = f"(d.registered OR {device_busy('d')})"
 
 _UPSERT_HOST = text(
     """
@@ -27,11 +44,9 @@ _UPSERT_HOST = text(
 
 #: Devices named in the registration that another host holds: still listed there, or still running work.
 _TAKEN = text(
-    """
+    f"""
     SELECT d.device_id, d.host_id FROM devices d
-    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id
-      AND (d.registered OR EXISTS (SELECT 1 FROM reservations r
-                                   WHERE r.device_id = d.device_id AND r.attempt_status = 'active'))
+    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id AND {_HELD}
     FOR UPDATE OF d
     """
 )
@@ -106,8 +121,7 @@ async def heartbeat(conn: AsyncConnection, now: datetime, host_id: str) -> None:
 _DEVICE_COLUMNS = f"""
     d.device_id, d.host_id, d.labels, d.drained, d.drain_reason,
     {host_online("h")} AS online,
-    EXISTS (SELECT 1 FROM reservations r
-            WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
+    {device_busy("d")} AS busy
 """
 
 
@@ -134,8 +148,7 @@ _LISTED_DEVICES = text(
     f"""
     SELECT {_DEVICE_COLUMNS}
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
-    WHERE d.registered OR EXISTS (SELECT 1 FROM reservations r
-                                  WHERE r.device_id = d.device_id AND r.attempt_status = 'active')
+    WHERE {_HELD}
     ORDER BY d.device_id
     """
 )

@@ -13,11 +13,13 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import InvalidRequest, NotFound
+from devsched.core.limits import LIST_LIMIT_MAX, LIST_LIMIT_MIN
 from devsched.core.records import Selector
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.core.views import AttemptView, TaskPage, TaskView
+from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
 from devsched.store.statuses import IN_FLIGHT
-from devsched.store.views import AttemptView, TaskPage, TaskView
 
 _TASK_SELECT = f"""
     SELECT t.*, (t.status IN {IN_FLIGHT} AND EXISTS (
@@ -50,6 +52,25 @@ def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | 
     )
 
 
+def _attempt_view(row: Any) -> AttemptView:
+    return AttemptView(
+        attempt=row.attempt,
+        lease_id=row.lease_id,
+        host_id=row.host_id,
+        device_id=row.device_id,
+        status=AttemptStatus(row.status),
+        assigned_at=row.assigned_at,
+        dispatched_at=row.dispatched_at,
+        expires_at=row.expires_at,
+        ended_at=row.ended_at,
+        end_reason=EndReason(row.end_reason) if row.end_reason else None,
+        progress=row.progress,
+        cancel_requested=bool(row.cancel_requested),
+        report_reason=row.report_reason,
+        result=row.result,
+    )
+
+
 _ATTEMPTS = text(
     """
     SELECT a.*, EXISTS (SELECT 1 FROM cancel_requests c
@@ -63,8 +84,7 @@ _CANDIDATES = text(
     f"""
     SELECT d.device_id, d.drained, d.available_after,
            {host_online("h")} AS online,
-           EXISTS (SELECT 1 FROM reservations r
-                   WHERE r.device_id = d.device_id AND r.attempt_status = 'active') AS busy
+           {device_busy("d")} AS busy
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
     WHERE d.registered AND d.labels @> CAST(:labels AS jsonb)
       AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)
@@ -107,25 +127,7 @@ async def get_task(conn: AsyncConnection, now: datetime, task_id: uuid.UUID) -> 
     row = (await conn.execute(text(_TASK_SELECT + " WHERE t.task_id = :id"), {"id": task_id})).one_or_none()
     if row is None:
         raise NotFound(f"no task {task_id}", task_id=str(task_id))
-    attempts = tuple(
-        AttemptView(
-            attempt=a.attempt,
-            lease_id=a.lease_id,
-            host_id=a.host_id,
-            device_id=a.device_id,
-            status=AttemptStatus(a.status),
-            assigned_at=a.assigned_at,
-            dispatched_at=a.dispatched_at,
-            expires_at=a.expires_at,
-            ended_at=a.ended_at,
-            end_reason=EndReason(a.end_reason) if a.end_reason else None,
-            progress=a.progress,
-            cancel_requested=bool(a.cancel_requested),
-            report_reason=a.report_reason,
-            result=a.result,
-        )
-        for a in (await conn.execute(_ATTEMPTS, {"task_id": task_id})).all()
-    )
+    attempts = tuple(_attempt_view(a) for a in (await conn.execute(_ATTEMPTS, {"task_id": task_id})).all())
     pending = await pending_reason(conn, row, now) if row.status == TaskStatus.QUEUED else None
     return _task_view(row, attempts, pending)
 
@@ -148,8 +150,9 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 async def list_tasks(conn: AsyncConnection, status: TaskStatus | None, limit: int, after: str | None) -> TaskPage:
     """Tasks newest first, `limit` per page, continuing after the cursor of the previous page."""
-    if not 1 <= limit <= 1000:
-        raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": "must be 1..1000"}])
+    if not LIST_LIMIT_MIN <= limit <= LIST_LIMIT_MAX:
+        message = f"must be {LIST_LIMIT_MIN}..{LIST_LIMIT_MAX}"
+        raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": message}])
     where: list[str] = []
     params: dict[str, Any] = {"limit": limit + 1}
     if status is not None:

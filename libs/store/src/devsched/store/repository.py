@@ -12,8 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from devsched.core.errors import InvalidRequest
 from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
+from devsched.core.limits import LIST_LIMIT_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
+from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
 from devsched.store import assignment, hosts, leasing, outbox, queries, sweeping, tasks
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.engine import DatabaseTimeouts, make_engine
@@ -23,14 +25,10 @@ from devsched.store.views import (
     AssignmentMessage,
     CancelReceipt,
     DeviceSpec,
-    DeviceView,
     ExpiredLease,
-    HostView,
     NewTask,
     ReportReceipt,
     Submitted,
-    TaskPage,
-    TaskView,
 )
 
 T = TypeVar("T")
@@ -115,7 +113,7 @@ class Store:
         return await self._tx.run(op, name="get_task")
 
     async def list_tasks(
-        self, *, status: TaskStatus | None = None, limit: int = 100, after: str | None = None
+        self, *, status: TaskStatus | None = None, limit: int = LIST_LIMIT_DEFAULT, after: str | None = None
     ) -> TaskPage:
         """One page of tasks, newest first."""
 

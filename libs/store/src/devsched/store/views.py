@@ -1,4 +1,8 @@
-"""What the repository returns: plain values, never ORM rows or open connections."""
+"""What the repository takes and returns: plain values, never ORM rows or open connections.
+
+The read views (a task, a page of tasks, a host) are core's (`devsched.core.views`): the protocol's
+replies carry the same fields, so they are defined once, below both.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from devsched.core.limits import LEASE_TTL_DEFAULT_S, MAX_ATTEMPTS_DEFAULT, PRIORITY_DEFAULT
 from devsched.core.records import Selector
-from devsched.core.status import AttemptStatus, DeviceState, EndReason, TaskStatus
+from devsched.core.status import TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,9 +24,9 @@ class NewTask:
     plan: Mapping[str, Any]
     name: str | None = None
     selector: Selector = field(default_factory=Selector)
-    priority: int = 0
-    max_attempts: int = 3
-    lease_ttl_s: int = 30
+    priority: int = PRIORITY_DEFAULT
+    max_attempts: int = MAX_ATTEMPTS_DEFAULT
+    lease_ttl_s: int = LEASE_TTL_DEFAULT_S
     idempotency_key: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
@@ -89,81 +94,6 @@ class ExpiredLease:
     device_id: str
     task_status: TaskStatus
     reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class AttemptView:
-    """One attempt as the task view shows it."""
-
-    attempt: int
-    lease_id: uuid.UUID
-    host_id: str
-    device_id: str
-    status: AttemptStatus
-    assigned_at: datetime
-    dispatched_at: datetime | None
-    expires_at: datetime
-    ended_at: datetime | None
-    end_reason: EndReason | None
-    progress: Mapping[str, Any] | None
-    cancel_requested: bool
-    report_reason: str | None
-    result: Mapping[str, Any] | None
-
-
-@dataclass(frozen=True, slots=True)
-class TaskView:
-    """A task as `P.api.tasks.get` shows it (attempts empty in listings)."""
-
-    task_id: uuid.UUID
-    name: str | None
-    status: TaskStatus
-    priority: int
-    max_attempts: int
-    attempt_count: int
-    lease_ttl_s: int
-    cancel_requested: bool
-    selector: Selector
-    plan: Mapping[str, Any]
-    metadata: Mapping[str, Any]
-    idempotency_key: str | None
-    created_at: datetime
-    updated_at: datetime
-    reason: str | None
-    result: Mapping[str, Any] | None
-    pending_reason: str | None = None
-    attempts: tuple[AttemptView, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class TaskPage:
-    """One page of a listing; `next` is the cursor of the following page, None on the last."""
-
-    tasks: tuple[TaskView, ...]
-    next: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceView:
-    """A device as operators see it."""
-
-    device_id: str
-    host_id: str
-    labels: Mapping[str, str]
-    state: DeviceState
-    drained: bool
-    drain_reason: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class HostView:
-    """A host and its devices."""
-
-    host_id: str
-    online: bool
-    last_seen_at: datetime
-    agent_version: str | None
-    devices: tuple[DeviceView, ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,17 +12,17 @@ from pathlib import Path
 from devsched.agent.actions import ActionRegistry
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
-from devsched.agent.keeper import Grant, LeaseKeeper, ends_lease
+from devsched.agent.keeper import LeaseKeeper, ends_lease
 from devsched.agent.reporter import Reporter
-from devsched.agent.runner import PlanRunner, Progress, RunResult, StepReport
+from devsched.agent.runner import PlanRunner, RunResult, skipped
 from devsched.agent.spool import SpooledReport
 from devsched.agent.steps import RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.agent.workspace import Workspace
 from devsched.core.backoff import backoff_delay, retry_after
+from devsched.core.leases import Extension
 from devsched.core.status import Outcome
 from devsched.protocol import messages as wire
-from devsched.protocol.plans import StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -47,24 +47,13 @@ _REMOVE_RETRY_S = 0.1
 
 def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest:
     """The report of a run."""
-    steps = [
-        wire.StepResult(
-            name=step.name,
-            status=step.status,
-            exit_code=step.exit_code,
-            started_at=step.started_at,
-            finished_at=step.finished_at,
-            output_tail=step.output_tail,
-        )
-        for step in result.steps
-    ]
     return wire.ReportRequest(
         task_id=report_of.task_id,
         attempt=report_of.attempt,
         lease_id=report_of.lease_id,
         outcome=result.outcome,
         reason=result.reason,
-        result=wire.RunResult(steps=steps),
+        result=wire.RunResult(steps=list(result.steps)),
     )
 
 
@@ -113,15 +102,9 @@ class Attempt:
         a = self.assignment
         return {"task_id": str(a.task_id), "attempt": a.attempt, "lease_id": str(a.lease_id), "device_id": a.device_id}
 
-    async def _renew_call(self, progress: Progress | None) -> Grant:
+    async def _renew_call(self, progress: wire.Progress | None) -> Extension:
         a = self.assignment
-        wire_progress = (
-            None if progress is None else wire.Progress(step=progress.step, index=progress.index, of=progress.of)
-        )
-        reply = await self._client.renew(
-            a.task_id, a.attempt, a.lease_id, wire_progress, timeout_s=self._request_timeout_s
-        )
-        return Grant(ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested)
+        return await self._client.renew(a.task_id, a.attempt, a.lease_id, progress, timeout_s=self._request_timeout_s)
 
     async def claim(self, stopping: asyncio.Event) -> ClaimOutcome:
         """Claim the attempt, retrying transient failures until the assignment's lease must have run out.
@@ -136,7 +119,7 @@ class Attempt:
             sent_at = self.keeper.clock.now()
             timeout = min(self._request_timeout_s, max(give_up_at - sent_at, 0.05))
             try:
-                reply = await self._client.claim(a.task_id, a.attempt, a.lease_id, timeout_s=timeout)
+                grant = await self._client.claim(a.task_id, a.attempt, a.lease_id, timeout_s=timeout)
             except Exception as exc:
                 if ends_lease(exc):
                     logger.info("assignment is stale", extra={**self.log_fields(), "error": repr(exc)})
@@ -150,8 +133,8 @@ class Attempt:
                     async with asyncio.timeout(delay):
                         await stopping.wait()
                 continue
-            self.keeper.granted(sent_at, Grant(ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested))
-            logger.info("attempt claimed", extra={**self.log_fields(), "ttl_s": reply.ttl_s})
+            self.keeper.granted(sent_at, grant)
+            logger.info("attempt claimed", extra={**self.log_fields(), "ttl_s": grant.ttl_s})
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.GAVE_UP
 
@@ -180,11 +163,8 @@ class Attempt:
         return result
 
     def _not_run(self, reason: str) -> RunResult:
-        skipped = tuple(
-            StepReport(step.name, StepStatus.SKIPPED, None, None, None, f"skipped: {reason}")
-            for step in self.assignment.plan.steps
-        )
-        return RunResult(Outcome.FAILED, reason, skipped)
+        steps = tuple(skipped(step.name, f"skipped: {reason}") for step in self.assignment.plan.steps)
+        return RunResult(Outcome.FAILED, reason, steps)
 
     async def _run_in(self, workdir: Path | None) -> RunResult:
         a = self.assignment

@@ -2,7 +2,8 @@
 
 Every call is one try (no retries here): the caller knows whether and when to repeat, and the lease
 keeper needs the send time of the very try that succeeded. Error replies raise the typed errors of
-`devsched.core.errors`; no reply raises `NoReply` (retryable).
+`devsched.core.errors`; no reply raises `NoReply` (retryable). A claim or renewal answers with core's
+`Extension`, the grant as the scheduler's store decided it: the rest of the agent never sees the wire's.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from devsched.core.errors import Internal, InvalidRequest
+from devsched.core.leases import Extension
 from devsched.protocol.codec import decode, raise_for_error
 from devsched.protocol.messages import (
     ClaimRequest,
@@ -28,6 +30,11 @@ from devsched.protocol.messages import (
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
 from devsched.protocol.transport import NoReply, request
+
+
+def _granted(reply: LeaseReply) -> Extension:
+    """The grant a claim or renewal reply carries (`dispatch`, the store's own flag, is not on the wire)."""
+    return Extension(expires_at=reply.expires_at, ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested)
 
 
 class HostClient:
@@ -53,10 +60,10 @@ class HostClient:
             self._nc, self._subject(HostVerb.HEARTBEAT), HeartbeatRequest(), RegisterReply, timeout=self.timeout_s
         )
 
-    async def claim(self, task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID, *, timeout_s: float) -> LeaseReply:
+    async def claim(self, task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID, *, timeout_s: float) -> Extension:
         """Start an assigned attempt (a repeat for the same lease is answered as a renewal)."""
         body = ClaimRequest(task_id=task_id, attempt=attempt, lease_id=lease_id)
-        return await request(self._nc, self._subject(HostVerb.CLAIM), body, LeaseReply, timeout=timeout_s)
+        return _granted(await request(self._nc, self._subject(HostVerb.CLAIM), body, LeaseReply, timeout=timeout_s))
 
     async def renew(
         self,
@@ -66,10 +73,10 @@ class HostClient:
         progress: Progress | None,
         *,
         timeout_s: float,
-    ) -> LeaseReply:
+    ) -> Extension:
         """Extend the lease, carrying `progress`."""
         body = RenewRequest(task_id=task_id, attempt=attempt, lease_id=lease_id, progress=progress)
-        return await request(self._nc, self._subject(HostVerb.RENEW), body, LeaseReply, timeout=timeout_s)
+        return _granted(await request(self._nc, self._subject(HostVerb.RENEW), body, LeaseReply, timeout=timeout_s))
 
     async def report(self, body: bytes) -> ReportReply:
         """Send an encoded report exactly as spooled, so every retry carries the identical bytes.

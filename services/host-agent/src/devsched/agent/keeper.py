@@ -16,28 +16,21 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from devsched.agent.lease import LeaseClock
-from devsched.agent.runner import Progress
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import Conflict, DevschedError, NotFound
+from devsched.core.leases import Extension
+from devsched.protocol.plans import Progress
 
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """A successful claim or renewal reply, as far as the keeper cares."""
-
-    ttl_s: float
-    cancel_requested: bool
-
-
-#: Send one renewal (with the latest progress, if any) and return the grant. Raises `Conflict` or
-#: `NotFound` when the lease is gone; any other exception counts as transient.
-RenewCall = Callable[[Progress | None], Awaitable[Grant]]
+#: Send one renewal (with the latest progress, if any) and return what it granted (the keeper reads
+#: `ttl_s` and `cancel_requested`). Raises `Conflict` or `NotFound` when the lease is gone; any other
+#: exception counts as transient.
+RenewCall = Callable[[Progress | None], Awaitable[Extension]]
 
 
 def ends_lease(exc: BaseException) -> bool:
@@ -82,7 +75,7 @@ class LeaseKeeper:
         """Whether the lease still counts as held; for the runner's check before each step."""
         return not self._lost and self.clock.live()
 
-    def granted(self, sent_at: float, grant: Grant) -> None:
+    def granted(self, sent_at: float, grant: Extension) -> None:
         """Apply a successful claim or renewal whose request was sent at monotonic `sent_at`."""
         self.clock.grant(sent_at, grant.ttl_s)
         self._failures, self._retry_at = 0, None

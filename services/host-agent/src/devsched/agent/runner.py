@@ -29,7 +29,7 @@ from devsched.agent.actions import ActionRegistry, default_registry
 from devsched.agent.steps import FAILURES, ActionError, ActionResult, RunIdentity, StepContext, StepUser
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
-from devsched.protocol.plans import StepStatus
+from devsched.protocol.plans import Progress, StepResult, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -68,33 +68,12 @@ class PlanStep:
 
 
 @dataclass(frozen=True, slots=True)
-class Progress:
-    """Where a run is: the step about to start, its index and the number of steps."""
-
-    step: str
-    index: int
-    of: int
-
-
-@dataclass(frozen=True, slots=True)
-class StepReport:
-    """How one step ended (`result.steps[]`); a skipped step has no timestamps."""
-
-    name: str
-    status: StepStatus
-    exit_code: int | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    output_tail: str
-
-
-@dataclass(frozen=True, slots=True)
 class RunResult:
-    """What the attempt reports."""
+    """What the attempt reports (its steps are the wire's `StepResult`s: the report copies nothing)."""
 
     outcome: Outcome
     reason: str | None
-    steps: tuple[StepReport, ...]
+    steps: tuple[StepResult, ...]
 
 
 #: Called at each step boundary with the step about to start; renews the lease (and may request a stop).
@@ -110,12 +89,18 @@ async def _no_renewal(progress: Progress) -> None:
     return None
 
 
-def _describe(name: str, report: StepReport, timeout_s: float) -> str:
+def skipped(name: str, why: str) -> StepResult:
+    """The result of a step that never started, with why in place of its output."""
+    return StepResult(name=name, status=StepStatus.SKIPPED, output_tail=why)
+
+
+def _describe(name: str, report: StepResult, timeout_s: float) -> str:
     if report.status is StepStatus.TIMED_OUT:
         return f"step {name!r} timed out after {timeout_s:g} s"
     if report.exit_code is not None:
         return f"step {name!r} failed with exit code {report.exit_code}"
-    first_line = report.output_tail.strip().splitlines()[0] if report.output_tail.strip() else ""
+    tail = (report.output_tail or "").strip()
+    first_line = tail.splitlines()[0] if tail else ""
     return f"step {name!r} failed" + (f": {first_line}" if first_line else "")
 
 
@@ -178,15 +163,15 @@ class PlanRunner:
 
     async def run(self) -> RunResult:
         """Run the plan to its end (or its stop) and say how it went."""
-        reports: list[StepReport] = []
+        reports: list[StepResult] = []
         of = len(self._steps)
         for index, step in enumerate(self._steps):
             skip = self._skip_reason(step)
             if skip is None:
-                await self._boundary(Progress(step.name, index, of))
+                await self._boundary(Progress(step=step.name, index=index, of=of))
                 skip = self._skip_reason(step)
             if skip is not None:
-                reports.append(StepReport(step.name, StepStatus.SKIPPED, None, None, None, skip))
+                reports.append(skipped(step.name, skip))
                 continue
             report = await self._run_step(step)
             reports.append(report)
@@ -200,7 +185,7 @@ class PlanRunner:
         outcome, reason = self._verdict(reports)
         return RunResult(outcome, reason, tuple(reports))
 
-    def _verdict(self, reports: Sequence[StepReport]) -> tuple[Outcome, str | None]:
+    def _verdict(self, reports: Sequence[StepResult]) -> tuple[Outcome, str | None]:
         stop_mattered = any(r.status in (StepStatus.SKIPPED, StepStatus.INTERRUPTED) for r in reports)
         notes = list(self._later_failures)
         if self._failure is not None:
@@ -227,7 +212,7 @@ class PlanRunner:
             return StopLevel.KILL
         return StopLevel.HALT if step.always else StopLevel.STOP
 
-    async def _run_step(self, step: StepSpec) -> StepReport:
+    async def _run_step(self, step: StepSpec) -> StepResult:
         started_at = self._now()
         log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
         logger.info("step started", extra=log)
@@ -235,7 +220,14 @@ class PlanRunner:
             result = await self._call(step, interrupt)
         finished_at = self._now()
         logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
-        return StepReport(step.name, result.status, result.exit_code, started_at, finished_at, result.output_tail)
+        return StepResult(
+            name=step.name,
+            status=result.status,
+            exit_code=result.exit_code,
+            started_at=started_at,
+            finished_at=finished_at,
+            output_tail=result.output_tail,
+        )
 
     async def _call(self, step: StepSpec, interrupt: asyncio.Event) -> ActionResult:
         ctx = StepContext(

@@ -19,16 +19,16 @@ from pydantic import BaseModel
 
 from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
 from devsched.core.records import LeaseRef
+from devsched.core.records import Selector as CoreSelector
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
-from devsched.scheduler import convert
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
-from devsched.store import DeviceSpec, Store
+from devsched.store import DeviceSpec, NewTask, Store
 from devsched.store.outbox import trace_headers
 
 log = logging.getLogger("devsched.scheduler.api")
@@ -77,6 +77,20 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
     return run
 
 
+def _new_task(req: m.SubmitRequest) -> NewTask:
+    """The store's submit value of a validated request (plan normalised with its defaults)."""
+    return NewTask(
+        plan=req.plan.model_dump(mode="json"),
+        name=req.name,
+        selector=CoreSelector(labels=dict(req.selector.labels), device_id=req.selector.device_id),
+        priority=req.priority,
+        max_attempts=req.max_attempts,
+        lease_ttl_s=req.lease_ttl_s,
+        idempotency_key=req.idempotency_key,
+        metadata=dict(req.metadata),
+    )
+
+
 class Api:
     """The scheduler's endpoints over the store."""
 
@@ -112,23 +126,24 @@ class Api:
 
     async def submit(self, req: m.SubmitRequest, subject: str) -> m.SubmitReply:
         """`P.api.tasks.submit`."""
-        done = await self._store.submit(convert.new_task(req))
+        done = await self._store.submit(_new_task(req))
         if done.created:
             self._relay.set()
             self._assign.set()
         with bind(task_id=done.task_id):
             log.info("submitted" if done.created else "submit repeated", extra={"new": done.created})
-        return m.SubmitReply(task_id=done.task_id, status=done.status, created=done.created)
+        return m.SubmitReply.from_value(done)
 
     async def get(self, req: m.GetTaskRequest, subject: str) -> m.TaskView:
         """`P.api.tasks.get`."""
         with bind(task_id=req.task_id):
-            return convert.task_view(await self._store.get_task(req.task_id))
+            return m.TaskView.from_value(await self._store.get_task(req.task_id))
 
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`."""
-        page = await self._store.list_tasks(status=req.status, limit=req.limit, after=req.after)
-        return m.ListTasksReply(tasks=[convert.task_summary(t) for t in page.tasks], next=page.next)
+        return m.ListTasksReply.from_value(
+            await self._store.list_tasks(status=req.status, limit=req.limit, after=req.after)
+        )
 
     async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:
         """`P.api.tasks.cancel`; nudges the host when work is in flight there."""
@@ -141,9 +156,7 @@ class Api:
             )
             if receipt.cancel_requested and receipt.nudge is not None:
                 await self._nudge(*receipt.nudge, task_id=req.task_id)
-            return m.CancelReply(
-                task_id=receipt.task_id, status=receipt.status, cancel_requested=receipt.cancel_requested
-            )
+            return m.CancelReply.from_value(receipt)
 
     async def _nudge(self, host_id: str, attempt: int, *, task_id: object) -> None:
         body = encode(m.Nudge.model_validate({"task_id": task_id, "attempt": attempt}))
@@ -156,7 +169,7 @@ class Api:
 
     async def hosts(self, req: m.HostsListRequest, subject: str) -> m.HostsListReply:
         """`P.api.hosts.list`."""
-        return convert.hosts(await self._store.list_hosts())
+        return m.HostsListReply(hosts=[m.HostView.from_value(h) for h in await self._store.list_hosts()])
 
     async def drain(self, req: m.DrainRequest, subject: str) -> m.DeviceDrainView:
         """`P.api.devices.drain`."""
@@ -164,14 +177,7 @@ class Api:
         if not view.drained:
             self._assign.set()
         log.info("drained" if view.drained else "returned to service", extra={"device_id": view.device_id})
-        return m.DeviceDrainView(
-            device_id=view.device_id,
-            host_id=view.host_id,
-            labels=dict(view.labels),
-            state=view.state,
-            drained=view.drained,
-            drain_reason=view.drain_reason,
-        )
+        return m.DeviceDrainView.from_value(view)
 
     # -- hosts ---------------------------------------------------------------------------------
 
@@ -207,7 +213,7 @@ class Api:
             grant = await self._store.claim(ref)
             self._relay.set()
             log.info("claimed", extra={"cancel_requested": grant.cancel_requested})
-            return m.LeaseReply(expires_at=grant.expires_at, ttl_s=grant.ttl_s, cancel_requested=grant.cancel_requested)
+            return m.LeaseReply.from_value(grant)
 
     async def renew(self, req: m.RenewRequest, subject: str) -> m.LeaseReply:
         """`P.host.<id>.renew`."""
@@ -217,7 +223,7 @@ class Api:
             grant = await self._store.renew(ref, progress)
             if progress is not None:
                 self._relay.set()  # a new step is a `progress` event
-            return m.LeaseReply(expires_at=grant.expires_at, ttl_s=grant.ttl_s, cancel_requested=grant.cancel_requested)
+            return m.LeaseReply.from_value(grant)
 
     async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
         """`P.host.<id>.report`."""
@@ -229,10 +235,4 @@ class Api:
                 self._relay.set()
                 self._assign.set()  # the device is free again
             log.info("reported", extra={"outcome": req.outcome.value, "duplicate": receipt.duplicate})
-            return m.ReportReply(
-                task_id=receipt.task_id,
-                attempt=receipt.attempt,
-                status=receipt.status,
-                recorded_at=receipt.recorded_at,
-                duplicate=receipt.duplicate,
-            )
+            return m.ReportReply.from_value(receipt)

@@ -26,6 +26,7 @@ from devsched.client.cli.common import (
 from devsched.client.cli.render import event_line, hosts_table, print_table, status_text, task_detail, tasks_table
 from devsched.client.client import Client, task_uuid
 from devsched.client.plans import load_request, parse_labels
+from devsched.core.limits import LIST_LIMIT_MAX
 from devsched.core.status import TERMINAL, TaskStatus
 from devsched.protocol.messages import SubmitRequest, TaskSummary, TaskView
 
@@ -198,7 +199,7 @@ def ls(
         tasks: list[TaskSummary] = []
         cursor = after
         while True:
-            want = 1000 if all_tasks else min(1000, limit - len(tasks))
+            want = LIST_LIMIT_MAX if all_tasks else min(LIST_LIMIT_MAX, limit - len(tasks))
             page = await client.list_page(status=status, limit=want, after=cursor)
             tasks.extend(page.tasks)
             cursor = page.next

@@ -1,0 +1,14 @@
+"""The ranges and defaults of what a submit may set, and of a listing's page size (PROTOCOL.md).
+
+The protocol checks requests against them and the store's values default to them, so each number of
+the contract is written once.
+"""
+
+#: Range and default of `priority` (higher runs first).
+PRIORITY_MIN, PRIORITY_MAX, PRIORITY_DEFAULT = -1000, 1000, 0
+#: Range and default of `max_attempts`.
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 100, 3
+#: Range and default of `lease_ttl_s`.
+LEASE_TTL_MIN_S, LEASE_TTL_MAX_S, LEASE_TTL_DEFAULT_S = 1, 3600, 30
+#: Range and default of a list page's `limit`.
+LIST_LIMIT_MIN, LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT = 1, 1000, 100

@@ -1,0 +1,92 @@
+"""What operators and clients read: a task with its attempts, a page of tasks, a host with its devices.
+
+These are the one definition of each view's fields. The store builds them from its rows, and the
+protocol's reply models (`devsched.protocol.tasks`, `.hosts`) carry the same field names and are built
+from them by `WireModel.from_value`, so no layer copies the field lists by hand.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from devsched.core.records import Selector
+from devsched.core.status import AttemptStatus, DeviceState, EndReason, TaskStatus
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    """One attempt of a task, kept for audit after it ends."""
+
+    attempt: int
+    lease_id: uuid.UUID
+    host_id: str
+    device_id: str
+    status: AttemptStatus
+    assigned_at: datetime
+    dispatched_at: datetime | None
+    expires_at: datetime
+    ended_at: datetime | None
+    end_reason: EndReason | None
+    progress: Mapping[str, Any] | None
+    cancel_requested: bool
+    report_reason: str | None
+    result: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    """A task as `P.api.tasks.get` shows it; a listing shows it without attempts."""
+
+    task_id: uuid.UUID
+    name: str | None
+    status: TaskStatus
+    priority: int
+    max_attempts: int
+    attempt_count: int
+    lease_ttl_s: int
+    cancel_requested: bool
+    selector: Selector
+    plan: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+    idempotency_key: str | None
+    created_at: datetime
+    updated_at: datetime
+    reason: str | None
+    result: Mapping[str, Any] | None
+    pending_reason: str | None = None
+    attempts: tuple[AttemptView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskPage:
+    """One page of a listing; `next` is the cursor of the following page, None on the last."""
+
+    tasks: tuple[TaskView, ...]
+    next: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceView:
+    """A device as operators see it (a host listing leaves out `host_id`, which its host gives)."""
+
+    device_id: str
+    host_id: str
+    labels: Mapping[str, str]
+    state: DeviceState
+    drained: bool
+    drain_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostView:
+    """A host and its devices."""
+
+    host_id: str
+    online: bool
+    last_seen_at: datetime
+    agent_version: str | None
+    devices: tuple[DeviceView, ...]
