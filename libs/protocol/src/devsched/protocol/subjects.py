@@ -197,6 +197,10 @@ class Subjects:
         return f"{self.prefix}-scheduler"
 
 
+#: The JetStream header that names a message for de-duplication.
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
 def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
     """`Nats-Msg-Id` of an assignment: `<task_id>.<attempt>`, so a re-relayed one is stored once."""
     return f"{uuid.UUID(str(task_id))}.{attempt}"

@@ -2,9 +2,9 @@
 
 from devsched.store.clock import Clock, DatabaseClock, ManualClock
 from devsched.store.engine import DatabaseTimeouts, make_engine
+from devsched.store.outbox import PublishBatch, Published
 from devsched.store.repository import Store
 from devsched.store.views import (
-    AssignmentMessage,
     AttemptView,
     CancelReceipt,
     DeviceSpec,
@@ -20,7 +20,6 @@ from devsched.store.views import (
 )
 
 __all__ = [
-    "AssignmentMessage",
     "AttemptView",
     "CancelReceipt",
     "Clock",
@@ -33,6 +32,8 @@ __all__ = [
     "ManualClock",
     "NewTask",
     "OutboxMessage",
+    "PublishBatch",
+    "Published",
     "ReportReceipt",
     "Store",
     "Submitted",
