@@ -209,7 +209,7 @@ def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
 def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
     """`Nats-Msg-Id` of a task event: `<task_id>:<seq>` (an addition: the protocol only asks for uniqueness).
 
-    A colon, not a dot, so it can never equal an assignment's `<task_id>.<attempt>` in the outbox, where
-    message ids of both streams share one unique column.
+    A colon, not a dot, so it can never equal an assignment's `<task_id>.<attempt>`, wherever ids of both
+    kinds meet (logs, a tool that reads both streams).
     """
     return f"{uuid.UUID(str(task_id))}:{seq}"

@@ -79,10 +79,6 @@ class Store:
         """Close every pooled connection."""
         await self.engine.dispose()
 
-    @staticmethod
-    def _outbox() -> outbox.Outbox:
-        return outbox.Outbox()
-
     # -- users -------------------------------------------------------------------------------
 
     async def submit(self, new: NewTask) -> Submitted:
@@ -90,7 +86,7 @@ class Store:
         task_id = new_task_id()
 
         async def op(conn: AsyncConnection, now: datetime) -> Submitted:
-            return await tasks.submit(conn, now, self._outbox(), new, task_id)
+            return await tasks.submit(conn, now, outbox.Outbox(), new, task_id)
 
         return await self._tx.run(op, name="submit")
 
@@ -98,7 +94,7 @@ class Store:
         """Cancel a queued task now, or record a cancellation request against an in-flight one."""
 
         async def op(conn: AsyncConnection, now: datetime) -> CancelReceipt:
-            return await tasks.request_cancel(conn, now, self._outbox(), task_id, reason)
+            return await tasks.request_cancel(conn, now, outbox.Outbox(), task_id, reason)
 
         return await self._tx.run(op, name="cancel")
 
@@ -168,7 +164,7 @@ class Store:
         """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
 
         async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
-            return await leasing.extend(conn, now, self._outbox(), ref, claim=True, clock=self.clock)
+            return await leasing.extend(conn, now, outbox.Outbox(), ref, claim=True, clock=self.clock)
 
         return _unwrap(await self._tx.run(op, name="claim"))
 
@@ -177,7 +173,7 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
             return await leasing.extend(
-                conn, now, self._outbox(), ref, claim=False, clock=self.clock, progress=progress
+                conn, now, outbox.Outbox(), ref, claim=False, clock=self.clock, progress=progress
             )
 
         return _unwrap(await self._tx.run(op, name="renew"))
@@ -193,7 +189,7 @@ class Store:
         """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
 
         async def op(conn: AsyncConnection, now: datetime) -> ReportReceipt | Rejected:
-            return await leasing.report(conn, now, self._outbox(), ref, outcome, reason, result, self.clock)
+            return await leasing.report(conn, now, outbox.Outbox(), ref, outcome, reason, result, self.clock)
 
         return _unwrap(await self._tx.run(op, name="report"))
 
@@ -204,7 +200,7 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime) -> list[AttemptAssigned]:
             return await assignment.assign(
-                conn, now, self._outbox(), limit=limit, device_limit=device_limit, clock=self.clock
+                conn, now, outbox.Outbox(), limit=limit, device_limit=device_limit, clock=self.clock
             )
 
         return await self._tx.run(op, name="assign")
@@ -214,7 +210,7 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime) -> list[ExpiredLease]:
             return await sweeping.sweep_expired(
-                conn, now, self._outbox(), limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
+                conn, now, outbox.Outbox(), limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
             )
 
         return await self._tx.run(op, name="sweep")
