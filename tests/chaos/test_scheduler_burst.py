@@ -131,7 +131,7 @@ async def test_two_schedulers_two_sweepers_burst_ends_consistent(
     stop = asyncio.Event()
     running = [asyncio.create_task(agent.run(stop)) for agent in agents]
 
-    store = Store.connect(database_url, prefix=subject_prefix)
+    store = Store.connect(database_url)
     doubled: list[Any] = []
 
     async def watch_reservations() -> None:

@@ -38,7 +38,7 @@ async def test_scheduler_killed_between_commit_and_publish_delivers_after_restar
     host = make_host()
     await host.register("d1", "d2")
     ids = [await submit(nc, subject_prefix) for _ in range(3)]
-    store = Store.connect(database_url, prefix=subject_prefix)
+    store = Store.connect(database_url)
     try:
 
         async def assigned_twice() -> bool:

@@ -20,7 +20,7 @@ from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, Outcom
 from devsched.core.status import TaskStatus
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
-from devsched.protocol.subjects import HostVerb, Subjects, assignment_msg_id
+from devsched.protocol.subjects import MSG_ID_HEADER, HostVerb, Subjects, assignment_msg_id
 from devsched.protocol.transport import add_typed_endpoint
 
 
@@ -202,7 +202,7 @@ class FakeScheduler:
     async def publish(self, row: Row, *, msg_id: bool = True) -> None:
         """Publish `row`'s assignment (again)."""
         a = row.assignment
-        headers = {"Nats-Msg-Id": assignment_msg_id(a.task_id, a.attempt)} if msg_id else None
+        headers = {MSG_ID_HEADER: assignment_msg_id(a.task_id, a.attempt)} if msg_id else None
         await self.js.publish(self.subjects.assign(row.host_id), encode(a), headers=headers)
 
     async def cancel(self, row: Row) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 from sqlalchemy import text
 
+from devsched.core.events import AttemptAssigned
 from devsched.core.records import LeaseRef, Selector
-from devsched.store import AssignmentMessage, DeviceSpec, ManualClock, NewTask, Store
+from devsched.store import DeviceSpec, ManualClock, NewTask, Store
 
 PLAN: Mapping[str, Any] = {"steps": [{"name": "flash", "action": "noop", "args": {}}]}
 
@@ -59,7 +60,7 @@ class Lab:
             await self.store.heartbeat(h.host_id)
 
 
-def ref(m: AssignmentMessage) -> LeaseRef:
+def ref(m: AttemptAssigned) -> LeaseRef:
     return LeaseRef(m.host_id, m.task_id, m.attempt, m.lease_id)
 
 

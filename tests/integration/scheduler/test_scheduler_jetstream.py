@@ -75,7 +75,7 @@ async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
     await host.register("d1")
     for _ in range(3):
         await submit(nc, subject_prefix)
-    store = Store.connect(database_url, prefix=subject_prefix)
+    store = Store.connect(database_url)
     try:
         js = nc.jetstream()
 

@@ -148,7 +148,7 @@ async def test_assignment_and_event_messages_are_published_once(
 async def scheduler_unsent(scheduler: Scheduler) -> int:
     from devsched.store import Store
 
-    store = Store.connect(scheduler.settings.database_url, prefix=scheduler.settings.subject_prefix)
+    store = Store.connect(scheduler.settings.database_url)
     try:
         return await store.unsent_count()
     finally:

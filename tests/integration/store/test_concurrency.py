@@ -72,7 +72,7 @@ async def test_two_sweepers_never_requeue_one_attempt_twice(lab: Lab, stores: Ca
     assert len(set(swept)) == 40, "no attempt was expired twice"
     async with lab.store.engine.connect() as conn:
         events = Counter(
-            (await conn.execute(text("SELECT payload->>'event' FROM outbox WHERE subject LIKE '%.events.%'"))).scalars()
+            (await conn.execute(text("SELECT data->>'kind' FROM outbox WHERE kind = 'task_event'"))).scalars()
         )
     assert events["requeued"] == 40
     page = await lab.store.list_tasks(limit=100)

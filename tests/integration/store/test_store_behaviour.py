@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from sqlalchemy import text
 
-from devsched.core.status import DeviceState, Outcome, TaskStatus
-from devsched.store import DeviceSpec, NewTask, OutboxMessage
+from devsched.core.events import AttemptAssigned, StepProgress, TaskEvent
+from devsched.core.status import DeviceState, EventKind, Outcome, TaskStatus
+from devsched.protocol.subjects import Subjects
+from devsched.scheduler.outgoing import outgoing
+from devsched.store import DeviceSpec, NewTask, OutboxMessage, Published
 from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -173,49 +178,92 @@ async def test_events_are_numbered_in_commit_order(lab: Lab) -> None:
     await lab.store.report(lease, Outcome.CANCELLED)
     published: list[OutboxMessage] = []
 
-    async def publish(msg: OutboxMessage) -> None:
-        published.append(msg)
+    async def publish(batch: Sequence[OutboxMessage]) -> Published:
+        published.extend(batch)
+        return Published([m.id for m in batch])
 
     assert await lab.store.relay_outbox(publish) == len(published)
-    events = [m.payload for m in published if ".events." in m.subject]
-    assert [e["event"] for e in events] == [
-        "submitted",
-        "assigned",
-        "dispatched",
-        "progress",
-        "cancel_requested",
-        "cancelled",
+    events = [m.event for m in published if isinstance(m.event, TaskEvent)]
+    assert [e.kind for e in events] == [
+        EventKind.SUBMITTED,
+        EventKind.ASSIGNED,
+        EventKind.DISPATCHED,
+        EventKind.PROGRESS,
+        EventKind.CANCEL_REQUESTED,
+        EventKind.CANCELLED,
     ]
-    assert [e["seq"] for e in events] == [1, 2, 3, 4, 5, 6]
-    assert events[3]["progress"] == {"step": "flash", "index": 0, "of": 1}
-    assert events[4]["reason"] == "enough"
-    (assignment,) = [m for m in published if ".assign." in m.subject]
-    assert assignment.subject == "devsched.assign.h1"
-    assert assignment.msg_id == f"{lease.task_id}.1"
-    assert assignment.payload["lease_id"] == str(lease.lease_id)
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5, 6]
+    assert events[3].progress == StepProgress(step="flash", index=0, of=1)
+    assert events[4].reason == "enough"
+    (assignment,) = [m.event for m in published if isinstance(m.event, AttemptAssigned)]
+    assert (assignment.task_id, assignment.attempt, assignment.host_id) == (lease.task_id, 1, "h1")
+    assert assignment.lease_id == lease.lease_id
+    # what the relay makes of it: the protocol's subject and message id
+    wire = outgoing(assignment, Subjects())
+    assert wire.subject == "devsched.assign.h1"
+    assert wire.msg_id == f"{lease.task_id}.1"
     assert await lab.store.unsent_count() == 0
 
 
 async def test_relay_stops_at_a_failed_publish_and_keeps_the_rest(lab: Lab) -> None:
     for _ in range(5):
         await lab.submit()
-    calls: list[str] = []
+    calls: list[int] = []
 
-    async def flaky(msg: OutboxMessage) -> None:
-        calls.append(msg.msg_id)
-        if len(calls) == 3:
-            raise ConnectionError("nats went away")
+    async def flaky(batch: Sequence[OutboxMessage]) -> Published:
+        sent: list[int] = []
+        for m in batch:
+            calls.append(m.id)
+            if len(calls) == 3:
+                return Published(sent, ConnectionError("nats went away"))
+            sent.append(m.id)
+        return Published(sent)
 
     with pytest.raises(ConnectionError):
         await lab.store.relay_outbox(flaky)
     assert await lab.store.unsent_count() == 3, "two published and marked; the failed one and the rest wait"
-    retried: list[str] = []
+    retried: list[int] = []
 
-    async def ok(msg: OutboxMessage) -> None:
-        retried.append(msg.msg_id)
+    async def ok(batch: Sequence[OutboxMessage]) -> Published:
+        retried.extend(m.id for m in batch)
+        return Published(retried)
 
     assert await lab.store.relay_outbox(ok) == 3
     assert retried[0] == calls[2], "the failed message goes first on the next pass, in order"
     async with lab.store.engine.connect() as conn:
         unsent = (await conn.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NULL"))).scalar_one()
     assert unsent == 0
+
+
+async def test_relay_marks_exactly_the_acknowledged_messages_in_any_order(lab: Lab) -> None:
+    """A publisher with several messages in flight acknowledges some, in any order: only those are marked."""
+    for _ in range(4):
+        await lab.submit()
+    first: list[int] = []
+
+    async def some(batch: Sequence[OutboxMessage]) -> Published:
+        first.extend(m.id for m in batch)
+        return Published([first[3], first[1]], TimeoutError("two acks never came"))
+
+    with pytest.raises(TimeoutError):
+        await lab.store.relay_outbox(some)
+    assert await lab.store.unsent_count() == 2
+    second: list[int] = []
+
+    async def rest(batch: Sequence[OutboxMessage]) -> Published:
+        second.extend(m.id for m in batch)
+        return Published(second)
+
+    assert await lab.store.relay_outbox(rest) == 2
+    assert second == [first[0], first[2]], "the unacknowledged ones, still in id order"
+
+
+async def test_relay_refuses_an_acknowledgement_of_a_message_it_did_not_hand_out(lab: Lab) -> None:
+    await lab.submit()
+
+    async def confused(batch: Sequence[OutboxMessage]) -> Published:
+        return Published([m.id for m in batch] + [10**9])
+
+    with pytest.raises(ValueError, match="not claimed"):
+        await lab.store.relay_outbox(confused)
+    assert await lab.store.unsent_count() == 1, "nothing marked: the pass rolled back"

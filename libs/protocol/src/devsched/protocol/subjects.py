@@ -197,6 +197,10 @@ class Subjects:
         return f"{self.prefix}-scheduler"
 
 
+#: The JetStream header that names a message for de-duplication.
+MSG_ID_HEADER = "Nats-Msg-Id"
+
+
 def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
     """`Nats-Msg-Id` of an assignment: `<task_id>.<attempt>`, so a re-relayed one is stored once."""
     return f"{uuid.UUID(str(task_id))}.{attempt}"
@@ -205,7 +209,7 @@ def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
 def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
     """`Nats-Msg-Id` of a task event: `<task_id>:<seq>` (an addition: the protocol only asks for uniqueness).
 
-    A colon, not a dot, so it can never equal an assignment's `<task_id>.<attempt>` in the outbox, where
-    message ids of both streams share one unique column.
+    A colon, not a dot, so it can never equal an assignment's `<task_id>.<attempt>`, wherever ids of both
+    kinds meet (logs, a tool that reads both streams).
     """
     return f"{uuid.UUID(str(task_id))}:{seq}"

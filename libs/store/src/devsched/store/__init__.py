@@ -2,9 +2,9 @@
 
 from devsched.store.clock import Clock, DatabaseClock, ManualClock
 from devsched.store.engine import DatabaseTimeouts, make_engine
+from devsched.store.outbox import PublishBatch, Published
 from devsched.store.repository import Store
 from devsched.store.views import (
-    AssignmentMessage,
     CancelReceipt,
     DeviceSpec,
     ExpiredLease,
@@ -15,7 +15,6 @@ from devsched.store.views import (
 )
 
 __all__ = [
-    "AssignmentMessage",
     "CancelReceipt",
     "Clock",
     "DatabaseClock",
@@ -25,6 +24,8 @@ __all__ = [
     "ManualClock",
     "NewTask",
     "OutboxMessage",
+    "PublishBatch",
+    "Published",
     "ReportReceipt",
     "Store",
     "Submitted",

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.ids import new_lease_id
 from devsched.core.lifecycle import Trigger
 from devsched.core.matching import matches, plan_assignments
@@ -26,7 +27,6 @@ from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
 from devsched.store.statuses import entering, leaving
-from devsched.store.views import AssignmentMessage
 
 _SELECTORS = text(
     f"SELECT DISTINCT selector_labels, selector_device_id FROM tasks WHERE status IN {leaving(Trigger.ASSIGN)}"
@@ -95,7 +95,7 @@ def _selector(labels: Mapping[str, str], device_id: str | None) -> Selector:
 
 async def assign(
     conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_limit: int, clock: Clock
-) -> list[AssignmentMessage]:
+) -> list[AttemptAssigned]:
     """Assign up to `limit` queued tasks; returns the new attempts (also written to the outbox).
 
     The attempts' `assigned_at` and expiry come from the clock read after the device and task locks, so
@@ -128,7 +128,7 @@ async def assign(
         return []
     now = await clock.now(conn)
     messages = [
-        AssignmentMessage(
+        AttemptAssigned(
             task_id=task.task_id,
             attempt=by_id[task.task_id].attempt_count + 1,
             lease_id=new_lease_id(),
@@ -163,17 +163,20 @@ async def assign(
     if len(seqs) != len(messages):  # a task moved under our lock: impossible unless the schema changed
         raise RuntimeError("assignment lost a task it had locked")
     for m in messages:
-        outbox.event(
-            task_id=m.task_id,
-            seq=seqs[m.task_id],
-            kind=EventKind.ASSIGNED,
-            status=TaskStatus.ASSIGNED,
-            at=now,
-            attempt=m.attempt,
-            host_id=m.host_id,
-            device_id=m.device_id,
-            trace=by_id[m.task_id].trace_headers,
+        trace = by_id[m.task_id].trace_headers
+        outbox.add(
+            TaskEvent(
+                kind=EventKind.ASSIGNED,
+                task_id=m.task_id,
+                seq=seqs[m.task_id],
+                status=TaskStatus.ASSIGNED,
+                at=now,
+                attempt=m.attempt,
+                host_id=m.host_id,
+                device_id=m.device_id,
+            ),
+            trace=trace,
         )
-        outbox.assignment(m, trace=by_id[m.task_id].trace_headers)
+        outbox.add(m, trace=trace)
     await outbox.flush(conn, now)
     return messages

@@ -11,6 +11,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import Conflict, LeaseExpired
+from devsched.core.events import StepProgress, TaskEvent
 from devsched.core.leases import Extension, ReportKind, decide_claim, decide_renew, decide_report
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
@@ -92,20 +93,29 @@ async def extend(
     ).one_or_none()
     if row is None:  # cannot happen under the task lock; the compare-and-set makes sure
         raise LeaseExpired()
-    common = {"task_id": ref.task_id, "attempt": ref.attempt, "host_id": ref.host_id, "device_id": row.device_id}
+    device_id: str = row.device_id
+
+    def event(kind: EventKind, seq: int, status: TaskStatus, progress: StepProgress | None = None) -> TaskEvent:
+        return TaskEvent(
+            kind=kind,
+            task_id=ref.task_id,
+            seq=seq,
+            status=status,
+            at=now,
+            attempt=ref.attempt,
+            host_id=ref.host_id,
+            device_id=device_id,
+            progress=progress,
+        )
+
     if ext.dispatch:
         seq = (await conn.execute(_DISPATCH, {"task_id": ref.task_id, "now": now})).scalar_one()
-        outbox.event(seq=seq, kind=EventKind.DISPATCHED, status=TaskStatus.DISPATCHED, at=now, **common)
+        outbox.add(event(EventKind.DISPATCHED, seq, TaskStatus.DISPATCHED))
     if row.progressed:
+        assert progress is not None  # `progressed` is false without it
         prow = (await conn.execute(_PROGRESS_SEQ, {"task_id": ref.task_id, "now": now})).one()
-        outbox.event(
-            seq=prow.event_seq,
-            kind=EventKind.PROGRESS,
-            status=TaskStatus(prow.status),
-            at=now,
-            progress=progress,
-            **common,
-        )
+        step = StepProgress(step=progress["step"], index=progress["index"], of=progress["of"])
+        outbox.add(event(EventKind.PROGRESS, prow.event_seq, TaskStatus(prow.status), step))
     await outbox.flush(conn, now)
     return ext
 
@@ -169,16 +179,18 @@ async def report(
     if device_id is None:
         raise LeaseExpired()
     seq = (await conn.execute(_END_TASK, {**params, "status": decision.task_status.value})).scalar_one()
-    outbox.event(
-        task_id=ref.task_id,
-        seq=seq,
-        kind=EventKind(decision.task_status.value),
-        status=decision.task_status,
-        at=now,
-        attempt=ref.attempt,
-        host_id=ref.host_id,
-        device_id=device_id,
-        reason=reason,
+    outbox.add(
+        TaskEvent(
+            kind=EventKind(decision.task_status.value),
+            task_id=ref.task_id,
+            seq=seq,
+            status=decision.task_status,
+            at=now,
+            attempt=ref.attempt,
+            host_id=ref.host_id,
+            device_id=device_id,
+            reason=reason,
+        )
     )
     await outbox.flush(conn, now)
     return ReportReceipt(ref.task_id, ref.attempt, decision.task_status, now, duplicate=False)

@@ -1,44 +1,38 @@
-"""The transactional outbox: messages written with the change that caused them, published after commit.
+"""The transactional outbox: domain events written with the change that caused them, published after commit.
 
 Nothing is published for a change that rolled back, and nothing committed is lost: the relay claims
-unsent rows with SKIP LOCKED (never by a high-water mark: ids commit out of order), publishes them with
-their `Nats-Msg-Id`, and marks them sent; a crash in between republishes, and JetStream's duplicate
-window drops the copy.
+unsent rows with SKIP LOCKED (never by a high-water mark: ids commit out of order), hands them to the
+publisher, and marks the ones it acknowledged; a crash in between publishes them again, and JetStream's
+duplicate window drops the copies by message id.
+
+The rows hold `devsched.core.events` values (a `kind` and the value's fields as JSON), never wire
+messages: subjects, message ids and encodings are the protocol's, decided by whoever publishes.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from devsched.core.events import AttemptAssigned, DomainEvent, StepProgress, TaskEvent
 from devsched.core.status import EventKind, TaskStatus
-from devsched.store.views import AssignmentMessage, OutboxMessage
+from devsched.store.views import OutboxMessage
 
-#: Trace headers (W3C traceparent) of the request being handled; stored with every message it causes so
+#: Trace headers (W3C traceparent) of the request being handled; stored with every event it causes so
 #: the trace follows the task through the relay.
 trace_headers: ContextVar[Mapping[str, str] | None] = ContextVar("devsched_outbox_trace_headers", default=None)
 
-
-def iso(ts: datetime | None) -> str | None:
-    """RFC 3339 UTC with microseconds, as the protocol writes timestamps."""
-    return None if ts is None else ts.isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
-_INSERT = text(
-    """
-    INSERT INTO outbox (subject, msg_id, payload, headers, created_at)
-    SELECT s, m, p::jsonb, h::jsonb, :now
-    FROM unnest(CAST(:subjects AS text[]), CAST(:msg_ids AS text[]), CAST(:payloads AS text[]),
-                CAST(:headers AS text[])) AS u(s, m, p, h)
-    """
-)
+#: `outbox.kind` of each domain value (the table's check constraint lists the same names).
+TASK_EVENT = "task_event"
+ASSIGNMENT = "assignment"
 
 
 def current_trace() -> Mapping[str, str]:
@@ -46,111 +40,155 @@ def current_trace() -> Mapping[str, str]:
     return trace_headers.get() or {}
 
 
-class Outbox:
-    """Collects the messages of one transaction and writes them in one statement."""
+# -- rows <-> domain values -----------------------------------------------------------------------------
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
-        self._rows: list[tuple[str, str, str, str]] = []
 
-    def event(
-        self,
-        *,
-        task_id: uuid.UUID,
-        seq: int,
-        kind: EventKind,
-        status: TaskStatus,
-        at: datetime,
-        attempt: int | None = None,
-        host_id: str | None = None,
-        device_id: str | None = None,
-        reason: str | None = None,
-        progress: Mapping[str, Any] | None = None,
-        trace: Mapping[str, str] | None = None,
-    ) -> None:
-        """Queue a task event for `P.events.task.<task_id>`; `seq` comes from the task row's counter.
+def _time(value: datetime) -> str:
+    return value.isoformat(timespec="microseconds")
 
-        `trace` is the task's own trace context, for events no request caused (assignment, expiry);
-        by default the current request's.
-        """
-        body: dict[str, Any] = {
-            "event": kind.value,
-            "task_id": str(task_id),
-            "seq": seq,
-            "attempt": attempt,
-            "status": status.value,
-            "at": iso(at),
-            "host_id": host_id,
-            "device_id": device_id,
-            "reason": reason,
+
+def _row(event: DomainEvent) -> tuple[str, dict[str, Any]]:
+    """`(kind, data)` of a domain value: its fields as JSON."""
+    if isinstance(event, TaskEvent):
+        p = event.progress
+        return TASK_EVENT, {
+            "kind": event.kind.value,
+            "task_id": str(event.task_id),
+            "seq": event.seq,
+            "status": event.status.value,
+            "at": _time(event.at),
+            "attempt": event.attempt,
+            "host_id": event.host_id,
+            "device_id": event.device_id,
+            "reason": event.reason,
+            "progress": None if p is None else {"step": p.step, "index": p.index, "of": p.of},
         }
-        if kind is EventKind.PROGRESS:
-            body["progress"] = dict(progress or {})
-        headers = json.dumps(dict(current_trace() if trace is None else trace))
-        self._rows.append((f"{self.prefix}.events.task.{task_id}", f"{task_id}:{seq}", json.dumps(body), headers))
+    return ASSIGNMENT, {
+        "task_id": str(event.task_id),
+        "attempt": event.attempt,
+        "lease_id": str(event.lease_id),
+        "host_id": event.host_id,
+        "device_id": event.device_id,
+        "plan": dict(event.plan),
+        "ttl_s": event.ttl_s,
+        "expires_at": _time(event.expires_at),
+    }
 
-    def assignment(self, msg: AssignmentMessage, trace: Mapping[str, str] | None = None) -> None:
-        """Queue the assignment of a new attempt for `P.assign.<host_id>`, in the task's trace."""
-        body = {
-            "task_id": str(msg.task_id),
-            "attempt": msg.attempt,
-            "lease_id": str(msg.lease_id),
-            "device_id": msg.device_id,
-            "plan": msg.plan,
-            "ttl_s": msg.ttl_s,
-            "expires_at": iso(msg.expires_at),
-        }
-        headers = json.dumps(dict(current_trace() if trace is None else trace))
-        self._rows.append(
-            (f"{self.prefix}.assign.{msg.host_id}", f"{msg.task_id}.{msg.attempt}", json.dumps(body), headers)
+
+def _event(kind: str, data: Mapping[str, Any]) -> DomainEvent:
+    """The domain value of a row (`_row` reversed)."""
+    if kind == TASK_EVENT:
+        p = data.get("progress")
+        return TaskEvent(
+            kind=EventKind(data["kind"]),
+            task_id=uuid.UUID(data["task_id"]),
+            seq=data["seq"],
+            status=TaskStatus(data["status"]),
+            at=datetime.fromisoformat(data["at"]),
+            attempt=data.get("attempt"),
+            host_id=data.get("host_id"),
+            device_id=data.get("device_id"),
+            reason=data.get("reason"),
+            progress=None if p is None else StepProgress(step=p["step"], index=p["index"], of=p["of"]),
         )
+    if kind == ASSIGNMENT:
+        return AttemptAssigned(
+            task_id=uuid.UUID(data["task_id"]),
+            attempt=data["attempt"],
+            lease_id=uuid.UUID(data["lease_id"]),
+            host_id=data["host_id"],
+            device_id=data["device_id"],
+            plan=data["plan"],
+            ttl_s=data["ttl_s"],
+            expires_at=datetime.fromisoformat(data["expires_at"]),
+        )
+    raise ValueError(f"unknown outbox kind {kind!r}")
+
+
+# -- writing ---------------------------------------------------------------------------------------------
+
+_INSERT = text(
+    """
+    INSERT INTO outbox (kind, data, headers, created_at)
+    SELECT k, d::jsonb, h::jsonb, :now
+    FROM unnest(CAST(:kinds AS text[]), CAST(:data AS text[]), CAST(:headers AS text[])) AS u(k, d, h)
+    """
+)
+
+
+class Outbox:
+    """Collects the domain events of one transaction and writes them in one statement."""
+
+    def __init__(self) -> None:
+        self._rows: list[tuple[str, str, str]] = []
+
+    def add(self, event: DomainEvent, *, trace: Mapping[str, str] | None = None) -> None:
+        """Queue `event` with its trace context.
+
+        `trace` is the task's own trace context, for events no request caused (assignment, expiry); by
+        default the current request's.
+        """
+        kind, data = _row(event)
+        headers = dict(current_trace() if trace is None else trace)
+        self._rows.append((kind, json.dumps(data), json.dumps(headers)))
 
     async def flush(self, conn: AsyncConnection, now: datetime) -> None:
-        """Write the queued messages in the caller's transaction."""
+        """Write the queued events in the caller's transaction."""
         if not self._rows:
             return
-        subjects, msg_ids, payloads, headers = (list(col) for col in zip(*self._rows, strict=True))
-        await conn.execute(
-            _INSERT,
-            {"subjects": subjects, "msg_ids": msg_ids, "payloads": payloads, "headers": headers, "now": now},
-        )
+        kinds, data, headers = (list(col) for col in zip(*self._rows, strict=True))
+        await conn.execute(_INSERT, {"kinds": kinds, "data": data, "headers": headers, "now": now})
         self._rows.clear()
 
 
-Publish = Callable[[OutboxMessage], Awaitable[None]]
+# -- relaying ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    """What a publisher did with a claimed batch.
+
+    `ids` are the messages whose publication was acknowledged, in any order (a publisher may have several
+    in flight); `error` is what stopped it, if anything. Messages not in `ids` stay unsent.
+    """
+
+    ids: Sequence[int]
+    error: Exception | None = None
+
+
+#: Publishes a batch of claimed messages and says which were acknowledged; must not raise (see `Published`).
+PublishBatch = Callable[[Sequence[OutboxMessage]], Awaitable[Published]]
 
 _CLAIM = text(
     """
-    SELECT id, subject, msg_id, payload, headers FROM outbox
+    SELECT id, kind, data, headers FROM outbox
     WHERE sent_at IS NULL ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     """
 )
 _MARK = text("UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:ids AS bigint[]))")
 
 
-async def relay(conn: AsyncConnection, now: datetime, publish: Publish, limit: int) -> tuple[int, Exception | None]:
-    """Publish up to `limit` unsent messages in id order and mark the ones that were published.
+async def relay(conn: AsyncConnection, now: datetime, publish: PublishBatch, limit: int) -> Published:
+    """Claim up to `limit` unsent messages in id order, publish them, and mark the acknowledged ones.
 
-    Stops at the first failed publish and returns it instead of raising, so that the marks of the
-    messages already published still commit with the caller's transaction (the failed one and those
-    after it stay unsent and are tried again by the next pass).
+    The rows stay locked until the caller's transaction ends, so no other relay publishes them meanwhile.
+    The publisher's error is returned rather than raised, so that the marks of the messages it did publish
+    commit (the rest are tried again by the next pass).
+
+    Raises:
+        ValueError: the publisher acknowledged a message it was not given.
     """
     rows = (await conn.execute(_CLAIM, {"limit": limit})).all()
-    sent: list[int] = []
-    error: Exception | None = None
-    for row in rows:
-        message = OutboxMessage(
-            id=row.id, subject=row.subject, msg_id=row.msg_id, payload=row.payload, headers=row.headers
-        )
-        try:
-            await publish(message)
-        except Exception as exc:  # any transport failure: keep what was sent, retry the rest later
-            error = exc
-            break
-        sent.append(row.id)
-    if sent:
-        await conn.execute(_MARK, {"ids": sent, "now": now})
-    return len(sent), error
+    if not rows:
+        return Published(())
+    batch = [OutboxMessage(id=r.id, event=_event(r.kind, r.data), headers=r.headers) for r in rows]
+    outcome = await publish(batch)
+    stray = set(outcome.ids) - {m.id for m in batch}
+    if stray:
+        raise ValueError(f"acknowledged outbox messages that were not claimed: {sorted(stray)}")
+    if outcome.ids:
+        await conn.execute(_MARK, {"ids": sorted(set(outcome.ids)), "now": now})
+    return outcome
 
 
 async def unsent_count(conn: AsyncConnection) -> int:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from devsched.core.errors import InvalidRequest
+from devsched.core.events import AttemptAssigned
 from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
 from devsched.core.limits import LIST_LIMIT_DEFAULT
@@ -22,7 +23,6 @@ from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
 from devsched.store.transaction import Transactor
 from devsched.store.views import (
-    AssignmentMessage,
     CancelReceipt,
     DeviceSpec,
     ExpiredLease,
@@ -45,7 +45,6 @@ class Store:
 
     Args:
         engine: an asyncpg engine (see `make_engine`).
-        prefix: the subject prefix for outbox messages.
         clock: where `now` comes from; the database clock unless a test controls time.
         heartbeat_interval_s: the interval hosts are told to heartbeat at; 3 missed make a host offline.
         device_grace_s: how long a device whose lease expired stays out of use; default its task's ttl.
@@ -55,7 +54,6 @@ class Store:
         self,
         engine: AsyncEngine,
         *,
-        prefix: str = "devsched",
         clock: Clock | None = None,
         heartbeat_interval_s: float = 5.0,
         device_grace_s: float | None = None,
@@ -63,10 +61,7 @@ class Store:
         if heartbeat_interval_s < 0.5:
             # liveness is written at most once a second and a host is offline after 3 intervals
             raise ValueError(f"heartbeat_interval_s must be at least 0.5, not {heartbeat_interval_s}")
-        if not is_token(prefix):
-            raise ValueError(f"subject prefix {prefix!r} is not a token (1-64 of A-Z a-z 0-9 _ -)")
         self.engine = engine
-        self.prefix = prefix
         self.clock: Clock = clock or DatabaseClock()
         self.heartbeat_interval_s = heartbeat_interval_s
         self.device_grace_s = device_grace_s
@@ -82,9 +77,6 @@ class Store:
         """Close every pooled connection."""
         await self.engine.dispose()
 
-    def _outbox(self) -> outbox.Outbox:
-        return outbox.Outbox(self.prefix)
-
     # -- users -------------------------------------------------------------------------------
 
     async def submit(self, new: NewTask) -> Submitted:
@@ -92,7 +84,7 @@ class Store:
         task_id = new_task_id()
 
         async def op(conn: AsyncConnection, now: datetime) -> Submitted:
-            return await tasks.submit(conn, now, self._outbox(), new, task_id)
+            return await tasks.submit(conn, now, outbox.Outbox(), new, task_id)
 
         return await self._tx.run(op, name="submit")
 
@@ -100,7 +92,7 @@ class Store:
         """Cancel a queued task now, or record a cancellation request against an in-flight one."""
 
         async def op(conn: AsyncConnection, now: datetime) -> CancelReceipt:
-            return await tasks.request_cancel(conn, now, self._outbox(), task_id, reason)
+            return await tasks.request_cancel(conn, now, outbox.Outbox(), task_id, reason)
 
         return await self._tx.run(op, name="cancel")
 
@@ -170,7 +162,7 @@ class Store:
         """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
 
         async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
-            return await leasing.extend(conn, now, self._outbox(), ref, claim=True, clock=self.clock)
+            return await leasing.extend(conn, now, outbox.Outbox(), ref, claim=True, clock=self.clock)
 
         return _unwrap(await self._tx.run(op, name="claim"))
 
@@ -179,7 +171,7 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
             return await leasing.extend(
-                conn, now, self._outbox(), ref, claim=False, clock=self.clock, progress=progress
+                conn, now, outbox.Outbox(), ref, claim=False, clock=self.clock, progress=progress
             )
 
         return _unwrap(await self._tx.run(op, name="renew"))
@@ -195,18 +187,18 @@ class Store:
         """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
 
         async def op(conn: AsyncConnection, now: datetime) -> ReportReceipt | Rejected:
-            return await leasing.report(conn, now, self._outbox(), ref, outcome, reason, result, self.clock)
+            return await leasing.report(conn, now, outbox.Outbox(), ref, outcome, reason, result, self.clock)
 
         return _unwrap(await self._tx.run(op, name="report"))
 
     # -- scheduler and sweeper ---------------------------------------------------------------
 
-    async def assign(self, *, limit: int = 200, device_limit: int = 2000) -> list[AssignmentMessage]:
-        """Assign up to `limit` queued tasks to free matching devices."""
+    async def assign(self, *, limit: int = 200, device_limit: int = 2000) -> list[AttemptAssigned]:
+        """Assign up to `limit` queued tasks to free matching devices; returns the new attempts."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> list[AssignmentMessage]:
+        async def op(conn: AsyncConnection, now: datetime) -> list[AttemptAssigned]:
             return await assignment.assign(
-                conn, now, self._outbox(), limit=limit, device_limit=device_limit, clock=self.clock
+                conn, now, outbox.Outbox(), limit=limit, device_limit=device_limit, clock=self.clock
             )
 
         return await self._tx.run(op, name="assign")
@@ -216,25 +208,28 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime) -> list[ExpiredLease]:
             return await sweeping.sweep_expired(
-                conn, now, self._outbox(), limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
+                conn, now, outbox.Outbox(), limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
             )
 
         return await self._tx.run(op, name="sweep")
 
-    async def relay_outbox(self, publish: outbox.Publish, *, limit: int = 200) -> int:
-        """Publish unsent outbox messages in order; returns how many were published.
+    async def relay_outbox(self, publish: outbox.PublishBatch, *, limit: int = 200) -> int:
+        """Hand up to `limit` unsent outbox messages, in order, to `publish`; returns how many it published.
+
+        One transaction: the batch stays claimed (other relays skip it) while `publish` runs, and the
+        messages it acknowledged are marked sent when it returns.
 
         Raises:
-            Exception: the publish error that stopped the pass, after the published ones were marked.
+            Exception: the error that stopped `publish`, after the messages it did publish were marked.
         """
 
-        async def op(conn: AsyncConnection, now: datetime) -> tuple[int, Exception | None]:
+        async def op(conn: AsyncConnection, now: datetime) -> outbox.Published:
             return await outbox.relay(conn, now, publish, limit)
 
-        count, error = await self._tx.run(op, name="relay")
-        if error is not None:
-            raise error
-        return count
+        outcome = await self._tx.run(op, name="relay")
+        if outcome.error is not None:
+            raise outcome.error
+        return len(set(outcome.ids))
 
     async def unsent_count(self) -> int:
         """How many outbox messages wait to be published."""

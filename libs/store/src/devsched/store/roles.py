@@ -4,7 +4,8 @@ Who does what:
 
 - the owner (`devsched_owner`) owns the database and every schema object; migrations run as it;
 - the scheduler (`devsched_scheduler`) reads every table and inserts and updates what the API, the
-  assignment loop and the outbox relay write; it deletes nothing and cannot change the schema;
+  assignment loop and the outbox relay write (of an outbox row, only its `sent_at` mark: the events
+  themselves are never rewritten); it deletes nothing and cannot change the schema;
 - the sweeper (`devsched_sweeper`) reads tasks, attempts, devices and cancellation requests, updates only
   the columns a sweep writes (a task's status, reason, updated_at and event_seq; an attempt's status,
   end_reason and ended_at; a device's available_after) and inserts outbox rows: it cannot submit a task
@@ -39,7 +40,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "attempts": "SELECT, INSERT, UPDATE",
         "reservations": "SELECT, INSERT",
         "cancel_requests": "SELECT, INSERT",
-        "outbox": "SELECT, INSERT, UPDATE",
+        "outbox": "SELECT, INSERT, UPDATE (sent_at)",
     },
     "sweeper": {
         "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq)",

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from devsched.core.events import TaskEvent
 from devsched.core.expiry import decide_expiry, is_expired
 from devsched.store.clock import Clock
 from devsched.store.outbox import Outbox
@@ -117,16 +118,18 @@ async def sweep_expired(
         until = now + timedelta(seconds=grace)
         grace_until[cur.device_id] = max(until, grace_until.get(cur.device_id, until))
         reason = d.reason.value if d.reason else None
-        outbox.event(
-            task_id=t.task_id,
-            seq=rows[t.task_id].event_seq,
-            kind=d.event,
-            status=d.task_status,
-            at=now,
-            attempt=cur.attempt,
-            host_id=cur.host_id,
-            device_id=cur.device_id,
-            reason=reason or "lease_expired",
+        outbox.add(
+            TaskEvent(
+                kind=d.event,
+                task_id=t.task_id,
+                seq=rows[t.task_id].event_seq,
+                status=d.task_status,
+                at=now,
+                attempt=cur.attempt,
+                host_id=cur.host_id,
+                device_id=cur.device_id,
+                reason=reason or "lease_expired",
+            ),
             trace=rows[t.task_id].trace_headers,
         )
         out.append(

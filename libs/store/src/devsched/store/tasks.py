@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.cancellation import CancelKind, decide_cancel
+from devsched.core.events import TaskEvent
 from devsched.core.lifecycle import Trigger
 from devsched.core.status import EventKind, TaskReason, TaskStatus
 from devsched.store.outbox import Outbox, current_trace
@@ -56,7 +57,7 @@ async def submit(conn: AsyncConnection, now: datetime, outbox: Outbox, new: NewT
     if inserted is None:
         row = (await conn.execute(_BY_KEY, {"key": new.idempotency_key})).one()
         return Submitted(row.task_id, TaskStatus(row.status), created=False)
-    outbox.event(task_id=task_id, seq=1, kind=EventKind.SUBMITTED, status=TaskStatus.QUEUED, at=now)
+    outbox.add(TaskEvent(kind=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=now))
     await outbox.flush(conn, now)
     return Submitted(task_id, TaskStatus.QUEUED, created=True)
 
@@ -88,8 +89,10 @@ async def request_cancel(
     if kind is CancelKind.CANCEL_NOW:
         why = TaskReason.CANCELLED_WHILE_QUEUED.value
         seq = (await conn.execute(_CANCEL_QUEUED, {"task_id": task_id, "reason": why, "now": now})).scalar_one()
-        outbox.event(
-            task_id=task_id, seq=seq, kind=EventKind.CANCELLED, status=TaskStatus.CANCELLED, at=now, reason=why
+        outbox.add(
+            TaskEvent(
+                kind=EventKind.CANCELLED, task_id=task_id, seq=seq, status=TaskStatus.CANCELLED, at=now, reason=why
+            )
         )
         await outbox.flush(conn, now)
         return CancelReceipt(task_id, TaskStatus.CANCELLED, cancel_requested=False)
@@ -99,16 +102,18 @@ async def request_cancel(
     if kind is CancelKind.ALREADY_REQUESTED:
         return CancelReceipt(task_id, task.status, cancel_requested=True, nudge=nudge)
     await conn.execute(_RECORD_REQUEST, {"task_id": task_id, "attempt": current.attempt, "now": now, "reason": reason})
-    outbox.event(
-        task_id=task_id,
-        seq=await bump_seq(conn, task_id, now),
-        kind=EventKind.CANCEL_REQUESTED,
-        status=task.status,
-        at=now,
-        attempt=current.attempt,
-        host_id=current.host_id,
-        device_id=current.device_id,
-        reason=reason,
+    outbox.add(
+        TaskEvent(
+            kind=EventKind.CANCEL_REQUESTED,
+            task_id=task_id,
+            seq=await bump_seq(conn, task_id, now),
+            status=task.status,
+            at=now,
+            attempt=current.attempt,
+            host_id=current.host_id,
+            device_id=current.device_id,
+            reason=reason,
+        )
     )
     await outbox.flush(conn, now)
     return CancelReceipt(task_id, task.status, cancel_requested=True, nudge=nudge)

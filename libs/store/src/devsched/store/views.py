@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from devsched.core.events import DomainEvent
 from devsched.core.limits import LEASE_TTL_DEFAULT_S, MAX_ATTEMPTS_DEFAULT, PRIORITY_DEFAULT
 from devsched.core.records import Selector
 from devsched.core.status import TaskStatus
@@ -46,20 +47,6 @@ class DeviceSpec:
 
     device_id: str
     labels: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class AssignmentMessage:
-    """A new attempt handed to a host (also written to the outbox for `P.assign.<host_id>`)."""
-
-    task_id: uuid.UUID
-    attempt: int
-    lease_id: uuid.UUID
-    host_id: str
-    device_id: str
-    plan: Mapping[str, Any]
-    ttl_s: int
-    expires_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +85,11 @@ class ExpiredLease:
 
 @dataclass(frozen=True, slots=True)
 class OutboxMessage:
-    """A message committed with a state change, waiting to be published."""
+    """A domain event committed with the change that caused it, waiting to be published.
+
+    `headers` are the trace context (W3C `traceparent`, `tracestate`) the message is published with.
+    """
 
     id: int
-    subject: str
-    msg_id: str
-    payload: Mapping[str, Any]
+    event: DomainEvent
     headers: Mapping[str, str]

@@ -91,7 +91,6 @@ class Sweeper:
         async with AsyncExitStack() as stack:
             self._store = Store.connect(
                 s.database_dsn,
-                prefix=s.subject_prefix,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
                 pool_size=min(s.db_pool_size, 2),

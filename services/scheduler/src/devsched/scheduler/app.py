@@ -78,7 +78,6 @@ class Scheduler:
         async with AsyncExitStack() as stack:
             store = Store.connect(
                 s.database_dsn,
-                prefix=s.subject_prefix,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
                 pool_size=s.db_pool_size,

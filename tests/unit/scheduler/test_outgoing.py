@@ -1,0 +1,95 @@
+"""What the relay publishes for each domain event: subject, stream, message id and the protocol's body."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from devsched.core.events import AttemptAssigned, StepProgress, TaskEvent
+from devsched.core.status import EventKind, TaskStatus
+from devsched.protocol.codec import decode
+from devsched.protocol.messages import Assignment
+from devsched.protocol.messages import TaskEvent as WireTaskEvent
+from devsched.protocol.subjects import Subjects
+from devsched.scheduler.outgoing import outgoing
+
+pytestmark = pytest.mark.unit
+
+S = Subjects("lab-1")
+TASK = uuid.UUID("6003a64b-1520-4775-94e1-a53e195a7110")
+AT = datetime(2026, 12, 1, 10, 0, 0, 1, tzinfo=UTC)
+PLAN = {"steps": [{"name": "flash", "action": "noop"}]}
+
+
+def assigned(**changes: object) -> AttemptAssigned:
+    values: dict[str, object] = {
+        "task_id": TASK,
+        "attempt": 2,
+        "lease_id": uuid.uuid4(),
+        "host_id": "h1",
+        "device_id": "h1-d1",
+        "plan": PLAN,
+        "ttl_s": 30,
+        "expires_at": AT,
+    }
+    return AttemptAssigned(**{**values, **changes})  # type: ignore[arg-type]
+
+
+def test_a_task_event_goes_to_its_tasks_subject_with_task_colon_seq() -> None:
+    event = TaskEvent(
+        kind=EventKind.PROGRESS,
+        task_id=TASK,
+        seq=4,
+        status=TaskStatus.DISPATCHED,
+        at=AT,
+        attempt=1,
+        host_id="h1",
+        device_id="h1-d1",
+        progress=StepProgress(step="flash", index=0, of=1),
+    )
+    out = outgoing(event, S)
+    assert (out.subject, out.stream, out.msg_id) == (f"lab-1.events.task.{TASK}", "LAB_1_EVENTS", f"{TASK}:4")
+    assert json.loads(out.data) == {
+        "event": "progress",
+        "task_id": str(TASK),
+        "seq": 4,
+        "attempt": 1,
+        "status": "dispatched",
+        "at": "2026-12-01T10:00:00.000001Z",
+        "host_id": "h1",
+        "device_id": "h1-d1",
+        "reason": None,
+        "progress": {"step": "flash", "index": 0, "of": 1},
+    }
+    assert decode(WireTaskEvent, out.data) == out.model
+
+
+def test_an_assignment_goes_to_its_hosts_subject_with_task_dot_attempt() -> None:
+    a = assigned()
+    out = outgoing(a, S)
+    assert (out.subject, out.stream, out.msg_id) == ("lab-1.assign.h1", "LAB_1_ASSIGNMENTS", f"{TASK}.2")
+    body = decode(Assignment, out.data)
+    assert (body.task_id, body.attempt, body.lease_id, body.device_id) == (TASK, 2, a.lease_id, "h1-d1")
+    assert body.plan.steps[0].timeout_s == 3600.0, "the plan as the protocol defines it, defaults and all"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"plan": {"steps": []}},  # the protocol wants at least one step
+        {"device_id": "not a token"},
+        {"expires_at": datetime(2026, 12, 1)},  # naive: no offset to write
+    ],
+)
+def test_what_is_not_a_valid_protocol_message_is_never_published(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        outgoing(assigned(**bad), S)
+
+
+def test_a_host_id_that_would_widen_the_subject_is_refused() -> None:
+    with pytest.raises(ValueError, match="host id"):
+        outgoing(assigned(host_id="h1.>"), S)
