@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import parse_settings
 from devsched.sweeper.app import SweeperSettings
-from support.databases import create_test_database, drop_database
+from support.databases import create_test_database, drop_database, ensure_test_roles
 from support.servers import PostgresHandle
 
 pytestmark = pytest.mark.integration
@@ -76,6 +76,8 @@ def test_invalid_configuration_exits_2_naming_the_setting(
 
 @pytest.fixture
 def empty_database(postgres_server: PostgresHandle) -> Iterator[str]:
+    # The clone is owned by the owner role: make sure the roles exist even when this test runs alone.
+    ensure_test_roles(postgres_server.url())
     name = create_test_database(postgres_server.dsn(), "template0")
     yield name
     drop_database(postgres_server.dsn(), name)
