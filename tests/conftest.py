@@ -13,6 +13,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.embedded import exit_on_sigterm
 from support.databases import build_template, create_test_database, drop_database, ensure_test_roles, in_thread
 from support.servers import (
     NatsHandle,
@@ -128,6 +129,15 @@ async def nc(nats_url: str) -> AsyncIterator[NatsClient]:
     )
     yield client
     await client.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """SIGTERM (from `./dev test`'s uv, a CI runner, `kill`) stops the run as Ctrl-C does.
+
+    By default SIGTERM ends Python on the spot: no fixture teardown, no `finally`, no atexit hook, so the
+    servers and services of the session would be left to their parent-death signal alone.
+    """
+    exit_on_sigterm()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -155,7 +155,7 @@ async def test_renewal_round_trips_beside_a_bare_echo(
         echo.wait(timeout=10)
         if echo.stdout is not None:
             echo.stdout.close()
-        scheduler.ensure_stopped()
+        scheduler.kill()
         await delete_streams(nc, subject_prefix)
 
 

@@ -35,5 +35,5 @@ async def spawn(
 
     yield start
     for proc in started:
-        proc.ensure_stopped()
+        proc.kill()
     await delete_streams(nc, subject_prefix)

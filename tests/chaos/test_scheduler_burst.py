@@ -179,7 +179,7 @@ async def test_two_schedulers_two_sweepers_burst_ends_consistent(
     finally:
         await store.close()
     for proc in procs:
-        assert proc.terminate() == 0, proc.tail()
+        assert proc.stop() == 0, proc.tail()
 
 
 async def _check_audit_trail(store: Store, nc: NatsClient, prefix: str, total: int) -> None:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -20,6 +17,8 @@ from opentelemetry import trace
 
 from devsched.core.errors import InvalidRequest, LeaseForeign, NotFound, TooLarge
 from devsched.core.status import TaskStatus
+from devsched.embedded import ChildProcess, free_port
+from devsched.embedded.server import tcp_accepts
 from devsched.protocol import messages as m
 from devsched.protocol.codec import ERROR_CODE_HEADER, ERROR_HEADER
 from devsched.protocol.subjects import HostVerb, Subjects
@@ -39,38 +38,18 @@ LEASE_ID = uuid.UUID("5e1d2c3b-4a59-4687-9a1b-2c3d4e5f6a7b")
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def own_nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A nats-server of this module's own, on a free port, stopped by its pid afterwards."""
-    port = _free_port()
+    port = free_port()
     store = tmp_path_factory.mktemp("js")
     cmd = [str(NATS_SERVER), "-js", "-sd", str(store), "-a", "127.0.0.1", "-p", str(port)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = ChildProcess("nats-server", cmd, None, store.parent / f"{store.name}.log").start()
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nats-server did not start: {cmd}") from None
-                time.sleep(0.05)
+        server.wait_ready(lambda: tcp_accepts("127.0.0.1", port), timeout=10)
         yield f"nats://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 @pytest.fixture

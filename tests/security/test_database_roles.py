@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import signal
-import subprocess
 import sys
 import threading
 import uuid
@@ -38,7 +36,7 @@ from devsched.store.roles import (
     role_url,
 )
 from support.databases import ROLES, TEST_PASSWORD, in_thread, owner_url, service_url
-from support.devsched_stack import Stack, clean_env, run_devsched
+from support.devsched_stack import Stack, run_devsched, up_process
 from support.polling import eventually
 from support.servers import PostgresHandle
 from support.store_lab import Lab
@@ -427,11 +425,8 @@ async def test_the_sweeper_process_ends_an_expired_lease_as_its_role(stack: Stac
 
     await eventually(lambda: status() == "dispatched", timeout=30, interval=0.2, message="dispatched")
     agent = next(p for p in stack.procs if p.name == "agent")
-    agent.proc.send_signal(signal.SIGSTOP)  # the host goes silent: only the sweeper can end the lease
-    try:
+    with agent.paused():  # the host goes silent: only the sweeper can end the lease
         await eventually(lambda: status() == "failed", timeout=30, interval=0.3, message="failed by the sweeper")
-    finally:
-        agent.proc.send_signal(signal.SIGCONT)
     view = json.loads(run_devsched("get", task_id, "--json", env=stack.cli_env()).stdout)
     assert view["reason"] == "lease_expired"
     assert view["attempts"][0]["status"] == "expired"
@@ -476,12 +471,12 @@ async def test_devsched_up_runs_each_service_as_its_own_role(tmp_path: Path) -> 
     out_path = tmp_path / "up.out"
     argv = [sys.executable, "-m", "devsched.client", "up", "--no-demo", "--no-live", "--hosts", "1",
             "--devices-per-host", "1", "--nats-port", "0"]  # fmt: skip
-    up = _start(argv, tmp_path, out_path)
+    up = up_process(argv, tmp_path, out_path)
     try:
         await eventually(
-            lambda: up.poll() is not None or "devsched is up." in out_path.read_text(), timeout=90, interval=0.2
+            lambda: not up.running or "devsched is up." in out_path.read_text(), timeout=90, interval=0.2
         )
-        assert up.poll() is None, out_path.read_text()
+        assert up.running, out_path.read_text()
         env_file = (tmp_path / ".devsched" / "env").read_text()
         (url,) = re.findall(r"DEVSCHED_DATABASE_URL=(\S+)", env_file)
         assert f"//{ROLES.owner}@" in url, env_file  # migrate, and the user's `devsched migrate`, as the owner
@@ -504,14 +499,6 @@ async def test_devsched_up_runs_each_service_as_its_own_role(tmp_path: Path) -> 
             assert owner == ROLES.owner
         finally:
             await admin.close()
-        up.send_signal(signal.SIGTERM)
-        assert await asyncio.to_thread(up.wait, 60) == 0, out_path.read_text()
+        assert await asyncio.to_thread(up.stop, 60) == 0, out_path.read_text()  # SIGTERM, SIGKILL after 60 s
     finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
-
-
-def _start(argv: list[str], cwd: Path, out_path: Path) -> subprocess.Popen[bytes]:
-    with out_path.open("w") as out:
-        return subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, env=clean_env(COLUMNS="200"))
+        up.kill()

@@ -149,5 +149,5 @@ async def test_a_flooding_host_costs_another_host_no_lease(
                     pipe.close()
         for host in hosts:
             await host.close()
-        scheduler.ensure_stopped()
+        scheduler.kill()
         await delete_streams(nc, subject_prefix)

@@ -126,8 +126,7 @@ async def test_the_agent_connects_with_a_password_file_and_the_password_is_nowhe
             assert password not in output, "a step saw a NATS password"
     finally:
         for p in processes:
-            if p.proc is not None and p.proc.poll() is None:
-                p.terminate()
+            p.stop()
     for p in processes:
         log = p.log_path.read_text()
         assert "nats connected" in log
@@ -206,7 +205,7 @@ async def test_the_agent_connects_with_an_nkey_seed_file(secured_nats: Secrets, 
         await agent.wait_logged("nats connected")
         assert "Authorization" not in agent.log_path.read_text()
     finally:
-        agent.terminate()
+        agent.stop()
     seed = secured_nats.nkey_seed.read_text().strip()
     assert seed not in agent.log_path.read_text()
 

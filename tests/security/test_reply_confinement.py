@@ -172,7 +172,7 @@ async def test_no_reply_a_host_names_lands_in_a_stream_or_on_another_host_with_t
     finally:
         for nc in connections:
             await nc.close()
-        scheduler.terminate()
+        scheduler.stop()
 
 
 @pytest.mark.integration

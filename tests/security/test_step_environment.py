@@ -32,7 +32,6 @@ from support.agent_e2e import (
     AgentProcess,
     Plane,
     ensure_step_user,
-    paused,
     shell,
     step_statuses,
     step_user_dir,
@@ -232,7 +231,7 @@ async def test_the_attempt_directory_is_removed_when_the_lease_is_lost(lab: Agen
     )
     tmpdir = await _held_attempt_dir(lab, marker)
     # No renewal succeeds while the scheduler is stopped: the agent stops the step at its local deadline.
-    with paused(lab.plane.scheduler):
+    with lab.plane.scheduler.paused():
         await eventually(lambda: not present(tmpdir), timeout=15, message="attempt directory removed")
     assert agent.lines("attempt ended", outcome="failed")
 
@@ -259,9 +258,7 @@ async def test_directories_a_killed_agent_left_are_removed_at_its_next_start(lab
     )
     await eventually(lambda: started.exists() and len(started.read_text().split()) == 2, timeout=20, message="held")
     pid, tmpdir = started.read_text().split()
-    assert agent.process.proc is not None
-    os.kill(agent.process.proc.pid, signal.SIGKILL)  # a crash: nothing of the agent's cleans up
-    await asyncio.to_thread(agent.process.proc.wait, 10)
+    await asyncio.to_thread(agent.process.kill)  # SIGKILL, a crash: nothing of the agent's cleans up
     os.killpg(int(pid), signal.SIGKILL)  # the orphaned step, which no agent supervises any more
     assert present(Path(tmpdir, "junk"))
 
@@ -310,8 +307,8 @@ async def test_a_step_user_cannot_read_the_credentials_the_spool_or_the_agents_e
     agent = await lab.agent(
         "d1", agent_env=secrets.env, nats_creds=secrets.creds, work_dir=work_dir, step_user=step_user.pw_name
     ).ready()
-    assert agent.process.proc is not None
-    agent_pid = agent.process.proc.pid
+    agent_pid = agent.process.pid
+    assert agent_pid is not None
     probes = PROBES.format(creds=secrets.creds, spool=agent.spool_dir)
     task_id = await lab.submit([shell("dump", ENV_DUMP), shell("probe", probes)], lease_ttl_s=TTL_S)
     view = await lab.wait_status(task_id, "done", "failed")
@@ -373,8 +370,7 @@ async def test_cancelling_a_step_user_step_stops_its_process_group(
 
 
 async def _refused(agent: AgentProcess) -> tuple[int, list[dict[str, Any]]]:
-    assert agent.process.proc is not None
-    code = await asyncio.to_thread(agent.process.proc.wait, 30)
+    code = await agent.process.wait_exit(30)
     return code, agent.lines("invalid agent config")
 
 

@@ -228,8 +228,7 @@ async def stack(tls_nats: str, migrated: str, pki: Pki, tmp_path: Path) -> Async
         yield processes
     finally:
         for p in processes:
-            if p.proc is not None and p.proc.poll() is None:
-                p.terminate()
+            p.stop()
 
 
 async def test_a_task_runs_end_to_end_with_tls_on_nats_and_postgres(
@@ -338,12 +337,11 @@ async def test_a_service_trusting_another_ca_logs_one_line_and_keeps_retrying(
 
         await eventually(refusals, timeout=20, message="the verification failure logged")
         await asyncio.sleep(2)  # a few more retries (every 0.5 s): still one line, still running
-        assert sweeper.proc is not None
-        assert sweeper.proc.poll() is None, sweeper.tail()
+        assert sweeper.running, sweeper.tail()
         assert len(refusals()) == 1, refusals()
         assert not sweeper.logged("nats connected")
     finally:
-        sweeper.terminate()
+        sweeper.stop()
 
 
 def test_migrate_trusting_another_ca_is_refused_with_one_line(tls_postgres: PostgresServer, pki: Pki) -> None:
@@ -439,8 +437,7 @@ async def test_a_scheduler_trusting_another_ca_for_postgres_logs_it_and_keeps_re
 
         await eventually(refusals, timeout=30, message="the database's certificate refused")
         await scheduler.wait_logged("serving")
-        assert scheduler.proc is not None
-        assert scheduler.proc.poll() is None, scheduler.tail()
+        assert scheduler.running, scheduler.tail()
         assert all(line["error"] == "unavailable" for line in refusals())
     finally:
-        scheduler.terminate()
+        scheduler.stop()

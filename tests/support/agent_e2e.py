@@ -2,7 +2,8 @@
 
 `devsched-agent --config agent.toml` runs as a process per test host (`AgentProcess`), the control plane
 as the scheduler and sweeper processes of `scheduler_harness` (`Plane`). Faults are done to processes by
-pid only: SIGSTOP/SIGCONT (`paused`), SIGKILL, SIGTERM. Everything a test waits for is a bounded poll.
+pid only (`devsched.embedded.ChildProcess`): SIGSTOP/SIGCONT (`paused()`), SIGKILL, SIGTERM. Everything a
+test waits for is a bounded poll.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import json
 import os
 import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import uuid
@@ -110,23 +110,6 @@ async def wait_line(process: ServiceProcess, msg: str, *, timeout: float = 20.0,
     return line
 
 
-def signal_pid(process: ServiceProcess, signum: signal.Signals) -> None:
-    """Send `signum` to `process` by its pid (only if it still runs)."""
-    assert process.proc is not None
-    if process.proc.poll() is None:
-        os.kill(process.proc.pid, signum)
-
-
-@contextlib.contextmanager
-def paused(process: ServiceProcess) -> Iterator[None]:
-    """SIGSTOP `process` for the block, SIGCONT it afterwards (also when the block fails)."""
-    signal_pid(process, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        signal_pid(process, signal.SIGCONT)
-
-
 # -- the control plane -------------------------------------------------------------------------------
 
 
@@ -157,8 +140,7 @@ class Plane:
 
     def start_scheduler(self) -> ServiceProcess:
         """Start a new scheduler process (after the old one was killed); it becomes `scheduler`."""
-        assert self.scheduler.proc is not None
-        assert self.scheduler.proc.poll() is not None, "the scheduler still runs"
+        assert not self.scheduler.running, "the scheduler still runs"
         self.retired.append(self.scheduler)
         self.scheduler = scheduler_process(self.env, self.logs / f"scheduler-{len(self.retired)}.log").start()
         return self.scheduler
@@ -172,13 +154,9 @@ class Plane:
         return [*self.retired, self.scheduler, self.sweeper]
 
     def stop(self) -> None:
-        """SIGCONT (in case a test left one paused), then SIGTERM each process; SIGKILL what hangs."""
+        """SIGTERM each process (and SIGCONT, in case a test left one paused); SIGKILL what hangs."""
         for process in self.processes():
-            if process.proc is not None and process.proc.poll() is None:
-                signal_pid(process, signal.SIGCONT)
-                with contextlib.suppress(Exception):
-                    process.terminate(timeout=15)
-            process.ensure_stopped()
+            process.stop(timeout=15)
 
 
 # -- agents --------------------------------------------------------------------------------------------
@@ -286,17 +264,8 @@ class AgentProcess:
         return body
 
     def stop(self) -> list[int | None]:
-        """SIGCONT, SIGTERM and wait for every process still running (SIGKILL what hangs); exit codes."""
-        codes: list[int | None] = []
-        for process in self.runs:
-            if process.proc is not None and process.proc.poll() is None:
-                signal_pid(process, signal.SIGCONT)
-                try:
-                    codes.append(process.terminate(timeout=20))
-                except Exception:
-                    codes.append(None)
-            process.ensure_stopped()
-        return codes
+        """SIGTERM (and SIGCONT) every process still running, SIGKILL what hangs after 20 s; their exit codes."""
+        return [process.stop(timeout=20) for process in self.runs if process.running]
 
 
 # -- one test's lab --------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import nats
 
+from devsched.embedded import ChildProcess, supervisor
 from support.databases import as_service_role, create_test_database, drop_database, in_thread
 from support.servers import NatsHandle, PostgresHandle
 
@@ -39,40 +40,9 @@ FAST_ENV = {
 }
 
 
-class Proc:
-    """One service process with its log file; stopped by pid."""
-
-    def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> None:
-        self.name = name
-        self.log_path = log_path
-        with log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, env=dict(env), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )  # fmt: skip
-
-    def logged(self, message: str) -> bool:
-        """Whether a JSON log line with this `msg` was written."""
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                parsed = json.loads(line)
-                if isinstance(parsed, dict) and parsed.get("msg") == message:
-                    return True
-        return False
-
-    def tail(self, lines: int = 40) -> str:
-        """The end of the log, for failure messages."""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM, then SIGKILL after `timeout` seconds."""
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+def service(name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> ChildProcess:
+    """One service process with its log file, started; stopped by pid (20 s after SIGTERM, SIGKILL)."""
+    return ChildProcess(name, argv, env, log_path, stop_timeout=20.0).start()
 
 
 @dataclass
@@ -85,7 +55,7 @@ class Stack:
     work_dir: Path
     host_id: str
     device_ids: list[str]
-    procs: list[Proc] = field(default_factory=list)
+    procs: list[ChildProcess] = field(default_factory=list)
 
     def cli_env(self, **extra: str) -> dict[str, str]:
         """The environment of a `devsched` CLI process aimed at this stack."""
@@ -93,21 +63,15 @@ class Stack:
 
     def logs(self) -> str:
         """Every process's log tail, for failure messages."""
-        return "\n".join(f"--- {p.name} ({p.log_path})\n{p.tail()}" for p in self.procs)
+        return "\n".join(f"--- {p.name} ({p.log_path})\n{p.tail(40)}" for p in self.procs)
 
 
-def _wait(procs: list[tuple[Proc, str]], timeout: float) -> None:
+def _wait(procs: list[tuple[ChildProcess, str]], timeout: float) -> None:
+    """Wait until each process has logged its message, all within `timeout` seconds; fail at once if one exits."""
     deadline = time.monotonic() + timeout
-    pending = list(procs)
-    while pending:
-        pending = [(p, msg) for p, msg in pending if not p.logged(msg)]
-        for p, _ in pending:
-            if p.proc.poll() is not None:
-                raise AssertionError(f"{p.name} exited with {p.proc.returncode}:\n{p.tail()}")
-        if pending and time.monotonic() > deadline:
-            names = ", ".join(f"{p.name} ({msg!r})" for p, msg in pending)
-            raise AssertionError(f"not ready within {timeout}s: {names}\n" + "\n".join(p.tail() for p, _ in pending))
-        time.sleep(0.05)
+    for proc, msg in procs:
+        remaining = max(0.0, deadline - time.monotonic())
+        proc.wait_ready(lambda p=proc, m=msg: p.logged(m), timeout=remaining, what=f"{proc.name} ({msg!r})")
 
 
 def _agent_config(path: Path, host_id: str, device_ids: list[str], nats_url: str, prefix: str) -> None:
@@ -140,19 +104,19 @@ def running_stack(
     _agent_config(config, host_id, device_ids, nats_url, prefix)
     try:
         # each service as its own database role, as deployed (devsched.store.roles)
-        scheduler = Proc(
+        scheduler = service(
             "scheduler", [sys.executable, "-m", "devsched.scheduler"], as_service_role(env, "scheduler"),
             work_dir / "scheduler.log",
         )  # fmt: skip
         stack.procs.append(scheduler)
-        sweeper = Proc(
+        sweeper = service(
             "sweeper", [sys.executable, "-m", "devsched.sweeper"], as_service_role(env, "sweeper"),
             work_dir / "sweeper.log",
         )  # fmt: skip
         stack.procs.append(sweeper)
         _wait([(scheduler, "serving"), (sweeper, "sweeping")], timeout=60)
         agent_env = {k: v for k, v in env.items() if k != "DEVSCHED_DATABASE_URL"}
-        agent = Proc(
+        agent = service(
             "agent", [sys.executable, "-m", "devsched.agent.main", "--config", str(config)], agent_env,
             work_dir / "agent.log",
         )  # fmt: skip
@@ -207,15 +171,22 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def up_process(argv: list[str], cwd: Path, out_path: Path) -> ChildProcess:
+    """`devsched up` (the whole `argv`) as a started process, its output in `out_path`, without DEVSCHED_*
+    variables; if the test run dies, the kernel SIGTERMs it and it stops its children."""
+    return ChildProcess(
+        "devsched up", argv, clean_env(COLUMNS="200"), out_path, cwd=cwd, death_signal=signal.SIGTERM
+    ).start()
+
+
 def run_devsched(
     *args: str, env: Mapping[str, str] | None = None, cwd: Path | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     """`devsched ARGS...` as a process (`python -m devsched.client`), its output captured as text.
 
-    The environment defaults to this process's without DEVSCHED_* variables.
+    The environment defaults to this process's without DEVSCHED_* variables. It dies with the test run.
     """
-    return subprocess.run(
+    return supervisor.run(
         [sys.executable, "-m", "devsched.client", *args],
-        env=dict(env) if env is not None else clean_env(COLUMNS="200"),
-        cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL,
+        env=dict(env) if env is not None else clean_env(COLUMNS="200"), cwd=cwd, timeout=timeout,
     )  # fmt: skip

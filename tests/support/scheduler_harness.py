@@ -10,8 +10,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -27,7 +25,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from devsched.embedded import parent_death_hook
+from devsched.embedded import ChildProcess
 from devsched.scheduler.app import Scheduler
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.sweeper.app import Sweeper, SweeperSettings
@@ -418,87 +416,29 @@ def service_env(database_url: str, nats_url: str, prefix: str, **overrides: Any)
     return env
 
 
-class ServiceProcess:
-    """`python -m <module>` as a real process with JSON logs to a file; stopped by its pid."""
+class ServiceProcess(ChildProcess):
+    """`python -m <module>` as a real process with JSON logs to a file; stopped by its pid, and SIGKILLed by the
+    kernel if the test run dies (`devsched.embedded.supervisor`)."""
 
     def __init__(self, module: str, env: Mapping[str, str], log_path: Path, *args: str) -> None:
+        super().__init__(module, [sys.executable, "-m", module, *args], env, log_path, stop_timeout=20.0)
         self.module = module
-        self.env = dict(env)
-        self.log_path = log_path
-        self.args = args
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ServiceProcess:
-        """Start the process (logs appended to `log_path`)."""
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=parent_death_hook(signal.SIGKILL),  # no orphaned services if the test run dies
-            )
-        return self
-
-    @property
-    def pid(self) -> int:
-        """The process id."""
-        assert self.proc is not None
-        return self.proc.pid
-
-    def log_lines(self) -> list[dict[str, Any]]:
-        """Every JSON log line written so far (other lines skipped)."""
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                parsed = json.loads(line)
-                if isinstance(parsed, dict):
-                    out.append(parsed)
-        return out
-
-    def logged(self, message: str) -> bool:
-        """Whether a log line with this `msg` was written."""
-        return any(line.get("msg") == message for line in self.log_lines())
 
     async def wait_logged(self, message: str, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Wait for a log line `message`; fail early if the process exits."""
         deadline = time.monotonic() + timeout
         while not self.logged(message):
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.module} exited with {self.proc.returncode}:\n{self.tail()}")
+            if not self.running:
+                raise AssertionError(f"{self.module} exited with {self.exit_code}:\n{self.tail()}")
             if time.monotonic() > deadline:
                 raise AssertionError(f"{self.module} did not log {message!r} within {timeout}s:\n{self.tail()}")
             await asyncio.sleep(0.05)
 
-    def tail(self, lines: int = 30) -> str:
-        """The last lines of the log, for failure messages."""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def terminate(self, timeout: float = 20.0) -> int:
-        """SIGTERM by pid and wait; returns the exit code."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
-
-    async def wait_exit(self, timeout: float = 20.0) -> int:  # noqa: ASYNC109
+    async def wait_exit(self, timeout: float = 20.0) -> int | None:  # noqa: ASYNC109
         """Wait (in a thread) for the process to exit; returns the exit code."""
-        assert self.proc is not None
-        return await asyncio.to_thread(self.proc.wait, timeout)
-
-    def kill(self) -> None:
-        """SIGKILL by pid and reap."""
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def ensure_stopped(self) -> None:
-        """Kill the process if it still runs (test teardown)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.kill()
+        if not await asyncio.to_thread(self.wait, timeout):
+            raise AssertionError(f"{self.module} still runs after {timeout}s:\n{self.tail()}")
+        return self.exit_code
 
 
 #: Start a service process: `spawn("scheduler" | "sweeper", **setting_overrides)` (the chaos fixture).

@@ -6,19 +6,15 @@ production permissions: plain-text passwords are put in for the placeholders, an
 from __future__ import annotations
 
 import importlib.util
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from devsched.embedded import free_port, nats_server_binary, parent_death_hook
+from devsched.embedded import ChildProcess, free_port, nats_server_binary
+from devsched.embedded.server import tcp_accepts
 
 NATS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 #: The placeholder of each service user and its password in the tests.
@@ -71,20 +67,6 @@ class SecuredNats:
         return f"nats://{user}:{password}@{self.address}"
 
 
-def _wait_listening(port: int, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise AssertionError(f"nats-server exited with {proc.returncode}:\n{log.read_text()[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"nats-server is not listening on {port} after {timeout_s} s") from None
-            time.sleep(0.05)
-
-
 @contextmanager
 def configured_nats(directory: Path, config: str = "") -> Iterator[str]:
     """A nats-server on a free loopback port, JetStream under `directory`, with `config` (lines of the
@@ -100,22 +82,14 @@ def configured_nats(directory: Path, config: str = "") -> Iterator[str]:
         f"{config}\n"
         "}\n"
     )
-    log_path = directory / "nats.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [str(nats_server_binary()), "-c", str(conf)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=parent_death_hook(signal.SIGKILL),
-        )
+    server = ChildProcess(
+        "nats-server", [str(nats_server_binary()), "-c", str(conf)], None, directory / "nats.log", stop_timeout=10.0
+    ).start()
     try:
-        _wait_listening(port, proc, log_path)
+        server.wait_ready(lambda: tcp_accepts("127.0.0.1", port), timeout=15.0, what=f"nats-server on port {port}")
         yield f"127.0.0.1:{port}"
     finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
+        server.stop()
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support.agent_e2e import AgentLab, matching, noop, paused, shell, touch, wait_line
+from support.agent_e2e import AgentLab, matching, noop, shell, touch, wait_line
 from support.polling import eventually
 from support.servers import NatsHandle
 
@@ -125,7 +125,7 @@ async def test_a_report_retried_through_a_long_outage_does_not_keep_the_device_f
     work = f'if [ "$DEVSCHED_ATTEMPT" = 1 ]; then {touch(lab.path("started-1"))}; exec sleep 600; fi; echo ok'
     task_id = await lab.submit([shell("work", work, interruptible=True)], lease_ttl_s=2, max_attempts=2)
     await eventually(lab.path("started-1").exists, timeout=20, message="attempt 1 running")
-    with paused(plane.scheduler):
+    with plane.scheduler.paused():
         await agent.wait_line("lease lost", task_id=task_id, timeout=10)
         await wait_line(plane.sweeper, "lease expired", task_id=task_id, attempt=1, timeout=10)
         # The outage lasts until the agent's report of attempt 1 has backed off past a lease: after the

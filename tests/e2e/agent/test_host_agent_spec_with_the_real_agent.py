@@ -18,7 +18,6 @@ from support.agent_e2e import (
     at,
     identity,
     noop,
-    paused,
     shell,
     step_statuses,
     touch,
@@ -109,7 +108,7 @@ async def test_lease_is_stale_or_foreign_with_the_real_agent(own_lab: AgentLab) 
     logged = len(plane.scheduler.log_lines())
     # Expired: with the scheduler paused the agent's renewals wait in NATS; the sweeper expires the lease
     # meanwhile, and the scheduler answers those renewals only after that.
-    with paused(plane.scheduler):
+    with plane.scheduler.paused():
         await agent.wait_line("lease lost", task_id=task_id, timeout=TTL_S + 10)
         await wait_line(plane.sweeper, "lease expired", task_id=task_id, attempt=1, timeout=TTL_S + 10)
 
@@ -202,7 +201,7 @@ async def test_stop_triggered_by_lease_loss_with_the_real_agent(own_lab: AgentLa
 
     # The scheduler is paused past the ttl: the agent cannot renew, its own deadline passes, the sweeper
     # requeues. The report waits in the spool meanwhile: read what the agent reports.
-    with paused(plane.scheduler):
+    with plane.scheduler.paused():
         await agent.wait_line("lease lost", task_id=task_id, timeout=15)
         report = await eventually(lambda: agent.spooled_report(task_id, 1), timeout=10, message="report spooled")
         await wait_line(plane.sweeper, "lease expired", task_id=task_id, attempt=1, timeout=15)
@@ -282,7 +281,7 @@ async def test_retry_a_result_after_response_loss_with_the_real_agent(own_lab: A
     await eventually(started.exists, timeout=20, message="step started")
     # The scheduler is paused while the report is sent: the agent hears no answer and sends it again;
     # on resuming, the scheduler records the first copy and answers the repeats.
-    with paused(plane.scheduler):
+    with plane.scheduler.paused():
         gate.open()
         await agent.wait_line("report not answered, will retry", spool_key=f"{task_id}.1", timeout=10)
         spooled = agent.spooled_report(task_id, 1)
@@ -326,7 +325,7 @@ async def test_stale_attempt_reports_after_requeue_with_the_real_agent(lab: Agen
     await lab.drain("a1")
     await lab.drain("b1", drained=False)
     # The first host freezes past its lease: the sweeper requeues and the second host takes attempt 2.
-    with paused(first_host.process):
+    with first_host.process.paused():
         view = await lab.wait_view(
             task_id,
             lambda v: v["status"] == "dispatched" and len(v["attempts"]) == 2,

@@ -7,9 +7,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -20,7 +18,7 @@ import pytest
 
 from devsched.embedded.postgres_server import relocated_data_dir
 from support.databases import create_test_database, drop_database, in_thread
-from support.devsched_stack import clean_env, delete_streams, run_devsched
+from support.devsched_stack import clean_env, delete_streams, run_devsched, up_process
 from support.servers import NatsHandle, PostgresHandle
 
 pytestmark = pytest.mark.e2e
@@ -121,14 +119,11 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
     argv = [sys.executable, "-m", "devsched.client", "--prefix", prefix, "up", "--no-demo", "--no-live",
             "--nats-url", nats_server.url, "--database-url", postgres_server.url(database), "--hosts", "1"]  # fmt: skip
     try:
-        with out_path.open("w") as out:
-            up = subprocess.Popen(
-                argv, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT, env=clean_env(COLUMNS="200")
-            )
+        up = up_process(argv, tmp_path, out_path)
         try:
             deadline = time.monotonic() + 60
             while "devsched is up." not in out_path.read_text():
-                assert up.poll() is None, out_path.read_text()
+                assert up.running, out_path.read_text()
                 assert time.monotonic() < deadline, out_path.read_text()
                 time.sleep(0.1)
             assert "(embedded)" not in out_path.read_text()
@@ -136,12 +131,9 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
             hosts = json.loads(run_devsched("hosts", "--json", env=env).stdout)["hosts"]
             assert [(h["host_id"], h["online"]) for h in hosts] == [("sim-1", True)]
 
-            up.send_signal(signal.SIGTERM)
-            assert up.wait(60) == 0, out_path.read_text()
+            assert up.stop(timeout=60) == 0, out_path.read_text()  # SIGTERM, SIGKILL after 60 s
         finally:
-            if up.poll() is None:
-                up.kill()
-                up.wait()
+            up.kill()
         output = out_path.read_text()
         assert "Traceback" not in output
         pids = child_pids(output)

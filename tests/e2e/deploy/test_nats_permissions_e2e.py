@@ -104,5 +104,4 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
             assert "pw@" not in log, f"{p.module} logged a NATS password"
     finally:
         for p in reversed(processes):
-            if p.proc is not None:
-                p.terminate()
+            p.stop()

@@ -46,13 +46,13 @@ def control_plane(
 
         in_thread(lambda: asyncio.run(ready()))
         yield ControlPlane(prefix, postgres_server.url(name), nats_server.url, scheduler, sweeper)
-        assert scheduler.terminate() == 0, scheduler.tail()
-        assert sweeper.terminate() == 0, sweeper.tail()
+        assert scheduler.stop() == 0, scheduler.tail()
+        assert sweeper.stop() == 0, sweeper.tail()
         assert scheduler.logged("stopped")
         assert sweeper.logged("stopped")
     finally:
-        scheduler.ensure_stopped()
-        sweeper.ensure_stopped()
+        scheduler.kill()
+        sweeper.kill()
         in_thread(lambda: asyncio.run(delete_streams_at(nats_server.url, prefix)))
         drop_database(postgres_server.dsn(), name)
 

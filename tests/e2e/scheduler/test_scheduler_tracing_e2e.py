@@ -66,5 +66,5 @@ async def test_submit_trace_reaches_events_and_assignment(
         assert ids == [TRACE_ID] * 3
     finally:
         await host.close()
-        assert scheduler.terminate() == 0
+        assert scheduler.stop() == 0
         await delete_streams(nc, subject_prefix)

@@ -9,7 +9,8 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from devsched.embedded.process import EmbeddedServerError, ServerProcess
+from devsched.embedded.server import ServerProcess
+from devsched.embedded.supervisor import EmbeddedServerError
 
 #: NATS's own default; written out so that the limit we test against is explicit.
 DEFAULT_MAX_PAYLOAD = 1024 * 1024

@@ -20,7 +20,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from devsched.embedded.process import EmbeddedServerError, ServerProcess, tcp_accepts
+from devsched.embedded.server import ServerProcess, tcp_accepts
+from devsched.embedded.supervisor import EmbeddedServerError
 
 #: Settings for tests and local runs: no fsync (only a crash of the OS, not of the server, may lose
 #: commits), and room for many pooled connections. `synchronous_commit` stays on: with it off, a
