@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 from typing import Any
 
+from devsched.agent.procfs import has_proc, processes
 from devsched.agent.step_env import StepEnvError, step_environment
 from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionResult, StepContext, parse_args, tail_text
 from devsched.protocol.plans import ShellArgs, StepStatus
@@ -33,7 +34,6 @@ _POLL_S = 0.02
 #: How long the output pipe may stay open after the step's processes are gone (held by an escapee).
 _DRAIN_S = 1.0
 _READ_CHUNK = 65536
-_PROC = "/proc"
 
 
 class OutputTail:
@@ -62,24 +62,6 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def _live_member_in_proc(pgid: int) -> bool:
-    """Whether /proc lists a process of group `pgid` that is not a zombie."""
-    with os.scandir(_PROC) as entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"{_PROC}/{entry.name}/stat", "rb") as handle:
-                    stat = handle.read()
-            except OSError:  # exited meanwhile
-                continue
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses; split after the last ")".
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-    return False
-
-
 def group_alive(pgid: int) -> bool:
     """Whether any process of process group `pgid` is still running.
 
@@ -92,9 +74,9 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         pass  # the group exists but is another user's (a step user, an agent without CAP_KILL): /proc decides
-    if not os.path.isdir(_PROC):
+    if not has_proc():
         return True
-    return _live_member_in_proc(pgid)
+    return any(p.pgid == pgid and p.alive for p in processes())
 
 
 async def _group_gone(pgid: int) -> None:
