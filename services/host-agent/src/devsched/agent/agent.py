@@ -1,8 +1,9 @@
 """The host agent: the composition of its parts, and the resources they share.
 
-Startup: take the work directory and the spool (one agent per spool), check the NATS credentials,
-connect (retrying forever), register (retrying), start heartbeats, resend spooled reports, listen for
-nudges, then take assignments until stopped, and shut down.
+Startup: check who steps run as; take the spool (one agent per spool); kill the step processes an
+earlier agent left and read the attempts it held (`orphans.py`, `held.py`); take the work directory,
+clearing it; check the NATS credentials; connect (retrying forever), register (retrying), start
+heartbeats, resend spooled reports, listen for nudges; then take assignments until stopped, and shut down.
 
 | part | module | holds |
 | --- | --- | --- |
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from dataclasses import dataclass
 from importlib import metadata
 
 from nats.aio.client import Client
@@ -28,11 +30,14 @@ from devsched.agent.attempt import Attempt
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.delivery import ReportDelivery
+from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
+from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
 from devsched.agent.reporter import Reporter
 from devsched.agent.shutdown import Graces, shut_down
 from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe
+from devsched.agent.steps import StepUser
 from devsched.agent.workers import DeviceWorkers
 from devsched.agent.workspace import (
     Workspace,
@@ -56,6 +61,16 @@ def agent_version() -> str:
         return "unknown"
 
 
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """What the agent took at start and its parts share."""
+
+    spool: Spool
+    workspace: Workspace
+    groups: StepGroups
+    held: HeldAttempts
+
+
 def host_inbox_prefix(host_id: str) -> str:
     """`_INBOX.<host_id>`: the host's replies and fetched assignments, so permissions can pin it there."""
     return f"_INBOX.{host_id}"
@@ -73,31 +88,39 @@ class Agent:
         self.registered = asyncio.Event()
         #: Set once bound to the assignments consumer.
         self.bound = asyncio.Event()
+        #: The attempts an earlier run of this agent held when it died (read at start, `held.py`).
+        self.held_at_start: list[HeldAttempt] = []
 
     async def serve(self, stop: asyncio.Event) -> int:
         """Run until `stop` is set, then shut down gracefully; returns the exit code."""
-        with bind(host_id=self.config.host_id):
+        with bind(host_id=self.config.host_id), contextlib.ExitStack() as taken:
             try:
-                workspace = await asyncio.to_thread(self._confine)
+                user = await asyncio.to_thread(self._step_user)
+            except ConfigError as exc:
+                logger.error("invalid agent config", extra={"error": str(exc)})
+                return 2
+            try:
+                spool = await asyncio.to_thread(Spool, self.config.spool_dir)
+                await asyncio.to_thread(spool.lock)
+                taken.callback(spool.unlock)
+                groups, held = await asyncio.to_thread(self._recover, spool)
+            except (OSError, SpoolLocked, SpoolUnsafe) as exc:
+                logger.error("cannot use the spool directory", extra={"error": str(exc)})
+                return 1
+            try:
+                workspace = await asyncio.to_thread(self._take_workspace, user)
             except ConfigError as exc:
                 logger.error("invalid agent config", extra={"error": str(exc)})
                 return 2
             except (OSError, WorkspaceLocked) as exc:
                 logger.error("cannot use the work directory", extra={"error": str(exc)})
                 return 1
-            try:
-                spool = await asyncio.to_thread(Spool, self.config.spool_dir)
-                await asyncio.to_thread(spool.lock)
-            except (OSError, SpoolLocked, SpoolUnsafe) as exc:
-                logger.error("cannot use the spool directory", extra={"error": str(exc)})
-                workspace.close()
-                return 1
+            taken.callback(workspace.close)
             access = self.config.nats_access()  # files only: the agent's URL carries no secret
             try:
                 access.check()
             except TlsConfigError as exc:
                 logger.error("unusable NATS credentials or TLS settings", extra={"error": str(exc)})
-                spool.unlock()
                 return 2
             settings = ServiceSettings(
                 nats_url=self.config.nats_url,
@@ -120,24 +143,18 @@ class Agent:
                     inbox_prefix=host_inbox_prefix(self.config.host_id),
                 )
             except Stopped:
-                spool.unlock()
-                workspace.close()
                 return 0
             try:
-                await self._serve_connected(nc, spool, workspace, stop)
+                await self._serve_connected(nc, _Taken(spool, workspace, groups, held), stop)
             finally:
                 await close_nats(nc)
-                spool.unlock()
-                workspace.close()
             return 0
 
-    def _confine(self) -> Workspace:
-        """Check who steps run as and what they could read, then take the work directory (blocking).
+    def _step_user(self) -> StepUser | None:
+        """Check who steps run as and what they could read (blocking).
 
         Raises:
-            ConfigError: `step_user` cannot be used, a secret file is open to it, or `work_dir` is unsafe.
-            WorkspaceLocked: another agent of this host holds the work directory.
-            OSError: the work directory cannot be created.
+            ConfigError: `step_user` cannot be used, or a secret file is open to it.
         """
         config = self.config
         user = resolve_step_user(config.step_user) if config.step_user is not None else None
@@ -145,6 +162,34 @@ class Agent:
             logger.warning("credentials file open to other users", extra={"error": warning})
         if user is None and os.geteuid() == 0:
             logger.warning("steps run as root: set step_user in agent.toml to run them as an unprivileged user")
+        return user
+
+    def _recover(self, spool: Spool) -> tuple[StepGroups, HeldAttempts]:
+        """Kill the step processes an earlier agent left, and take the attempts it held (blocking).
+
+        First thing once the spool is this agent's: an earlier agent's steps must not run on into this
+        one's, nor write into the attempt directories about to be cleared.
+
+        Raises:
+            OSError: the spool's records cannot be read or written.
+        """
+        groups = StepGroups.in_spool(spool)
+        groups.sweep()
+        held = HeldAttempts.in_spool(spool)
+        self.held_at_start = held.take_left({report.key for report in spool.pending()})
+        for attempt in self.held_at_start:
+            logger.warning("attempt held by an earlier agent", extra=attempt.log_fields())
+        return groups, held
+
+    def _take_workspace(self, user: StepUser | None) -> Workspace:
+        """Take the work directory, removing what an earlier agent left in it (blocking).
+
+        Raises:
+            ConfigError: `work_dir` is unsafe, or unusable for the step user.
+            WorkspaceLocked: another agent of this host holds the work directory.
+            OSError: the work directory cannot be created.
+        """
+        config = self.config
         workspace = Workspace(config.work_dir, workspace_name(config.host_id, config.spool_dir), user)
         removed = workspace.open()
         if removed:
@@ -154,11 +199,11 @@ class Agent:
             )
         return workspace
 
-    async def _serve_connected(self, nc: Client, spool: Spool, workspace: Workspace, stop: asyncio.Event) -> None:
+    async def _serve_connected(self, nc: Client, taken: _Taken, stop: asyncio.Event) -> None:
         config = self.config
         client = HostClient(nc, self.subjects, config.host_id, timeout_s=config.request_timeout_s)
         registration = Registration(client, config.devices, self.version, registered=self.registered)
-        reporter = Reporter(client, spool, on_not_found=registration.reregister)
+        reporter = Reporter(client, taken.spool, on_not_found=registration.reregister)
         reports = ReportDelivery(reporter)
 
         def new_attempt(received: Received, device: DeviceConfig) -> Attempt:
@@ -171,10 +216,11 @@ class Agent:
                 stop_grace_s=config.stop_grace_s,
                 request_timeout_s=config.request_timeout_s,
                 received_at=received.received_at,
-                workspace=workspace,
+                workspace=taken.workspace,
+                groups=taken.groups,
             )
 
-        workers = DeviceWorkers(config.devices, new_attempt=new_attempt, reports=reports)
+        workers = DeviceWorkers(config.devices, new_attempt=new_attempt, reports=reports, held=taken.held)
         intake = Intake(
             self.subjects,
             config.host_id,

@@ -6,8 +6,9 @@ scheduler only assigns a device it has released, so the wait is short (the previ
 or its lease expired while a step was finishing), and the waiting assignment is claimed the moment the
 device is free instead of at a guessed redelivery delay.
 
-An attempt is claimed (its assignment acked once claimed or found stale, nak'd when the agent stops
-first), run, and ended: its report is spooled and handed to `ReportDelivery`.
+An attempt is recorded as held (`held.py`), claimed (its assignment acked once claimed or found stale,
+nak'd when the agent stops first), run, and ended: its report is spooled and handed to `ReportDelivery`,
+and its record removed.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from opentelemetry.trace import SpanKind
 from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
 from devsched.agent.config import DeviceConfig
 from devsched.agent.delivery import ReportDelivery
+from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Received, settle
 from devsched.agent.runner import RunResult
 from devsched.protocol.tracing import extract, tracer, use_context
@@ -36,11 +38,17 @@ class DeviceWorkers:
     """The workers of a host's devices and the attempts they run."""
 
     def __init__(
-        self, devices: Sequence[DeviceConfig], *, new_attempt: AttemptFactory, reports: ReportDelivery
+        self,
+        devices: Sequence[DeviceConfig],
+        *,
+        new_attempt: AttemptFactory,
+        reports: ReportDelivery,
+        held: HeldAttempts,
     ) -> None:
         self._devices = tuple(devices)
         self._new_attempt = new_attempt
         self._reports = reports
+        self._held = held
         self._queues: dict[str, asyncio.Queue[Received]] = {d.device_id: asyncio.Queue() for d in devices}
         self._running: dict[AttemptKey, Attempt] = {}
         self._attempt_tasks: set[asyncio.Task[None]] = set()
@@ -106,20 +114,27 @@ class DeviceWorkers:
                 await settle(received.msg.nak())
                 return
             self._running[attempt.key] = attempt
+            held = HeldAttempt.of(received.assignment)
             try:
-                outcome = await attempt.claim(self._refusing)
-                received.keepalive.cancel()
-                if outcome is ClaimOutcome.CLAIMED:
-                    self._reports.kick()
-                if outcome is ClaimOutcome.GAVE_UP and self._refusing.is_set():
-                    await settle(received.msg.nak())  # claimed by the next start, if still current
-                    return
-                await settle(received.msg.ack())
-                if outcome is not ClaimOutcome.CLAIMED:
-                    return
-                await self._end(attempt, await attempt.run())
+                await self._held.hold(held)  # before the claim: an agent killed from here on leaves it recorded
+                if await self._claim(attempt, received):
+                    await self._end(attempt, await attempt.run())
+                # Not when cancelled or failed: the attempt did not end, and the next start should know.
+                await self._held.forget(held)
             finally:
                 del self._running[attempt.key]
+
+    async def _claim(self, attempt: Attempt, received: Received) -> bool:
+        """Claim the attempt and settle its message; whether it is ours to run."""
+        outcome = await attempt.claim(self._refusing)
+        received.keepalive.cancel()
+        if outcome is ClaimOutcome.CLAIMED:
+            self._reports.kick()
+        if outcome is ClaimOutcome.GAVE_UP and self._refusing.is_set():
+            await settle(received.msg.nak())  # claimed by the next start, if still current
+            return False
+        await settle(received.msg.ack())
+        return outcome is ClaimOutcome.CLAIMED
 
     async def _end(self, attempt: Attempt, result: RunResult) -> None:
         """What becomes of an attempt that ran: its report is spooled, then delivered in the background."""
