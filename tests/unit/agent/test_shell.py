@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from devsched.agent.orphans import StepGroups
 from devsched.agent.shell import OutputTail, shell
-from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, StepContext, StepUser
+from devsched.agent.spool import Spool
+from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionError, GroupLedger, StepContext, StepUser
 from devsched.protocol.plans import StepStatus
 from support.polling import eventually
 
@@ -28,6 +30,7 @@ def context(
     grace: float = 0.5,
     tmpdir: str | None = None,
     user: StepUser | None = None,
+    groups: GroupLedger | None = None,
 ) -> StepContext:
     return StepContext(
         args=args,
@@ -38,6 +41,7 @@ def context(
         stop_grace_s=grace,
         tmpdir=tmpdir,
         user=user,
+        groups=groups,
     )
 
 
@@ -254,3 +258,18 @@ async def test_a_step_user_step_is_still_stopped_as_a_group(passable: Path) -> N
     result = await asyncio.wait_for(running, 10)
     assert result.status is StepStatus.INTERRUPTED
     await gone(child)
+
+
+async def test_the_command_runs_only_once_its_process_group_is_recorded(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool")
+    groups = StepGroups.in_spool(spool)
+    recorded = spool.directory / "groups"
+    listing, pid_file = tmp_path / "listing", tmp_path / "pid"
+    command = f"ls {recorded} > {listing}; echo $$ > {pid_file}; readlink /proc/$$/fd/0"
+    result = await shell(context({"command": command}, groups=groups))
+    assert result.status is StepStatus.DONE
+    assert result.output_tail == "/dev/null\n"  # the go on stdin is not the command's: it reads nothing
+    pid = read_pid(pid_file)
+    [name] = listing.read_text().split()
+    assert name.startswith(f"{pid}.")  # the step's own group, there before its first command
+    assert list(recorded.iterdir()) == []  # forgotten once the group is stopped

@@ -149,3 +149,42 @@ def test_a_spool_owned_by_another_user_is_refused(tmp_path: Path) -> None:
     os.chown(directory, nobody.pw_uid, nobody.pw_gid)
     with pytest.raises(SpoolUnsafe, match="is not a directory owned by the agent's user"):
         Spool(directory).lock()
+
+
+# -- records beside the reports ------------------------------------------------------------------------
+
+
+def test_records_live_in_a_directory_of_their_own_and_are_no_reports(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    records = spool.records("held")
+    records.put("b.1", b"second")
+    records.put("a.1", b"first")
+    records.put("a.1", b"first, replaced")
+    assert records.items() == [("a.1", b"first, replaced"), ("b.1", b"second")]
+    assert sorted(p.name for p in (tmp_path / "held").iterdir()) == ["a.1.json", "b.1.json"]
+    assert spool.pending() == []
+    assert Spool(tmp_path).records("held").items() == records.items()  # survive reopening
+    records.remove("a.1")
+    records.remove("a.1")
+    assert records.items() == [("b.1", b"second")]
+
+
+@pytest.mark.parametrize("kind", ["rejected", "", "a.1", "../up", "Held"])
+def test_a_kind_of_records_is_never_a_report_nor_outside_the_spool(tmp_path: Path, kind: str) -> None:
+    with pytest.raises(ValueError, match="invalid kind of spool records"):
+        Spool(tmp_path).records(kind)
+
+
+def test_lock_tightens_records_and_clears_their_half_written_files(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    (directory / "groups").mkdir(parents=True)
+    (directory / "groups" / "1.2.json").write_text("{}")
+    (directory / "groups" / ".1.2.json.abc.tmp").write_text("{")
+    os.chmod(directory / "groups", 0o755)
+    os.chmod(directory / "groups" / "1.2.json", 0o644)
+    spool = Spool(directory)
+    spool.lock()
+    spool.unlock()
+    assert stat.S_IMODE(os.stat(directory / "groups").st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(directory / "groups" / "1.2.json").st_mode) == 0o600
+    assert sorted(p.name for p in (directory / "groups").iterdir()) == ["1.2.json"]

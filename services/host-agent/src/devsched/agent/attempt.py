@@ -16,7 +16,7 @@ from devsched.agent.keeper import LeaseKeeper, ends_lease
 from devsched.agent.reporter import Reporter
 from devsched.agent.runner import PlanRunner, RunResult, skipped
 from devsched.agent.spool import SpooledReport
-from devsched.agent.steps import RunIdentity
+from devsched.agent.steps import GroupLedger, RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.agent.workspace import Workspace
 from devsched.core.backoff import backoff_delay, retry_after
@@ -72,6 +72,7 @@ class Attempt:
         request_timeout_s: float,
         received_at: float | None = None,
         workspace: Workspace | None = None,
+        groups: GroupLedger | None = None,
     ) -> None:
         self.assignment = assignment
         self.device = device
@@ -81,6 +82,7 @@ class Attempt:
         self._stop_grace_s = stop_grace_s
         self._request_timeout_s = request_timeout_s
         self._workspace = workspace
+        self._groups = groups
         self.stop = StopSignal()
         self.keeper = LeaseKeeper(
             self._renew_call,
@@ -182,6 +184,7 @@ class Attempt:
             stop_grace_s=self._stop_grace_s,
             tmpdir=None if workdir is None else str(workdir),
             user=None if self._workspace is None else self._workspace.user,
+            groups=self._groups,
         )
         keeping = asyncio.create_task(self.keeper.run())
         try:

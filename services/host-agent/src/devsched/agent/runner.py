@@ -26,7 +26,15 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from devsched.agent.actions import ActionRegistry, default_registry
-from devsched.agent.steps import FAILURES, ActionError, ActionResult, RunIdentity, StepContext, StepUser
+from devsched.agent.steps import (
+    FAILURES,
+    ActionError,
+    ActionResult,
+    GroupLedger,
+    RunIdentity,
+    StepContext,
+    StepUser,
+)
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
 from devsched.protocol.plans import Progress, StepResult, StepStatus
@@ -121,6 +129,7 @@ class PlanRunner:
         now: Callable[[], datetime] = utc_now,
         tmpdir: str | None = None,
         user: StepUser | None = None,
+        groups: GroupLedger | None = None,
     ) -> None:
         self._steps = tuple(steps)
         self._identity = identity
@@ -133,6 +142,7 @@ class PlanRunner:
         self._now = now
         self._tmpdir = tmpdir
         self._user = user
+        self._groups = groups
         #: The first step failure that happened before any stop: the run's cause, if it is one.
         self._failure: str | None = None
         #: Failures after the first cause, for the reason.
@@ -239,6 +249,7 @@ class PlanRunner:
             stop_grace_s=self._stop_grace_s,
             tmpdir=self._tmpdir,
             user=self._user,
+            groups=self._groups,
         )
         backstop = asyncio.timeout(step.timeout_s + 2 * self._stop_grace_s + BACKSTOP_S)
         try:

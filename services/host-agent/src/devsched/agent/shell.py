@@ -5,6 +5,10 @@ everything it started. A step that times out, or is interrupted, gets SIGTERM, t
 grace period. Processes a step leaves behind when its shell exits are stopped the same way: the device
 must be free of the previous attempt's work before the next one starts.
 
+Nor does a step outlive the agent (`orphans.py`): the kernel SIGKILLs the step's shell when the agent
+dies, and the command runs only once its process group is recorded in the spool (the shell waits on
+stdin for the go), so the next start of the agent kills whatever the shell started.
+
 Output goes to a pipe that the agent owns (not an asyncio subprocess pipe): in Python 3.11
 `Process.wait()` waits for the subprocess pipes to close, so a background process holding stdout
 would hang it. Here the exit and the end of output are awaited separately, each bounded.
@@ -20,10 +24,11 @@ import asyncio
 import contextlib
 import os
 import signal
-import subprocess
 import tempfile
 from typing import Any
 
+from devsched.agent.orphans import die_with_agent
+from devsched.agent.procfs import has_proc, processes
 from devsched.agent.step_env import StepEnvError, step_environment
 from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionResult, StepContext, parse_args, tail_text
 from devsched.protocol.plans import ShellArgs, StepStatus
@@ -33,7 +38,10 @@ _POLL_S = 0.02
 #: How long the output pipe may stay open after the step's processes are gone (held by an escapee).
 _DRAIN_S = 1.0
 _READ_CHUNK = 65536
-_PROC = "/proc"
+#: What the step's process runs first: it waits for the agent's go (a line on stdin, written once the
+#: step's process group is recorded), gives the command /dev/null as stdin, and becomes `/bin/sh -c command`
+#: (same pid, so the same group leader). EOF instead of the go (the agent gave up) ends it unstarted.
+_GATE = 'read -r _ || exit 125; exec </dev/null; exec /bin/sh -c "$1"'
 
 
 class OutputTail:
@@ -62,24 +70,6 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def _live_member_in_proc(pgid: int) -> bool:
-    """Whether /proc lists a process of group `pgid` that is not a zombie."""
-    with os.scandir(_PROC) as entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"{_PROC}/{entry.name}/stat", "rb") as handle:
-                    stat = handle.read()
-            except OSError:  # exited meanwhile
-                continue
-            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses; split after the last ")".
-            fields = stat[stat.rfind(b")") + 2 :].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-    return False
-
-
 def group_alive(pgid: int) -> bool:
     """Whether any process of process group `pgid` is still running.
 
@@ -92,9 +82,9 @@ def group_alive(pgid: int) -> bool:
         return False
     except PermissionError:
         pass  # the group exists but is another user's (a step user, an agent without CAP_KILL): /proc decides
-    if not os.path.isdir(_PROC):
+    if not has_proc():
         return True
-    return _live_member_in_proc(pgid)
+    return any(p.pgid == pgid and p.alive for p in processes())
 
 
 async def _group_gone(pgid: int) -> None:
@@ -153,25 +143,32 @@ async def shell(ctx: StepContext) -> ActionResult:
     as_user: dict[str, Any] = {}
     if ctx.user is not None:
         as_user = {"user": ctx.user.uid, "group": ctx.user.gid, "extra_groups": []}
+    gate_read, gate_write = os.pipe()
     read_fd, write_fd = os.pipe()
     try:
+        # From this (the event loop's) thread: the parent-death signal comes when the forking thread exits.
         process = await asyncio.create_subprocess_exec(
             "/bin/sh",
             "-c",
+            _GATE,
+            "devsched-step",
             args.command,
-            stdin=subprocess.DEVNULL,
+            stdin=gate_read,
             stdout=write_fd,
             stderr=write_fd,
             env=env,
             cwd=args.cwd if args.cwd is not None else ctx.tmpdir,
             start_new_session=True,
+            preexec_fn=die_with_agent(),
             **as_user,
         )
     except OSError as exc:
         os.close(read_fd)
+        os.close(gate_write)
         return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")
     finally:
         os.close(write_fd)
+        os.close(gate_read)
 
     reader = asyncio.StreamReader()
     transport, _ = await asyncio.get_running_loop().connect_read_pipe(
@@ -181,6 +178,13 @@ async def shell(ctx: StepContext) -> ActionResult:
     pump = asyncio.create_task(_pump(reader, tail))
     note = ""
     try:
+        try:
+            if ctx.groups is not None:
+                await ctx.groups.record(process.pid, ctx.identity)
+            with contextlib.suppress(BrokenPipeError):  # the shell is gone already: `_supervise` sees it
+                os.write(gate_write, b"\n")  # the command runs from here on
+        finally:
+            os.close(gate_write)  # unopened, the gate ends the shell before the command (exit 125)
         status = await _supervise(process, ctx)
         if group_alive(process.pid):
             note = "\n[devsched-agent: stopped processes the step left running]\n"
@@ -197,4 +201,6 @@ async def shell(ctx: StepContext) -> ActionResult:
             # Reap the killed shell (prompt after SIGKILL) so no zombie or open transport is left.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(process.wait()), _DRAIN_S)
+        if ctx.groups is not None:
+            await ctx.groups.forget(process.pid)
     return ActionResult(status, process.returncode, tail.text() + note)

@@ -6,6 +6,9 @@ spool resends them, byte for byte, before it takes new work. A report is removed
 answered it (recorded, duplicate, or a 409 that makes it moot). A report the scheduler can never accept
 (it fails the schema, or is too large) is moved to `rejected/` for an operator: never lost silently.
 
+Beside the reports, the spool keeps small records of what the agent must know after a crash, each kind in a
+directory of its own (`Spool.records`): the attempts it holds and the process groups of its steps.
+
 The spool is the agent's alone: the directory is 0700 and its files 0600, owned by the agent's user (a
 step, which may run as another user, must not read the reports of other tasks). `lock` tightens a
 spool left looser by an older agent and refuses one owned by another user.
@@ -25,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _KEY = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
+#: The name of a kind of records: no dot, so it is never a report's file name.
+_KIND = re.compile(r"^[a-z][a-z_-]{0,39}$")
 _SUFFIX = ".json"
 _TMP_SUFFIX = ".tmp"
 REJECTED = "rejected"
@@ -44,6 +49,12 @@ class SpooledReport:
 def report_key(task_id: str, attempt: int) -> str:
     """The spool key of a task attempt's report (one report per attempt)."""
     return f"{task_id}.{attempt}"
+
+
+def _key_path(directory: Path, key: str) -> Path:
+    if not _KEY.fullmatch(key):
+        raise ValueError(f"invalid spool key {key!r}")
+    return directory / f"{key}{_SUFFIX}"
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -115,7 +126,7 @@ class Spool:
             raise SpoolLocked(f"spool {self.directory} is in use by another process") from None
         self._lock_fd = fd
         # A temporary file is what a crash in the middle of `put` leaves: its report was never sent.
-        for leftover in self.directory.glob(f".*{_TMP_SUFFIX}"):
+        for leftover in [*self.directory.glob(f".*{_TMP_SUFFIX}"), *self.directory.glob(f"*/.*{_TMP_SUFFIX}")]:
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
 
@@ -126,7 +137,7 @@ class Spool:
         _tighten(self.directory, 0o700)
         for path in self.directory.iterdir():
             _tighten(path, 0o700 if path.is_dir() else 0o600)
-            if path.name == REJECTED and path.is_dir() and not path.is_symlink():
+            if path.is_dir() and not path.is_symlink():  # rejected/ and the records' directories
                 for inner in path.iterdir():
                     _tighten(inner, 0o600)
 
@@ -137,9 +148,13 @@ class Spool:
             self._lock_fd = None
 
     def _path(self, key: str) -> Path:
-        if not _KEY.fullmatch(key):
-            raise ValueError(f"invalid spool key {key!r}")
-        return self.directory / f"{key}{_SUFFIX}"
+        return _key_path(self.directory, key)
+
+    def records(self, kind: str) -> Records:
+        """The records of `kind` (a directory of the spool: not `rejected`, nor a report's key)."""
+        if kind == REJECTED or not _KIND.fullmatch(kind):
+            raise ValueError(f"invalid kind of spool records {kind!r}")
+        return Records(self.directory / kind)
 
     def put(self, key: str, body: bytes) -> Path:
         """Store `body` under `key` durably (replacing an older body with the same key)."""
@@ -188,3 +203,37 @@ class Spool:
         _write_atomically(target_dir / f"{key}.reason.txt", why.encode("utf-8"))
         _fsync_dir(self.directory)
         return target
+
+
+class Records:
+    """Small records in a directory of the spool, one file per key, each written whole or not at all."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(mode=0o700, exist_ok=True)
+
+    def put(self, key: str, body: bytes) -> Path:
+        """Store `body` under `key` durably (replacing an older body with the same key)."""
+        path = _key_path(self.directory, key)
+        _write_atomically(path, body)
+        return path
+
+    def remove(self, key: str) -> None:
+        """Forget the record under `key` (no error if it is gone already)."""
+        try:
+            _key_path(self.directory, key).unlink()
+        except FileNotFoundError:
+            return
+        _fsync_dir(self.directory)
+
+    def items(self) -> list[tuple[str, bytes]]:
+        """Every record as `(key, body)`, by key."""
+        found = []
+        for path in sorted(self.directory.glob(f"*{_SUFFIX}")):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                found.append((path.name[: -len(_SUFFIX)], path.read_bytes()))
+            except FileNotFoundError:  # removed meanwhile
+                continue
+        return found

@@ -50,6 +50,21 @@ class RunIdentity:
         }
 
 
+class GroupLedger(Protocol):
+    """Where an action records the process groups it starts, so that none outlives a killed agent.
+
+    `record` is awaited before the group's command runs; `forget` once the group is stopped.
+    """
+
+    async def record(self, pgid: int, identity: RunIdentity) -> None:
+        """Record the group led by `pgid` (a live process) as a group of `identity`'s attempt."""
+        ...
+
+    async def forget(self, pgid: int) -> None:
+        """Drop the record of the group led by `pgid` (it is stopped)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StepUser:
     """The unprivileged user that steps run as (`step_user` in agent.toml), resolved at the agent's start."""
@@ -81,6 +96,8 @@ class StepContext:
     tmpdir: str | None = None
     #: Who the step's processes run as; None: the agent's own user.
     user: StepUser | None = None
+    #: Where the step's process groups are recorded; None: nowhere (outside an agent).
+    groups: GroupLedger | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,99 @@
+"""The attempts this agent holds, on disk: so that the next start knows what a killed agent left held.
+
+An attempt is recorded (in the spool's `held/`) before its claim and forgotten once it has ended: claim
+stale or given up, or its report spooled (the report then speaks for it). An attempt still recorded at
+start was held by an agent that did not live to end it; its lease runs out unless the scheduler hears of
+it sooner. The records are read once at start (`take_left`), and removed.
+
+The methods do blocking file I/O on small files; the async ones run it in a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict, dataclass
+
+from devsched.agent.spool import Records, Spool, report_key
+from devsched.protocol import messages as wire
+
+logger = logging.getLogger(__name__)
+
+#: The spool directory of the records.
+KIND = "held"
+
+
+@dataclass(frozen=True, slots=True)
+class HeldAttempt:
+    """An attempt held by this host: enough to name it to the scheduler."""
+
+    task_id: str
+    attempt: int
+    lease_id: str
+    device_id: str
+
+    @classmethod
+    def of(cls, assignment: wire.Assignment) -> HeldAttempt:
+        """The attempt an assignment gives."""
+        a = assignment
+        return cls(str(a.task_id), a.attempt, str(a.lease_id), a.device_id)
+
+    @property
+    def key(self) -> str:
+        """Its record's key: the key of its report."""
+        return report_key(self.task_id, self.attempt)
+
+    def log_fields(self) -> dict[str, object]:
+        """Its ids, for log lines."""
+        return asdict(self)
+
+
+def _parse(body: bytes) -> HeldAttempt:
+    data = json.loads(body)
+    return HeldAttempt(str(data["task_id"]), int(data["attempt"]), str(data["lease_id"]), str(data["device_id"]))
+
+
+class HeldAttempts:
+    """The spool's records of held attempts."""
+
+    def __init__(self, records: Records) -> None:
+        self._records = records
+
+    @classmethod
+    def in_spool(cls, spool: Spool) -> HeldAttempts:
+        """The records in `spool` (blocking: creates their directory)."""
+        return cls(spool.records(KIND))
+
+    async def hold(self, attempt: HeldAttempt) -> None:
+        """Record `attempt` durably; a spool that cannot be written is logged, and the attempt runs anyway."""
+        body = json.dumps(asdict(attempt), separators=(",", ":")).encode()
+        try:
+            await asyncio.to_thread(self._records.put, attempt.key, body)
+        except OSError as exc:
+            logger.error("held attempt could not be recorded", extra={**attempt.log_fields(), "error": repr(exc)})
+
+    async def forget(self, attempt: HeldAttempt) -> None:
+        """Remove the record of `attempt` (it has ended)."""
+        try:
+            await asyncio.to_thread(self._records.remove, attempt.key)
+        except OSError as exc:
+            logger.error("held attempt record not removed", extra={**attempt.log_fields(), "error": repr(exc)})
+
+    def take_left(self, reported: set[str]) -> list[HeldAttempt]:
+        """The attempts recorded by an earlier run, removing their records (blocking).
+
+        An attempt whose report is in the spool (its key in `reported`) ended: the report is resent, and
+        the attempt is not counted. A record that cannot be read is dropped with a warning.
+        """
+        left = []
+        for key, body in self._records.items():
+            try:
+                attempt = _parse(body)
+            except (ValueError, KeyError, TypeError) as exc:
+                logger.warning("unreadable held attempt record dropped", extra={"spool_key": key, "error": repr(exc)})
+            else:
+                if attempt.key not in reported:
+                    left.append(attempt)
+            self._records.remove(key)
+        return left

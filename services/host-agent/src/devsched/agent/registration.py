@@ -1,0 +1,93 @@
+"""The host's standing with the scheduler: registration, retried until it succeeds, and heartbeats.
+
+Both are answered with the heartbeat interval. A scheduler that answers 404 (to a heartbeat, a report, or
+while the host's consumer is missing) no longer knows the host, which then registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from devsched.agent.client import HostClient
+from devsched.agent.config import DeviceConfig
+from devsched.core.backoff import backoff_delay, retry_after
+from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
+from devsched.protocol import messages as wire
+from devsched.service import sleep_or_stop
+
+logger = logging.getLogger(__name__)
+
+
+class Registration:
+    """Registers the host's devices and keeps the host alive with heartbeats."""
+
+    def __init__(
+        self, client: HostClient, devices: Sequence[DeviceConfig], version: str, *, registered: asyncio.Event
+    ) -> None:
+        self._client = client
+        self._devices = [wire.DeviceRegistration(device_id=d.device_id, labels=d.labels) for d in devices]
+        self._version = version
+        self._lock = asyncio.Lock()
+        self._heartbeats: asyncio.Task[None] | None = None
+        #: Set once registered (the agent's `registered`, for tests and health checks).
+        self.registered = registered
+        #: As the scheduler last said.
+        self.heartbeat_interval_s = 5.0
+
+    async def register(self) -> None:
+        """Register once (any failure raises)."""
+        async with self._lock:
+            reply = await self._client.register(self._devices, self._version)
+        self.heartbeat_interval_s = reply.heartbeat_interval_s
+        self.registered.set()
+        logger.info(
+            "registered", extra={"devices": len(self._devices), "heartbeat_interval_s": reply.heartbeat_interval_s}
+        )
+
+    async def register_until_done(self, stop: asyncio.Event) -> bool:
+        """Register, retrying with backoff; False if `stop` was set first."""
+        failures = 0
+        while not stop.is_set():
+            pause = 0.0
+            try:
+                await self.register()
+                return True
+            except Exception as exc:
+                pause = retry_after(exc)
+                failures += 1
+                level = logging.ERROR if isinstance(exc, DeviceConflict | InvalidRequest) else logging.WARNING
+                logger.log(level, "registration failed, will retry", extra={"error": repr(exc), "failures": failures})
+            await sleep_or_stop(stop, max(backoff_delay(failures, base_s=0.2, cap_s=10.0), pause))
+        return False
+
+    async def reregister(self) -> None:
+        """Register again (the scheduler answered 404: it no longer knows this host); never raises."""
+        try:
+            await self.register()
+        except Exception as exc:
+            logger.warning("re-registration failed", extra={"error": repr(exc)})
+
+    def start_heartbeats(self, on_answer: Callable[[], None]) -> None:
+        """Heartbeat in the background; `on_answer` is called after each answered one (the scheduler is up)."""
+        self._heartbeats = asyncio.create_task(self._heartbeat_loop(on_answer))
+
+    async def _heartbeat_loop(self, on_answer: Callable[[], None]) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval_s)
+            try:
+                reply = await self._client.heartbeat()
+                self.heartbeat_interval_s = reply.heartbeat_interval_s
+                on_answer()
+            except NotFound:
+                await self.reregister()
+            except Exception as exc:
+                logger.warning("heartbeat failed", extra={"error": repr(exc)})
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the heartbeats; the task to await."""
+        if self._heartbeats is None:
+            return []
+        self._heartbeats.cancel()
+        return [self._heartbeats]

@@ -1,0 +1,165 @@
+"""The device workers: one queue and one worker per device, each running one attempt at a time.
+
+So a device runs at most one attempt at a time and devices run in parallel. An assignment for a busy
+device WAITS in that device's queue (kept in progress by the intake) rather than being nak'd: the
+scheduler only assigns a device it has released, so the wait is short (the previous attempt is ending,
+or its lease expired while a step was finishing), and the waiting assignment is claimed the moment the
+device is free instead of at a guessed redelivery delay.
+
+An attempt is recorded as held (`held.py`), claimed (its assignment acked once claimed or found stale,
+nak'd when the agent stops first), run, and ended: its report is spooled and handed to `ReportDelivery`,
+and its record removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+
+from opentelemetry.trace import SpanKind
+
+from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
+from devsched.agent.config import DeviceConfig
+from devsched.agent.delivery import ReportDelivery
+from devsched.agent.held import HeldAttempt, HeldAttempts
+from devsched.agent.intake import Received, settle
+from devsched.agent.runner import RunResult
+from devsched.protocol.tracing import extract, tracer, use_context
+from devsched.service import bind
+
+logger = logging.getLogger(__name__)
+
+#: Builds the attempt of a received assignment on its device.
+AttemptFactory = Callable[[Received, DeviceConfig], Attempt]
+
+
+class DeviceWorkers:
+    """The workers of a host's devices and the attempts they run."""
+
+    def __init__(
+        self,
+        devices: Sequence[DeviceConfig],
+        *,
+        new_attempt: AttemptFactory,
+        reports: ReportDelivery,
+        held: HeldAttempts,
+    ) -> None:
+        self._devices = tuple(devices)
+        self._new_attempt = new_attempt
+        self._reports = reports
+        self._held = held
+        self._queues: dict[str, asyncio.Queue[Received]] = {d.device_id: asyncio.Queue() for d in devices}
+        self._running: dict[AttemptKey, Attempt] = {}
+        self._attempt_tasks: set[asyncio.Task[None]] = set()
+        self._workers: list[asyncio.Task[None]] = []
+        #: Set once no new attempt may start (the agent is stopping).
+        self._refusing = asyncio.Event()
+
+    # -- what the intake hands in ------------------------------------------------------------------------
+
+    def has_device(self, device_id: str) -> bool:
+        """Whether this host has the device."""
+        return device_id in self._queues
+
+    def offer(self, received: Received) -> None:
+        """Queue an assignment for its device's worker."""
+        self._queues[received.assignment.device_id].put_nowait(received)
+
+    def nudge(self, key: AttemptKey) -> None:
+        """Renew the running attempt `key` at once, if it runs here."""
+        attempt = self._running.get(key)
+        if attempt is not None:
+            logger.info("nudged: renewing now", extra=attempt.log_fields())
+            attempt.nudge()
+
+    # -- the workers ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start one worker per device."""
+        self._workers = [asyncio.create_task(self._work(device)) for device in self._devices]
+
+    @property
+    def tasks(self) -> frozenset[asyncio.Task[None]]:
+        """The attempts being handled (claimed, running or spooling their report)."""
+        return frozenset(self._attempt_tasks)
+
+    async def _work(self, device: DeviceConfig) -> None:
+        queue = self._queues[device.device_id]
+        while True:
+            received = await queue.get()
+            task = asyncio.create_task(self._handle(device, received))
+            self._attempt_tasks.add(task)
+            try:
+                await asyncio.shield(task)
+            except Exception:
+                logger.exception("attempt handling failed", extra={"device_id": device.device_id})
+            finally:
+                self._attempt_tasks.discard(task)
+                received.keepalive.cancel()
+
+    async def _handle(self, device: DeviceConfig, received: Received) -> None:
+        attempt = self._new_attempt(received, device)
+        span = tracer().start_as_current_span(
+            f"run attempt {received.assignment.attempt}",
+            kind=SpanKind.CONSUMER,
+            attributes={
+                "devsched.task_id": str(received.assignment.task_id),
+                "devsched.attempt": received.assignment.attempt,
+            },
+        )
+        # continue the trace the assignment carries: claim, renewals and the report join the task's trace
+        with use_context(extract(received.msg.headers)), span, bind(**attempt.log_fields()):
+            if self._refusing.is_set():
+                await settle(received.msg.nak())
+                return
+            self._running[attempt.key] = attempt
+            held = HeldAttempt.of(received.assignment)
+            try:
+                await self._held.hold(held)  # before the claim: an agent killed from here on leaves it recorded
+                if await self._claim(attempt, received):
+                    await self._end(attempt, await attempt.run())
+                # Not when cancelled or failed: the attempt did not end, and the next start should know.
+                await self._held.forget(held)
+            finally:
+                del self._running[attempt.key]
+
+    async def _claim(self, attempt: Attempt, received: Received) -> bool:
+        """Claim the attempt and settle its message; whether it is ours to run."""
+        outcome = await attempt.claim(self._refusing)
+        received.keepalive.cancel()
+        if outcome is ClaimOutcome.CLAIMED:
+            self._reports.kick()
+        if outcome is ClaimOutcome.GAVE_UP and self._refusing.is_set():
+            await settle(received.msg.nak())  # claimed by the next start, if still current
+            return False
+        await settle(received.msg.ack())
+        return outcome is ClaimOutcome.CLAIMED
+
+    async def _end(self, attempt: Attempt, result: RunResult) -> None:
+        """What becomes of an attempt that ran: its report is spooled, then delivered in the background."""
+        spooled = await attempt.spool(result)
+        self._reports.send(spooled, attempt.log_fields())
+
+    # -- stopping ------------------------------------------------------------------------------------------
+
+    async def refuse_new(self) -> None:
+        """Start no attempt any more: claims give up, and queued assignments are nak'd for redelivery."""
+        self._refusing.set()
+        for queue in self._queues.values():
+            while not queue.empty():
+                received = queue.get_nowait()
+                received.keepalive.cancel()
+                await settle(received.msg.nak())
+
+    def stop_running(self, *, kill: bool = False) -> None:
+        """Stop every running attempt as for a lease loss; with `kill`, interrupt every step."""
+        for attempt in list(self._running.values()):
+            attempt.shut_down(kill=kill)
+
+    def cancel(self) -> list[asyncio.Task[None]]:
+        """Cancel the workers and the attempts they handle; the tasks to await."""
+        tasks = [*self._workers, *self._attempt_tasks]
+        for task in tasks:
+            task.cancel()
+        return tasks
