@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from devsched.client import (
     describe,
     field_errors,
 )
+from devsched.client.client import AUTO_KEY_PREFIX
 from devsched.client.watch import collect
 from devsched.core.status import EventKind
 from support.devsched_stack import Stack
@@ -274,3 +276,27 @@ async def test_an_unreachable_server_is_nats_unreachable() -> None:
         await Client.connect("nats://127.0.0.1:1", connect_timeout=0.5)
     assert caught.value.code == "nats_unreachable"
     assert "127.0.0.1:1" in caught.value.message
+
+
+async def test_a_submit_retried_after_a_lost_reply_creates_one_task(stack: Stack) -> None:
+    # The scheduler is frozen while the client's first tries time out; once it thaws it answers every try it
+    # got. Without a key of the caller's, the client's own key makes the tries one task, and says it created it.
+    scheduler = next(p for p in stack.procs if p.name == "scheduler")
+    name = f"retried-{uuid.uuid4().hex[:8]}"
+    async with await Client.connect(stack.nats_url, prefix=stack.prefix, timeout=0.5, retries=8) as c:
+        scheduler.pause()
+        try:
+            submitting = asyncio.create_task(
+                c.submit({"steps": [{"name": "a", "action": "noop"}]}, selector=SIM, name=name)
+            )
+            await asyncio.sleep(1.2)  # at least two tries time out while it is frozen
+            assert not submitting.done()
+        finally:
+            scheduler.resume()
+        reply = await asyncio.wait_for(submitting, timeout=30)
+        assert reply.created
+        view = await c.get(reply.task_id)
+        assert view.idempotency_key is not None
+        assert view.idempotency_key.startswith(AUTO_KEY_PREFIX)
+        tasks = [t async for t in c.list()]
+    assert [t.task_id for t in tasks if t.name == name] == [reply.task_id]

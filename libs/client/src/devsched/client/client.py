@@ -14,8 +14,9 @@ async with Client.connect("nats://127.0.0.1:4222") as client:
 
 Every method sends one request of the protocol (`P.api.tasks.submit`, ...) and returns the reply's model
 from `devsched.protocol.messages`, or raises the typed error of the reply (`NotFound`,
-`InvalidRequest` with `details["errors"]`, ...; see `devsched.client.errors`). Requests that are safe to
-repeat (everything but a submit without an idempotency key) are retried after a timeout.
+`InvalidRequest` with `details["errors"]`, ...; see `devsched.client.errors`). Every request is safe to
+repeat and is retried after a timeout: a submit always carries an idempotency key (the caller's, or one the
+client makes), so a retry never creates a second task.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ from devsched.protocol.transport import request
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 #: Seconds to wait for each reply.
 DEFAULT_TIMEOUT_S = 5.0
+
+#: The prefix of the idempotency keys the client makes for submits that came without one.
+AUTO_KEY_PREFIX = "auto-"
 
 M = TypeVar("M", bound=BaseModel)
 C = TypeVar("C", bound="Client")
@@ -320,8 +324,8 @@ class Client:
             priority: -1000..1000, higher first (default 0).
             max_attempts: Leases the task may use before a lease expiry fails it, 1..100 (default 3).
             lease_ttl_s: Lease length in whole seconds, 1..3600 (default 30).
-            idempotency_key: A repeated key returns the existing task (`created` false); with a key the
-                submit is also retried after a timeout.
+            idempotency_key: A repeated key returns the existing task (`created` false). Without one the
+                client makes one (`auto-<uuid>`), so a submit is always retried safely after a timeout.
             metadata: Free-form JSON kept with the task (merged into the request's).
 
         Raises:
@@ -339,9 +343,7 @@ class Client:
             idempotency_key=idempotency_key,
             metadata=metadata,
         )
-        return await self._call(
-            self.subjects.tasks_submit, body, SubmitReply, repeatable=body.idempotency_key is not None
-        )
+        return await self._submit(body)
 
     async def submit_file(self, path: Path | str, **overrides: Any) -> SubmitReply:
         """Submit the plan file at `path` (YAML or JSON; a bare plan or a whole submit request).
@@ -352,10 +354,23 @@ class Client:
             PlanFileError: the file cannot be read or parsed.
             InvalidRequest: its content fails the schema.
         """
-        body = load_request(path, **overrides)
-        return await self._call(
-            self.subjects.tasks_submit, body, SubmitReply, repeatable=body.idempotency_key is not None
-        )
+        return await self._submit(load_request(path, **overrides))
+
+    async def _submit(self, body: SubmitRequest) -> SubmitReply:
+        """Send a submit that is always safe to repeat.
+
+        Without a key of the caller's, the client makes one (`auto-<uuid>`) so that a retry after a timeout
+        or an ambiguous `unavailable` (a commit whose outcome is unknown) finds the task the first try
+        created instead of making a second one. Nobody else knows that key, so a repeat answered
+        `created: false` can only be our own earlier try, and the reply says `created: true`.
+        """
+        generated = body.idempotency_key is None
+        if generated:
+            body = body.model_copy(update={"idempotency_key": f"{AUTO_KEY_PREFIX}{uuid.uuid4()}"})
+        reply = await self._call(self.subjects.tasks_submit, body, SubmitReply)
+        if generated and not reply.created:
+            reply = reply.model_copy(update={"created": True})
+        return reply
 
     async def get(self, task_id: TaskId) -> TaskView:
         """The task with all its attempts (`P.api.tasks.get`).
