@@ -64,6 +64,8 @@ def fdatasync_per_s(directory: Path, rounds: int = 200) -> float:
     block = os.urandom(8192)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
+        os.write(fd, block * 16)  # allocated first: overwrites, as WAL segments are
+        os.fsync(fd)
         started = time.perf_counter()
         for i in range(rounds):
             os.pwrite(fd, block, (i % 16) * 8192)

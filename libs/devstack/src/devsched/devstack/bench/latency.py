@@ -14,7 +14,7 @@ from devsched.devstack.bench.figures import Figure, value_at_most
 from devsched.devstack.bench.probes import Distribution
 
 #: Tasks run before the measured ones (first connections, first plans).
-WARMUP_TASKS = 3
+WARMUP_TASKS = 2
 #: Pause between two tasks: each finds the system idle.
 PAUSE_S = 0.2
 

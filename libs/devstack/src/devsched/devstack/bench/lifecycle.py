@@ -170,10 +170,14 @@ async def lifecycle_phase(ctx: Context) -> None:
 def _figures_at(ctx: Context, run: DevschedRun, peer: PeerRun | None, peer_name: str | None, note: str) -> None:
     c, n = run.concurrency, run.tasks
     goal = {16: at_least(2.0), 1: at_least(1.0)}.get(c)
+    busy = ", ".join(
+        f"{tree.split(' ')[0]} {seconds / run.run_s:.0%}" for tree, seconds in run.run_cpu_s.items() if seconds
+    )
+    busy_note = "; ".join(filter(None, [note, f"of one core: {busy}"]))
     ctx.figures += [
         Figure(
             f"lifecycle.c{c}.tasks_per_s", f"tasks/s, c={c}", "tasks/s", run.tasks_per_s,
-            None if peer is None else peer.jobs_per_s, peer_name, goal, note,
+            None if peer is None else peer.jobs_per_s, peer_name, goal, busy_note,
         ),
         Figure(
             f"lifecycle.c{c}.cpu_ms_per_task", f"CPU ms/task, c={c} (all processes)", "ms", run.cpu_ms_per_task(),

@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 from devsched.devstack.bench.probes import CpuMeter, Distribution
 
+#: The bench process's own CPU in a window's `cpu_s` (it sends the load; the figures leave it out).
+LOAD_GENERATOR = "bench (load generator)"
+
 #: One request of requester `i`.
 Request = Callable[[int], Awaitable[object]]
 
@@ -129,15 +132,16 @@ async def closed_loop(
     load.start()
     try:
         await _sleep_watching(load, warmup_s)
-        t0 = time.perf_counter()
+        t0, own0 = time.perf_counter(), time.process_time()
         if meter is not None:
             meter.start()
         await _sleep_watching(load, window_s)
         t1 = time.perf_counter()
-        cpu = meter.stop() if meter is not None else {}
+        cpu = dict(meter.stop()) if meter is not None else {}
+        cpu[LOAD_GENERATOR] = time.process_time() - own0
     finally:
         await load.stop()
-    return Window(name, requesters, t1 - t0, load.samples(t0, t1), dict(cpu), load.count)
+    return Window(name, requesters, t1 - t0, load.samples(t0, t1), cpu, load.count)
 
 
 async def _sleep_watching(load: Load, seconds: float) -> None:

@@ -39,13 +39,13 @@ FULL = Sizes(
     settle_s=10.5,
 )
 QUICK = Sizes(
-    tasks=40,
+    tasks=30,
     window_s=1.0,
     warmup_s=0.3,
-    latency_tasks=5,
-    leases=400,
-    queued=(100, 2_000),
-    settle_s=1.0,
+    latency_tasks=4,
+    leases=200,
+    queued=(100, 1_000),
+    settle_s=0.5,
 )
 
 #: The renewal load: concurrent requesters, over hosts of this many devices each (one connection per host).

@@ -138,7 +138,10 @@ async def _run(stack: BenchStack, options: BenchOptions, results: Results, say: 
         say(f"the idle system's commits per second ({2 * options.sizes.settle_s:g} s)")
         rate = await pg.measure_idle(DATABASE, options.sizes.settle_s)
         ctx.details["idle_commits_per_s"] = round(rate, 3)
+        timings: dict[str, float] = {}
+        ctx.details["phase_seconds"] = timings
         for phase in options.only:
+            phase_started = time.monotonic()
             try:
                 if phase in ("renewals", "sweep") and rig is None:
                     rig = Rig()
@@ -161,6 +164,8 @@ async def _run(stack: BenchStack, options: BenchOptions, results: Results, say: 
                 results.errors.append(f"{phase}: {type(exc).__name__}: {exc}")
                 say(f"{phase} failed: {type(exc).__name__}: {exc}")
                 stack.check_running()  # a service that died ends the run
+            finally:
+                timings[phase] = round(time.monotonic() - phase_started, 1)
         if options.profile_dir is not None:
             _write_profiles(ctx, results)
     finally:

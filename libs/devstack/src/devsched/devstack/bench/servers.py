@@ -68,8 +68,7 @@ class BenchStack:
     """The servers and services of one bench run: `start()` (blocking, main thread), then `stop()`.
 
     Args:
-        data_dir: Home of the servers' data and the services' logs; created (mode 0755, so that the
-            Postgres account reaches it when we are root).
+        data_dir: Home of the servers' data and the services' logs (see `fresh_data_dir`).
         sync_always: JetStream's `sync_interval: always`.
         scheduler_env: Extra DEVSCHED_* settings of the scheduler.
     """
@@ -87,16 +86,20 @@ class BenchStack:
 
     @staticmethod
     def fresh_data_dir() -> Path:
-        """A new directory under /var/tmp (on disk, where /tmp may be a tmpfs)."""
+        """A new directory under /var/tmp (on disk, where /tmp may be a tmpfs), open to the Postgres account.
+
+        Mode 0755: as root, Postgres runs as its own account, which must reach its data directory inside.
+        """
         base = Path("/var/tmp") if Path("/var/tmp").is_dir() else Path(tempfile.gettempdir())
-        return Path(tempfile.mkdtemp(prefix="devsched-bench-", dir=base))
+        path = Path(tempfile.mkdtemp(prefix="devsched-bench-", dir=base))
+        path.chmod(0o755)
+        return path
 
     # -- servers (synchronous: the main thread, so a server dies with us) -------------------------------
 
     def start_servers(self) -> None:
         """Start NATS and Postgres, create the roles and databases, migrate devsched's."""
         self.layout.create()
-        self.data_dir.chmod(0o755)
         self.nats.start()
         self.postgres.start()
         asyncio.run(self._prepare_databases())
