@@ -128,8 +128,8 @@ class Context:
     details: dict[str, Any] = field(default_factory=dict)
     #: Latency samples for the plot (not in the JSON): name -> milliseconds.
     samples: dict[str, list[float]] = field(default_factory=dict)
-    #: py-spy profiles taken: file name -> (units of work in them, what a unit is).
-    spied: dict[str, tuple[int, str]] = field(default_factory=dict)
+    #: py-spy profiles taken: file name -> (units of work in them, what a unit is, the scheduler's CPU seconds).
+    spied: dict[str, tuple[int, str, float]] = field(default_factory=dict)
     #: The statements of each measured load: name -> (statements, units of work, what a unit is).
     sql_profiles: dict[str, tuple[list[Statement], int, str]] = field(default_factory=dict)
     log: Callable[[str], None] = print

@@ -123,7 +123,7 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
     ctx.sql_profiles[f"lifecycle c={concurrency}: submit"] = (submit_statements, tasks, "submit")
     ctx.sql_profiles[f"lifecycle c={concurrency}: run"] = (run_statements, tasks, "task")
     if spy is not None:
-        ctx.spied[spy.output.stem] = (tasks, "task")
+        ctx.spied[spy.output.stem] = (tasks, "task", run_cpu.get("scheduler", 0.0))
     return DevschedRun(
         concurrency, tasks, submit_s, submit_cpu, submit_counted, submit_statements,
         run_s, run_cpu, run_counted, run_statements, outcomes,

@@ -122,8 +122,11 @@ async def closed_loop(
     warmup_s: float,
     window_s: float,
     meter: CpuMeter | None = None,
+    on_window: Callable[[bool], object] | None = None,
 ) -> Window:
     """Run `requesters` loops of `request` for `warmup_s`, then measure `window_s` (CPU too, with `meter`).
+
+    `on_window(True)` is called as the window opens and `on_window(False)` as it closes (a profiler).
 
     Raises:
         Exception: a request failed.
@@ -135,10 +138,14 @@ async def closed_loop(
         t0, own0 = time.perf_counter(), time.process_time()
         if meter is not None:
             meter.start()
+        if on_window is not None:
+            on_window(True)
         await _sleep_watching(load, window_s)
         t1 = time.perf_counter()
         cpu = dict(meter.stop()) if meter is not None else {}
         cpu[LOAD_GENERATOR] = time.process_time() - own0
+        if on_window is not None:
+            on_window(False)
     finally:
         await load.stop()
     return Window(name, requesters, t1 - t0, load.samples(t0, t1), cpu, load.count)

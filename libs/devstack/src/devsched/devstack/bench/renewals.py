@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from devsched.devstack.bench.context import NOOP_PLAN, Context
 from devsched.devstack.bench.figures import Figure, at_least, at_most
 from devsched.devstack.bench.hosts import BenchHost, checked, lease_of
-from devsched.devstack.bench.load import Window, closed_loop
+from devsched.devstack.bench.load import Request, Window, closed_loop
 from devsched.devstack.bench.options import DEVICES_PER_HOST, REQUESTERS
 from devsched.devstack.bench.pgstats import commits_in
-from devsched.devstack.bench.profiling import statement_summary
+from devsched.devstack.bench.profiling import PySpy, statement_summary
 from devsched.devstack.bench.responders import FLOOR_RENEW, FLOOR_TABLE, Responder
 from devsched.devstack.bench.servers import DATABASE, FLOOR_DATABASE, PREFIX
 
@@ -133,16 +133,24 @@ async def renewals_phase(ctx: Context, rig: Rig) -> None:
 
     before = await ctx.pg.counters(DATABASE)
     await ctx.pg.reset_statements()
-    spy = ctx.spy("scheduler-renewals")
-    windows["renew"] = await _measure(ctx, "devsched renew", rig.renew, {"scheduler": stack.pids()["scheduler"]})
-    if spy is not None:
-        ctx.stop_spy(spy)
+    spies: list[PySpy] = []
+
+    def profile(opening: bool) -> None:
+        if opening:
+            spies.extend(spy for spy in [ctx.spy("scheduler-renewals")] if spy is not None)
+        else:
+            for spy in spies:
+                ctx.stop_spy(spy)
+
+    windows["renew"] = await _measure(
+        ctx, "devsched renew", rig.renew, {"scheduler": stack.pids()["scheduler"]}, on_window=profile
+    )
     statements = await ctx.pg.statements(DATABASE)
     counted, _ = await ctx.pg.settled(DATABASE, before, ctx.sizes.settle_s)
     renewals = windows["renew"].total
     ctx.sql_profiles["renewals"] = (statements, renewals, "renewal")
-    if spy is not None:
-        ctx.spied[spy.output.stem] = (renewals, "renewal")
+    for spy in spies:
+        ctx.spied[spy.output.stem] = (windows["renew"].count, "renewal", windows["renew"].cpu_s.get("scheduler", 0.0))
     floor_after = await ctx.pg.counters(FLOOR_DATABASE)
 
     _figures(ctx, windows)
@@ -163,11 +171,23 @@ async def renewals_phase(ctx: Context, rig: Rig) -> None:
         ctx.samples[f"{windows[name].name} ({REQUESTERS} concurrent)"] = windows[name].latencies_ms
 
 
-async def _measure(ctx: Context, name: str, request: Any, extra_trees: dict[str, int | None]) -> Window:
+async def _measure(
+    ctx: Context,
+    name: str,
+    request: Request,
+    extra_trees: dict[str, int | None],
+    on_window: Callable[[bool], object] | None = None,
+) -> Window:
     meter = ctx.meter("postgres", "nats")
     meter.roots.update(extra_trees)
     window = await closed_loop(
-        name, request, REQUESTERS, warmup_s=ctx.sizes.warmup_s, window_s=ctx.sizes.window_s, meter=meter
+        name,
+        request,
+        REQUESTERS,
+        warmup_s=ctx.sizes.warmup_s,
+        window_s=ctx.sizes.window_s,
+        meter=meter,
+        on_window=on_window,
     )
     lat = window.latency
     ctx.say(f"  {name:<16} {window.rate:>8.0f}/s  p50 {lat.p50_ms:6.2f} ms  p99 {lat.p99_ms:6.2f} ms")

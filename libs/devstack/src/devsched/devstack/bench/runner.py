@@ -197,7 +197,7 @@ def _write_profiles(ctx: Context, results: Results) -> None:
         "",
         render_conditions(results.conditions, results.options).replace("\n", "  \n"),
     ]
-    for name, (per, what) in ctx.spied.items():
+    for name, (per, what, cpu_s) in ctx.spied.items():
         raw = directory / f"{name}.raw"
         parts += [
             "",
@@ -206,7 +206,7 @@ def _write_profiles(ctx: Context, results: Results) -> None:
             f"`py-spy record --pid <scheduler> --rate {RATE_HZ} --format raw --nolineno --nonblocking"
             f" --output {raw.name}` while the load ran (idle time not sampled)",
             "",
-            python_table(raw, per=per, what=what),
+            python_table(raw, per=per, what=what, cpu_s=cpu_s),
         ]
     for name, (statements, per, what) in ctx.sql_profiles.items():
         parts += [

@@ -92,15 +92,20 @@ class Sweeps:
         """Pause the sweeper; have N tasks assigned to the hosts and their leases expire; returns their ids."""
         ctx, n = self.ctx, self.leases
         os.kill(self.sweeper_pid, signal.SIGSTOP)
-        template = await ctx.client.submit(NOOP_PLAN, selector=self.labels, lease_ttl_s=TTL_S, max_attempts=1)
-        ids = [str(template.task_id), *await copy_task(ctx.stack.admin_dsn(DATABASE), str(template.task_id), n - 1)]
-        watch = ctx.events.watch(ids, until=lambda e: e.get("event") == "assigned")
+        # watching from before the submit: with the hosts there, the template is assigned at once
+        watch = ctx.events.watch(until=lambda e: e.get("event") == "assigned")
         try:
+            template = await ctx.client.submit(NOOP_PLAN, selector=self.labels, lease_ttl_s=TTL_S, max_attempts=1)
+            ids = [str(template.task_id)]
+            watch.add(ids)
+            copies = await copy_task(ctx.stack.admin_dsn(DATABASE), ids[0], n - 1)
+            watch.add(copies)
+            ids += copies
             if not self.hosts:
                 await self._register()
             else:  # the hosts are there: wake the assignment loop for the copies
                 await ctx.nc.publish(ctx.subjects.internal_wake, b'{"released": 0}')
-            await watch.wait(120 + n / 20, "sweep: assignments")
+            await watch.wait(60 + n / 50, "sweep: assignments")
         finally:
             ctx.events.forget(watch)
         last = max(arrived["assigned"] for arrived in (watch.arrived[i] for i in ids))
@@ -127,10 +132,10 @@ class Sweeps:
             os.kill(self.sweeper_pid, signal.SIGCONT)
             released = 0
             while released < len(ids):
-                released += await asyncio.wait_for(self.released.get(), 120 + len(ids) / 20)
+                released += await asyncio.wait_for(self.released.get(), 60 + len(ids) / 50)
             swept_s = time.perf_counter() - started
             cpu = meter.stop()
-            await watch.wait(120 + len(ids) / 20, "sweep: events")
+            await watch.wait(60 + len(ids) / 50, "sweep: events")
             return swept_s, time.perf_counter() - started, cpu
         finally:
             ctx.events.forget(watch)
