@@ -122,6 +122,7 @@ def render_conditions(conditions: dict[str, Any], options: dict[str, Any]) -> st
             f"services: real scheduler, sweeper and agent processes, log level {svc['log_level']},"
             f" scheduler fair share lifted ({', '.join(f'{k}={v}' for k, v in svc['scheduler_settings'].items())});"
             f" {svc['note']}",
+            "packages: " + ", ".join(f"{k} {v}" for k, v in conditions["packages"].items() if v),
             f"run: {options.get('mode')}; {options.get('sizes')}",
         ]
     )
