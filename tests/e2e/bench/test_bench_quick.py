@@ -146,6 +146,7 @@ def test_the_profiles_hold_the_schedulers_python_and_sql(
     assert "## scheduler-lifecycle-c16: the scheduler's Python" in summary
     assert "## scheduler-renewals: the scheduler's Python" in summary
     assert "samples at 100 Hz" in summary
+    assert "--gil" in summary
     assert "## renewals: SQL" in summary
     assert "## lifecycle c=16: run: SQL" in summary
     assert "| by total (inclusive) |" in summary

@@ -102,3 +102,4 @@ def test_profile_summary_ranks_functions_and_leaves_out_the_event_loop(tmp_path:
     table = python_table(raw, per=50, what="task", cpu_s=0.5)
     assert "= 20.000 ms per task (50 tasks)" in table
     assert "was 10.000 ms per task" in table
+    assert "holding the GIL" in table

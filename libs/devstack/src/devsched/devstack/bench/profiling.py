@@ -1,9 +1,12 @@
 """Profiles of the scheduler under a phase's load: py-spy's samples of its Python, pg_stat_statements' SQL.
 
-`devsched bench --profile DIR` attaches `py-spy record --nonblocking` (no pause of the process: the load
-is not slowed down by the sampling) to the scheduler while the lifecycle at the highest concurrency and
-the renewal window run, keeps the raw collapsed stacks, and writes a summary: the functions by total
-(inclusive) and self time, and the statements by total time with their calls per task or per renewal.
+`devsched bench --profile DIR` attaches `py-spy record --gil --nonblocking` to the scheduler while the
+lifecycle at the highest concurrency and the renewal window run, keeps the raw collapsed stacks, and writes
+a summary: the functions by total (inclusive) and self time, and the statements by total time with their
+calls per task or per renewal. `--nonblocking` does not pause the process (the load is not slowed by the
+sampling); `--gil` keeps only the samples where the scheduler holds the GIL, i.e. runs Python: time in
+system calls (socket writes, which hand the data to the receiving process) and waiting for a CPU on a
+busy machine are left out, and the scheduler's CPU time from /proc is printed beside for the whole.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from devsched.devstack.bench.pgstats import Statement
 
 #: Samples per second.
 RATE_HZ = 100
+#: How py-spy records (see the module's docstring).
+PY_SPY_FLAGS = ("--rate", str(RATE_HZ), "--format", "raw", "--nolineno", "--gil", "--nonblocking")
 
 
 def py_spy_binary() -> str | None:
@@ -49,10 +54,7 @@ class PySpy:
             self.error = "py-spy is not installed (the bench group)"
             return False
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        argv = [
-            binary, "record", "--pid", str(self.pid), "--rate", str(RATE_HZ), "--format", "raw", "--nolineno",
-            "--nonblocking", "--output", str(self.output),
-        ]  # fmt: skip
+        argv = [binary, "record", *PY_SPY_FLAGS, "--pid", str(self.pid), "--output", str(self.output)]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         return True
 
@@ -122,16 +124,15 @@ def top_functions(stacks: Counter[tuple[str, ...]], limit: int) -> tuple[int, li
 def python_table(path: Path, *, per: int, what: str, cpu_s: float, limit: int = 15) -> str:
     """A Markdown summary of a raw profile: the scheduler's time per `what` and the top functions.
 
-    `cpu_s` is the scheduler's CPU time over the same load, from /proc: a sample is taken whenever the
-    thread is not idle in its selector, which on a loaded machine includes waiting for a CPU.
+    `cpu_s` is the scheduler's CPU time over the same load, from /proc (Python, the C libraries and the
+    kernel's work on its behalf): the samples only count the time the scheduler held the GIL.
     """
     samples, by_total, by_own = top_functions(read_stacks(path), limit)
     seconds = samples / RATE_HZ
     lines = [
-        f"{samples} samples at {RATE_HZ} Hz = {seconds:.2f} s not idle = {1000 * seconds / max(per, 1):.3f} ms per"
-        f" {what} ({per} {what}s); its CPU time (/proc) was {1000 * cpu_s / max(per, 1):.3f} ms per {what}"
-        " (the rest: waiting for a CPU on this shared machine, most often seen in socket writes,"
-        " where the kernel hands the data to the receiving process)",
+        f"{samples} samples at {RATE_HZ} Hz = {seconds:.2f} s holding the GIL = {1000 * seconds / max(per, 1):.3f}"
+        f" ms per {what} ({per} {what}s); the scheduler's CPU time (/proc) was {1000 * cpu_s / max(per, 1):.3f} ms"
+        f" per {what}",
         "",
         f"| by total (inclusive) | total % | self % | total ms/{what} |",
         "| --- | ---: | ---: | ---: |",

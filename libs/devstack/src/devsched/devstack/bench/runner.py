@@ -31,7 +31,7 @@ from devsched.devstack.bench.lifecycle import lifecycle_phase
 from devsched.devstack.bench.memory import memory_phase
 from devsched.devstack.bench.options import BenchOptions
 from devsched.devstack.bench.pgstats import PgStats
-from devsched.devstack.bench.profiling import RATE_HZ, python_table, sql_table
+from devsched.devstack.bench.profiling import PY_SPY_FLAGS, python_table, sql_table
 from devsched.devstack.bench.renewals import Rig, renewals_phase
 from devsched.devstack.bench.report import Results, render, render_conditions
 from devsched.devstack.bench.servers import DATABASE, PREFIX, BenchStack
@@ -203,8 +203,7 @@ def _write_profiles(ctx: Context, results: Results) -> None:
             "",
             f"## {name}: the scheduler's Python",
             "",
-            f"`py-spy record --pid <scheduler> --rate {RATE_HZ} --format raw --nolineno --nonblocking"
-            f" --output {raw.name}` while the load ran (idle time not sampled)",
+            f"`py-spy record {' '.join(PY_SPY_FLAGS)} --pid <scheduler> --output {raw.name}` over the measured load",
             "",
             python_table(raw, per=per, what=what, cpu_s=cpu_s),
         ]
