@@ -240,9 +240,20 @@ def test_migrate_an_unreachable_database() -> None:
     assert one_line_error(result, 5).startswith("error: unavailable: ")
 
 
-def test_bench_outside_a_checkout_says_how(tmp_path: Path) -> None:
-    line = one_line_error(run_devsched("bench", cwd=tmp_path), 2)
-    assert "pytest -m bench tests/bench" in line
+def test_bench_is_the_end_to_end_benchmark_and_names_the_micro_benchmarks(tmp_path: Path) -> None:
+    result = run_devsched("bench", "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    text = " ".join(result.stdout.split())
+    assert "./dev test -m bench tests/bench" in text  # the pytest micro-benchmarks of a source checkout
+    for option in ("--json", "--plot", "--quick", "--only", "--concurrency", "--tasks", "--profile"):
+        assert option in text
+
+
+def test_bench_refuses_an_unknown_phase_before_starting_anything(tmp_path: Path) -> None:
+    result = run_devsched("bench", "--only", "lifecycle,warp", "--data-dir", str(tmp_path / "data"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert "unknown phase(s) warp" in result.stderr
+    assert not (tmp_path / "data").exists()
 
 
 # -- tables at 80 columns and in a pipe: no column is dropped ---------------------------------------------

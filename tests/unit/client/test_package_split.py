@@ -1,4 +1,4 @@
-"""devsched-client is the client and the user CLI only: the dev stack (`up`, `migrate`) is a package of its own."""
+"""devsched-client is the client and the user CLI only: the dev stack (`up`, `migrate`, `bench`) is a package apart."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _without_devstack(tmp_path: Path) -> Path:
     return site
 
 
-@pytest.mark.parametrize("command", ["up", "migrate"])
+@pytest.mark.parametrize("command", ["up", "migrate", "bench"])
 def test_without_the_dev_stack_the_command_says_what_to_install(tmp_path: Path, command: str) -> None:
     site = _without_devstack(tmp_path)
     script = (

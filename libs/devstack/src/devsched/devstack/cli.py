@@ -1,4 +1,6 @@
-"""The dev stack's commands of `devsched`: `up` (its options, handed to `devsched.devstack.stack`) and `migrate`.
+"""The dev stack's commands of `devsched`: `up`, `migrate` and `bench`.
+
+`up` hands its options to `devsched.devstack.stack`, `bench` to `devsched.devstack.bench`.
 
 They reach the CLI through the `devsched.cli_plugins` entry point (`register`), so that devsched-client needs
 neither the store nor the embedded servers.
@@ -14,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import typer
 
 from devsched.client.cli.common import ExitCode, fail, settings
+from devsched.devstack.bench.command import bench
 from devsched.protocol.tls import with_postgres_ssl
 
 #: `DEVSCHED_DATABASE_URL`'s default, as the services have it.
@@ -150,6 +153,7 @@ def migrate(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `up` and `migrate` to the `devsched` app (the `devsched.cli_plugins` entry point of this package)."""
+    """Add `up`, `migrate` and `bench` to the `devsched` app (this package's `devsched.cli_plugins` entry point)."""
     app.command()(up)
     app.command()(migrate)
+    app.command()(bench)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
@@ -125,34 +123,11 @@ app.command()(commands.hosts)
 app.command()(commands.drain)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def bench(
-    ctx: typer.Context,
-    path: Annotated[Path, typer.Option(help="The benchmark directory of a devsched source checkout.")] = Path(
-        "tests/bench"
-    ),
-) -> None:
-    """Run the benchmarks (`pytest -m bench tests/bench`) from a source checkout; extra args go to pytest.
-
-    The benchmarks are tests of the source tree, not part of the installed package: from anywhere else this
-    says how to run them.
-    """
-    if not path.is_dir():
-        fail(
-            f"no benchmarks at {path}: run `devsched bench` from a devsched source checkout (or give --path); "
-            "it runs `pytest -m bench tests/bench`",
-            ExitCode.USAGE,
-        )
-    argv = [sys.executable, "-m", "pytest", "-m", "bench", str(path), *ctx.args]
-    typer.echo("running: " + " ".join(argv[1:]), err=True)
-    raise typer.Exit(subprocess.call(argv))
-
-
 #: Entry point group of the packages that add commands to `devsched`: each names a `register(app)` function.
 PLUGIN_GROUP = "devsched.cli_plugins"
 
 #: Commands that come with a package of their own, and that package: without it, they say so in one line.
-PLUGIN_COMMANDS = {"up": "devsched-devstack", "migrate": "devsched-devstack"}
+PLUGIN_COMMANDS = {"up": "devsched-devstack", "migrate": "devsched-devstack", "bench": "devsched-devstack"}
 
 
 def _missing(name: str, package: str) -> Callable[[], None]:

@@ -1,0 +1,216 @@
+"""The lifecycle figures: N no-op tasks submitted one by one, then run by one real agent with c devices.
+
+For each c the agent (`bench-c<c>`, c devices) starts and registers first with its devices drained, so
+that Python's start-up stays out of the figures; the N tasks are submitted over NATS one by one (the
+submit rate, with the scheduler's CPU per submit); then the devices are returned to service and the
+clock runs until every task's terminal event has arrived (tasks/s, CPU per task over the scheduler,
+sweeper, agent, Postgres and nats-server, commits per task). Procrastinate does the same work at the
+same c right after, on the same Postgres (peer.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from devsched.devstack.bench.context import NOOP_PLAN, Context
+from devsched.devstack.bench.figures import Figure, at_least, at_most, value_at_most
+from devsched.devstack.bench.peer import Peer, PeerRun, version
+from devsched.devstack.bench.pgstats import Counted, Statement, commits_in
+from devsched.devstack.bench.profiling import statement_summary
+from devsched.devstack.bench.servers import DATABASE, PEER_DATABASE
+
+
+@dataclass
+class DevschedRun:
+    """One devsched lifecycle run at one concurrency."""
+
+    concurrency: int
+    tasks: int
+    submit_s: float
+    submit_cpu_s: dict[str, float]
+    submit_counted: Counted
+    submit_statements: list[Statement]
+    run_s: float
+    run_cpu_s: dict[str, float]
+    run_counted: Counted
+    run_statements: list[Statement]
+    outcomes: dict[str, int]
+
+    @property
+    def submits_per_s(self) -> float:
+        """Tasks submitted per second, one by one."""
+        return self.tasks / self.submit_s
+
+    @property
+    def tasks_per_s(self) -> float:
+        """Tasks run to their end per second."""
+        return self.tasks / self.run_s
+
+    def cpu_ms_per_task(self) -> float:
+        """CPU ms per task, every process."""
+        return 1000 * sum(self.run_cpu_s.values()) / self.tasks
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the JSON output."""
+        n = self.tasks
+        return {
+            "concurrency": self.concurrency,
+            "tasks": n,
+            "submit_s": round(self.submit_s, 4),
+            "submits_per_s": round(self.submits_per_s, 1),
+            "submit_cpu_s": {k: round(v, 4) for k, v in self.submit_cpu_s.items()},
+            "submit_commits_per_task": round(self.submit_counted.commits / n, 3),
+            "submit_write_transactions_per_task": round(self.submit_counted.write_transactions / n, 3),
+            "submit_sql": statement_summary(self.submit_statements, n),
+            "run_s": round(self.run_s, 4),
+            "tasks_per_s": round(self.tasks_per_s, 1),
+            "run_cpu_s": {k: round(v, 4) for k, v in self.run_cpu_s.items()},
+            "cpu_ms_per_task": round(self.cpu_ms_per_task(), 4),
+            "commits_per_task": round(self.run_counted.commits / n, 3),
+            "write_transactions_per_task": round(self.run_counted.write_transactions / n, 3),
+            "commit_statements_per_task": round(commits_in(self.run_statements) / n, 3),
+            "run_sql": statement_summary(self.run_statements, n),
+            "outcomes": self.outcomes,
+        }
+
+
+async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: bool) -> DevschedRun:
+    """One lifecycle run of `tasks` tasks on a fresh agent with `concurrency` devices."""
+    stack, client, pg, settle = ctx.stack, ctx.client, ctx.pg, ctx.sizes.settle_s
+    host_id, labels = f"bench-c{concurrency}", {"bench": f"lifecycle-c{concurrency}"}
+    stack.start_agent(host_id, concurrency, labels)
+    try:
+        devices = await ctx.wait_host(host_id, concurrency)
+        for device in devices:
+            await client.drain(device, reason="bench: held until the tasks are queued")
+        await asyncio.sleep(settle)  # the registration's and the drains' counts come in first
+        before = await pg.counters(DATABASE)
+        await pg.reset_statements()
+
+        meter = ctx.meter("scheduler", "sweeper", "postgres", "nats", f"agent {host_id}")
+        meter.start()
+        started = time.perf_counter()
+        ids = []
+        for _ in range(tasks):
+            ids.append(str((await client.submit(NOOP_PLAN, selector=labels)).task_id))
+        submit_s = time.perf_counter() - started
+        submit_cpu = meter.stop()
+        submit_statements = await pg.statements(DATABASE)
+        submit_counted, mid = await pg.settled(DATABASE, before, settle)
+
+        await pg.reset_statements()
+        watch = ctx.events.watch(ids)
+        spy = ctx.spy(f"scheduler-lifecycle-c{concurrency}") if profile else None
+        meter.start()
+        started = time.perf_counter()
+        await asyncio.gather(*(client.drain(d, drained=False) for d in devices))
+        await watch.wait(60 + tasks * 0.5, f"lifecycle c={concurrency}")
+        run_s = time.perf_counter() - started
+        run_cpu = meter.stop()
+        if spy is not None:
+            ctx.stop_spy(spy)
+        ctx.events.forget(watch)
+        run_statements = await pg.statements(DATABASE)
+        run_counted, _ = await pg.settled(DATABASE, mid, settle)
+        outcomes: dict[str, int] = {}
+        for event in watch.final.values():
+            outcomes[str(event.get("status"))] = outcomes.get(str(event.get("status")), 0) + 1
+    finally:
+        stack.stop_agent(host_id)
+    ctx.sql_profiles[f"lifecycle c={concurrency}: submit"] = (submit_statements, tasks, "submit")
+    ctx.sql_profiles[f"lifecycle c={concurrency}: run"] = (run_statements, tasks, "task")
+    if spy is not None:
+        ctx.spied[spy.output.stem] = (tasks, "task", run_cpu.get("scheduler", 0.0))
+    return DevschedRun(
+        concurrency, tasks, submit_s, submit_cpu, submit_counted, submit_statements,
+        run_s, run_cpu, run_counted, run_statements, outcomes,
+    )  # fmt: skip
+
+
+async def lifecycle_phase(ctx: Context) -> None:
+    """Devsched and (when installed) Procrastinate at each concurrency; adds the lifecycle figures."""
+    tasks = ctx.sizes.tasks
+    peer_version = version() if ctx.options.peer else None
+    peer: Peer | None = None
+    if peer_version is not None:
+        peer = Peer(ctx.stack.admin_dsn(PEER_DATABASE), PEER_DATABASE, ctx.pg, ctx.stack.postgres.pid)
+        await peer.prepare()
+    peer_name = f"Procrastinate {peer_version}" if peer_version else None
+    not_installed = "" if peer_version else "Procrastinate not installed (dependency group `bench`)"
+    if peer_version and not ctx.options.peer:
+        not_installed = "peer skipped (--no-peer)"
+    runs: list[dict[str, Any]] = []
+    ours: list[DevschedRun] = []
+    theirs: list[PeerRun] = []
+    for c in ctx.options.concurrency:
+        ctx.say(f"lifecycle c={c}: {tasks} tasks submitted one by one, then one agent with {c} devices")
+        run = await run_devsched(ctx, c, tasks, profile=c == max(ctx.options.concurrency))
+        ours.append(run)
+        ctx.say(
+            f"  devsched: {run.submits_per_s:.0f} submits/s, {run.tasks_per_s:.1f} tasks/s,"
+            f" {run.cpu_ms_per_task():.2f} CPU ms/task, {run.run_counted.commits / tasks:.2f} commits/task"
+        )
+        peer_run = None
+        if peer is not None:
+            peer_run = await peer.run(tasks, c)
+            theirs.append(peer_run)
+            ctx.say(
+                f"  {peer_name}: {peer_run.defer_rate:.0f} defers/s, {peer_run.jobs_per_s:.1f} jobs/s,"
+                f" {peer_run.cpu_ms_per_job():.2f} CPU ms/job"
+            )
+        runs.append({"devsched": run.as_dict(), "peer": None if peer_run is None else peer_run.as_dict()})
+        _figures_at(ctx, run, peer_run, peer_name, not_installed)
+    _submit_figures(ctx, ours, theirs, peer_name, not_installed)
+    ctx.details["lifecycle"] = {"peer": peer_name or not_installed, "runs": runs}
+
+
+def _figures_at(ctx: Context, run: DevschedRun, peer: PeerRun | None, peer_name: str | None, note: str) -> None:
+    c, n = run.concurrency, run.tasks
+    goal = {16: at_least(2.0), 1: at_least(1.0)}.get(c)
+    busy = ", ".join(
+        f"{tree.split(' ')[0]} {seconds / run.run_s:.0%}" for tree, seconds in run.run_cpu_s.items() if seconds
+    )
+    busy_note = "; ".join(filter(None, [note, f"of one core: {busy}"]))
+    ctx.figures += [
+        Figure(
+            f"lifecycle.c{c}.tasks_per_s", f"tasks/s, c={c}", "tasks/s", run.tasks_per_s,
+            None if peer is None else peer.jobs_per_s, peer_name, goal, busy_note,
+        ),
+        Figure(
+            f"lifecycle.c{c}.cpu_ms_per_task", f"CPU ms/task, c={c} (all processes)", "ms", run.cpu_ms_per_task(),
+            None if peer is None else peer.cpu_ms_per_job(), peer_name, at_most(1.0), note,
+        ),
+        Figure(
+            f"lifecycle.c{c}.commits_per_task", f"commits/task, c={c}", "commits", run.run_counted.commits / n,
+            None if peer is None else peer.run_counted.commits / n, peer_name, value_at_most(4.0), note,
+        ),
+    ]  # fmt: skip
+
+
+def _submit_figures(
+    ctx: Context, ours: list[DevschedRun], theirs: list[PeerRun], peer_name: str | None, note: str
+) -> None:
+    if not ours:
+        return
+    tasks = sum(r.tasks for r in ours)
+    rate = tasks / sum(r.submit_s for r in ours)
+    scheduler_ms = 1000 * sum(r.submit_cpu_s.get("scheduler", 0.0) for r in ours) / tasks
+    server_ms = 1000 * sum(r.submit_cpu_s.get(t, 0.0) for r in ours for t in ("scheduler", "postgres", "nats")) / tasks
+    commits = sum(r.submit_counted.commits for r in ours) / tasks
+    peer_rate = peer_ms = peer_commits = None
+    if theirs:
+        jobs = sum(r.jobs for r in theirs)
+        peer_rate = jobs / sum(r.defer_s for r in theirs)
+        peer_ms = 1000 * sum(r.defer_cpu_s.get("postgres", 0.0) for r in theirs) / jobs
+        peer_commits = sum(r.defer_counted.commits for r in theirs) / jobs
+    ctx.figures += [
+        Figure("lifecycle.submit.per_s", "submits/s, one by one", "submits/s", rate, peer_rate, peer_name,
+               at_least(1.0), note),
+        Figure("lifecycle.submit.scheduler_cpu_ms", "scheduler CPU ms/submit", "ms", scheduler_ms),
+        Figure("lifecycle.submit.server_cpu_ms", "server CPU ms/submit (scheduler+Postgres+NATS)", "ms", server_ms,
+               peer_ms, None if peer_ms is None else f"{peer_name} (Postgres)", note=note),
+        Figure("lifecycle.submit.commits", "commits/submit", "commits", commits, peer_commits, peer_name, note=note),
+    ]  # fmt: skip

@@ -1,0 +1,239 @@
+"""The sweep figures: N expired leases ended by the real sweeper, beside a raw batched UPDATE of the same rows.
+
+N tasks (one submitted, the rest copies of it: seeding.py) with 1 s leases and one attempt each are
+assigned by the real scheduler to protocol-speaking hosts that never claim them, while the sweeper
+process is paused (SIGSTOP), so that all N leases are expired when it resumes (SIGCONT): its next pass
+ends them all, batch after batch, and it then publishes `P.internal.wake` with how many it released. The
+floor copies the same attempt rows into a table of their own and ends them with batched
+`UPDATE ... FOR UPDATE SKIP LOCKED` statements of the sweeper's batch size, each its own transaction.
+
+Then the same again while the 64 renewal requesters run: their p99 while the sweeper works (from its
+resume to its wake-up), beside their p99 just before, idle. The N `failed` events the scheduler publishes
+next are waited for after the load, so that the next phase does not start under that backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import signal
+import time
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from devsched.devstack.bench.context import NOOP_PLAN, Context, Watch
+from devsched.devstack.bench.figures import Figure, at_most
+from devsched.devstack.bench.hosts import BenchHost
+from devsched.devstack.bench.load import Load
+from devsched.devstack.bench.options import REQUESTERS
+from devsched.devstack.bench.probes import Distribution
+from devsched.devstack.bench.renewals import Rig
+from devsched.devstack.bench.seeding import copy_task
+from devsched.devstack.bench.servers import DATABASE, PREFIX
+
+#: Hosts that hold the leases.
+HOSTS = 10
+#: The sweeper's default batch (`DEVSCHED_SWEEP_BATCH`): the floor's batch too.
+BATCH = 500
+#: The lease of the swept tasks, in seconds (the shortest a task may ask for).
+TTL_S = 1
+
+#: The floor: the same attempt rows, in a table of their own.
+_FLOOR_TABLE = "CREATE TABLE bench_sweep_floor (LIKE attempts)"
+_FLOOR_COPY = """
+INSERT INTO bench_sweep_floor SELECT * FROM attempts WHERE status = 'active' AND task_id = ANY($1::uuid[])
+"""
+_FLOOR_INDEXES = (
+    "ALTER TABLE bench_sweep_floor ADD PRIMARY KEY (task_id, attempt)",
+    "CREATE INDEX ON bench_sweep_floor (expires_at) WHERE status = 'active'",
+    "ANALYZE bench_sweep_floor",
+)
+_FLOOR_SWEEP = f"""
+WITH picked AS (
+    SELECT task_id, attempt FROM bench_sweep_floor
+    WHERE status = 'active' AND expires_at <= now()
+    ORDER BY expires_at LIMIT {BATCH}
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE bench_sweep_floor f SET status = 'expired', end_reason = 'lease_expired', ended_at = now()
+FROM picked WHERE f.task_id = picked.task_id AND f.attempt = picked.attempt
+"""
+
+
+class Sweeps:
+    """The hosts of the swept leases and the sweeper's wake-ups."""
+
+    def __init__(self, ctx: Context, leases: int) -> None:
+        self.ctx = ctx
+        self.leases = leases
+        self.labels = {"bench": "sweep"}
+        self.hosts: list[BenchHost] = []
+        self.released: asyncio.Queue[int] = asyncio.Queue()
+        self.resumed_at = 0.0
+
+    @property
+    def sweeper_pid(self) -> int:
+        """The sweeper process."""
+        pid = self.ctx.stack.pids()["sweeper"]
+        assert pid is not None
+        return pid
+
+    async def start(self) -> None:
+        """Listen for the sweeper's wake-ups."""
+
+        async def on_wake(msg: Msg) -> None:
+            self.released.put_nowait(int(json.loads(msg.data).get("released", 0)))
+
+        await self.ctx.nc.subscribe(self.ctx.subjects.internal_wake, cb=on_wake)
+        await self.ctx.nc.flush()
+
+    async def expired_leases(self) -> list[str]:
+        """Pause the sweeper; have N tasks assigned to the hosts and their leases expire; returns their ids."""
+        ctx, n = self.ctx, self.leases
+        os.kill(self.sweeper_pid, signal.SIGSTOP)
+        # watching from before the submit: with the hosts there, the template is assigned at once
+        watch = ctx.events.watch(until=lambda e: e.get("event") == "assigned")
+        try:
+            template = await ctx.client.submit(NOOP_PLAN, selector=self.labels, lease_ttl_s=TTL_S, max_attempts=1)
+            ids = [str(template.task_id)]
+            watch.add(ids)
+            copies = await copy_task(ctx.stack.admin_dsn(DATABASE), ids[0], n - 1)
+            watch.add(copies)
+            ids += copies
+            if not self.hosts:
+                await self._register()
+            else:  # the hosts are there: wake the assignment loop for the copies
+                await ctx.nc.publish(ctx.subjects.internal_wake, b'{"released": 0}')
+            await watch.wait(60 + n / 50, "sweep: assignments")
+        finally:
+            ctx.events.forget(watch)
+        last = max(arrived["assigned"] for arrived in (watch.arrived[i] for i in ids))
+        await asyncio.sleep(max(0.0, last + TTL_S + 1.0 - time.perf_counter()))
+        return ids
+
+    async def _register(self) -> None:
+        per_host = math.ceil(self.leases / HOSTS)
+        for h in range(HOSTS):
+            host = BenchHost(self.ctx.stack.nats_url, PREFIX, f"bench-s{h}")
+            await host.connect()
+            interval = await host.register([(f"bench-s{h}-d{d}", self.labels) for d in range(per_host)])
+            host.start_heartbeats(interval)
+            self.hosts.append(host)
+
+    async def resume(self, ids: list[str]) -> tuple[float, dict[str, float], Watch]:
+        """Resume the sweeper; returns (seconds until it said all are swept, CPU, the watch of their events)."""
+        ctx = self.ctx
+        watch = ctx.events.watch(ids)
+        meter = ctx.meter("sweeper", "postgres")
+        meter.start()
+        self.resumed_at = time.perf_counter()
+        os.kill(self.sweeper_pid, signal.SIGCONT)
+        released = 0
+        while released < len(ids):
+            released += await asyncio.wait_for(self.released.get(), 60 + len(ids) / 50)
+        return time.perf_counter() - self.resumed_at, meter.stop(), watch
+
+    async def published(self, watch: Watch) -> float:
+        """Wait until every swept task's end event has arrived; returns the seconds since the resume."""
+        try:
+            await watch.wait(120 + len(watch.pending) / 20, "sweep: events")
+        finally:
+            self.ctx.events.forget(watch)
+        return time.perf_counter() - self.resumed_at
+
+    async def close(self) -> None:
+        """Take the hosts' devices out (re-register with none), then close them."""
+        for host in self.hosts:
+            await host.register([])
+            await host.close()
+
+
+async def floor_sweep(ctx: Context, ids: list[str]) -> tuple[float, dict[str, float]]:
+    """End the same expired attempts with raw batched UPDATEs; returns (seconds, CPU)."""
+    import asyncpg  # type: ignore[import-untyped]
+
+    conn = await asyncpg.connect(ctx.stack.admin_dsn(DATABASE), timeout=15)
+    try:
+        await conn.execute(_FLOOR_TABLE)
+        await conn.execute(_FLOOR_COPY, ids)
+        for statement in _FLOOR_INDEXES:
+            await conn.execute(statement)
+        meter = ctx.meter("postgres")
+        meter.start()
+        started = time.perf_counter()
+        while (await conn.execute(_FLOOR_SWEEP)) != "UPDATE 0":
+            pass
+        seconds = time.perf_counter() - started
+        cpu = meter.stop()
+        await conn.execute("DROP TABLE bench_sweep_floor")
+    finally:
+        await conn.close()
+    return seconds, cpu
+
+
+async def sweep_phase(ctx: Context, rig: Rig) -> None:
+    """Adds the sweep figures."""
+    n = ctx.sizes.leases
+    sweeps = Sweeps(ctx, n)
+    await sweeps.start()
+    ctx.say(f"sweep: {n} expired leases, the real sweeper beside a raw batched UPDATE")
+    try:
+        ids = await sweeps.expired_leases()
+        floor_s, floor_cpu = await floor_sweep(ctx, ids)
+        swept_s, cpu, watch = await sweeps.resume(ids)
+        published_s = await sweeps.published(watch)
+        ctx.say(f"  sweeper {swept_s:.2f} s (events out after {published_s:.2f} s), raw UPDATE {floor_s:.2f} s")
+
+        ctx.say(f"sweep: again, with the {REQUESTERS} renewal requesters running")
+        ids = await sweeps.expired_leases()
+        load = Load(rig.renew, REQUESTERS)
+        load.start()
+        try:
+            await asyncio.sleep(ctx.sizes.warmup_s)
+            idle_from = time.perf_counter()
+            await asyncio.sleep(ctx.sizes.window_s)
+            idle_to = time.perf_counter()
+            loaded_s, _, watch = await sweeps.resume(ids)
+            during_to = time.perf_counter()
+        finally:
+            await load.stop()
+        # the scheduler publishes the N end events after the sweep: not part of the window, but the next
+        # phase must not start under that backlog
+        loaded_published_s = await sweeps.published(watch)
+        idle = Distribution.of(load.samples(idle_from, idle_to))
+        during = Distribution.of(load.samples(idle_to, during_to))
+    finally:
+        os.kill(sweeps.sweeper_pid, signal.SIGCONT)  # never leave it paused
+        await sweeps.close()
+    ctx.samples["renewals, idle"] = load.samples(idle_from, idle_to)
+    ctx.samples["renewals, during a sweep"] = load.samples(idle_to, during_to)
+    ctx.say(f"  renewal p99 idle {idle.p99_ms:.2f} ms, during the sweep {during.p99_ms:.2f} ms")
+    per_lease = {k: round(1000 * v / n, 4) for k, v in cpu.items()}
+    details: dict[str, Any] = {
+        "leases": n,
+        "batch": BATCH,
+        "sweeper_s": round(swept_s, 4),
+        "events_published_s": round(published_s, 4),
+        "cpu_ms_per_lease": per_lease,
+        "floor_s": round(floor_s, 4),
+        "floor_cpu_ms_per_lease": {k: round(1000 * v / n, 4) for k, v in floor_cpu.items()},
+        "under_load": {
+            "sweeper_s": round(loaded_s, 4),
+            "events_published_s_renewals_stopped_at_sweep_end": round(loaded_published_s, 4),
+            "renewals_idle": idle.as_dict(),
+            "renewals_during": during.as_dict(),
+        },
+    }
+    ctx.details["sweep"] = details
+    floor_name = f"floor: batched UPDATE ... SKIP LOCKED of {BATCH}"
+    ctx.figures += [
+        Figure("sweep.seconds", f"sweep of {n} expired leases", "s", swept_s, floor_s, floor_name, at_most(3.0)),
+        Figure("sweep.cpu_ms_per_lease", "CPU ms/lease (sweeper+Postgres)", "ms", 1000 * sum(cpu.values()) / n,
+               1000 * sum(floor_cpu.values()) / n, f"{floor_name} (Postgres)"),
+        Figure("sweep.renewal_p99_ms", "renewal p99 during the sweep", "ms", during.p99_ms, idle.p99_ms,
+               "the same renewals, idle", at_most(2.0),
+               note=f"{during.count} renewals while the sweeper worked ({loaded_s:.2f} s)"),
+    ]  # fmt: skip

@@ -1,0 +1,152 @@
+"""`devsched bench --quick` as a user runs it: every figure measured, ratios of the same run, a PNG, profiles.
+
+A smoke test of the measuring instrument, not a measurement: it asserts no timing, only that each figure
+was measured (a positive rate, a latency, a CPU time) beside what it is compared with, that each ratio is
+the quotient of the two figures printed beside it, and that the run cleans up after itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from support.devsched_stack import run_devsched
+
+pytestmark = pytest.mark.e2e
+
+CONCURRENCY = (1, 4, 16)
+#: Every figure of a full run of every phase, and what it is measured beside (None: nothing).
+FIGURES: dict[str, str | None] = {
+    **{
+        f"lifecycle.c{c}.{name}": "Procrastinate"
+        for c in CONCURRENCY
+        for name in ("tasks_per_s", "cpu_ms_per_task", "commits_per_task")
+    },
+    "lifecycle.submit.per_s": "Procrastinate",
+    "lifecycle.submit.scheduler_cpu_ms": None,
+    "lifecycle.submit.server_cpu_ms": "Procrastinate",
+    "lifecycle.submit.commits": "Procrastinate",
+    "latency.single_task_p50_ms": None,
+    "renewals.per_s": "floor",
+    "renewals.p50_ms": "floor",
+    "renewals.p99_ms": "floor",
+    "renewals.server_cpu_ms": "floor",
+    "renewals.vs_echo_per_s": "echo",
+    "renewals.vs_update_per_s": "UPDATE",
+    "renewals.vs_update_cpu_ms": "UPDATE",
+    "sweep.seconds": "UPDATE",
+    "sweep.cpu_ms_per_lease": "UPDATE",
+    "sweep.renewal_p99_ms": "idle",
+    "memory.rss_mb_shallow": None,
+    "memory.rss_mb_deep": None,
+    "memory.rss_growth": "RSS",
+    "memory.get_ms": "queued",
+    "memory.list_ms": "queued",
+    "memory.submit_ms": "queued",
+}
+#: Figures that count something that may be zero in a quick run (its settles are too short for Postgres's
+#: statistics to catch up, and a CPU time is read in 10 ms ticks).
+MAY_BE_ZERO = re.compile(r"commits|cpu_ms")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("bench")
+    result = run_devsched(
+        "bench", "--quick",
+        "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"), "--profile", str(out / "profile"),
+        timeout=240,
+    )  # fmt: skip
+    return result, out
+
+
+@pytest.fixture(scope="module")
+def document(quick_run: tuple[subprocess.CompletedProcess[str], Path]) -> dict[str, Any]:
+    result, out = quick_run
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-4000:]}\nstderr:\n{result.stderr[-4000:]}"
+    data = json.loads((out / "bench.json").read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def test_every_figure_is_measured_beside_what_it_is_compared_with(document: dict[str, Any]) -> None:
+    assert document["errors"] == []
+    figures = {f["key"]: f for f in document["figures"]}
+    assert set(figures) == set(FIGURES)
+    for key, beside in FIGURES.items():
+        figure = figures[key]
+        value = figure["value"]
+        assert isinstance(value, int | float), figure
+        assert value >= 0 if MAY_BE_ZERO.search(key) else value > 0, figure
+        if beside is None:
+            assert figure["beside"] is None, figure
+            continue
+        assert beside in figure["beside_name"], figure
+        assert figure["beside"] >= 0 if MAY_BE_ZERO.search(key) else figure["beside"] > 0, figure
+        if figure["beside"] > 0:  # the ratio is the quotient of the two figures of this run
+            assert figure["ratio"] == pytest.approx(value / figure["beside"], rel=1e-3, abs=1e-4), figure
+
+
+def test_goals_are_judged_from_the_figures(document: dict[str, Any]) -> None:
+    judged = [f for f in document["figures"] if f["goal"] is not None]
+    assert len(judged) >= 15
+    for f in judged:
+        if f["goal"].endswith("x"):  # a ratio goal: met when the ratio is on the right side of it
+            threshold = float(f["goal"].split()[1].rstrip("x"))
+            if f["ratio"] is not None:
+                assert f["met"] == (f["ratio"] >= threshold if f["goal"].startswith(">=") else f["ratio"] <= threshold)
+        else:
+            threshold = float(f["goal"].split()[1])
+            assert f["met"] == (f["value"] <= threshold), f
+    counts = document["goals"]
+    assert counts["met"] + counts["missed"] + counts["unjudged"] == len(judged)
+
+
+def test_the_conditions_are_durable_and_said(document: dict[str, Any]) -> None:
+    conditions = document["conditions"]
+    settings = conditions["postgres"]["settings"]
+    assert settings["fsync"] == "on"
+    assert settings["synchronous_commit"] == "on"
+    assert "pg_stat_statements" in settings["shared_preload_libraries"]
+    assert conditions["postgres"]["filesystem"] not in ("tmpfs", "ramfs")
+    assert not conditions["postgres"]["data_dir"].startswith("/dev/shm")
+    assert conditions["nats"]["sync_interval"] == "always"
+    assert conditions["machine"]["cpus"] >= 1
+    assert conditions["packages"]["procrastinate"]
+
+
+def test_the_report_prints_each_phase_and_the_data_is_gone(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    result, _ = quick_run
+    for title in ("lifecycle:", "lease renewals", "lease sweep", "scheduler memory", "single task"):
+        assert title in result.stdout
+    assert "fsync=on" in result.stdout
+    (data_dir,) = re.findall(r"starting NATS and PostgreSQL \(durable\) in (\S+)", result.stdout)
+    assert not Path(data_dir).exists()
+
+
+def test_the_plot_is_a_png(quick_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, out = quick_run
+    png = (out / "bench.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n")
+    assert len(png) > 10_000
+
+
+def test_the_profiles_hold_the_schedulers_python_and_sql(
+    quick_run: tuple[subprocess.CompletedProcess[str], Path],
+) -> None:
+    _, out = quick_run
+    summary = (out / "profile" / "summary.md").read_text()
+    assert "## scheduler-lifecycle-c16: the scheduler's Python" in summary
+    assert "## scheduler-renewals: the scheduler's Python" in summary
+    assert "samples at 100 Hz" in summary
+    assert "--gil" in summary
+    assert "## renewals: SQL" in summary
+    assert "## lifecycle c=16: run: SQL" in summary
+    assert "| by total (inclusive) |" in summary
