@@ -20,7 +20,7 @@ from typing import Any
 
 from devsched.devstack.bench.pgstats import Counted, PgStats
 from devsched.devstack.bench.probes import CpuMeter
-from devsched.embedded import parent_death_hook
+from devsched.embedded.supervisor import popen
 
 #: The peer's queue and task name.
 QUEUE = "bench"
@@ -184,13 +184,12 @@ class WorkerProcess:
             raise RuntimeError(f"the Procrastinate worker did not start (said {said!r})")
 
     def _spawn(self) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = popen(
             self.argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            text=True,
             start_new_session=True,
-            preexec_fn=parent_death_hook(signal.SIGTERM),
+            death_signal=signal.SIGTERM,
         )
 
     async def go(self, timeout: float) -> None:  # noqa: ASYNC109

@@ -25,7 +25,7 @@ import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from devsched.embedded import parent_death_hook
+from devsched.embedded.supervisor import popen
 
 #: The floor's table, in the floor database: one row per lease.
 FLOOR_TABLE = """
@@ -132,13 +132,12 @@ class Responder:
             raise RuntimeError(f"responder {' '.join(self.argv[3:5])} did not start (said {line!r})")
 
     def _spawn(self) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+        return popen(
             self.argv,
             stdout=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
-            text=True,
             start_new_session=True,
-            preexec_fn=parent_death_hook(signal.SIGTERM),
+            death_signal=signal.SIGTERM,
         )
 
     def stop(self) -> None:
