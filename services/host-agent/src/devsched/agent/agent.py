@@ -222,7 +222,7 @@ class Agent:
         held = HeldAttempts.in_spool(spool)
         self.held_at_start = held.take_left({report.attempt_key for report in spool.pending()}, spool_release)
         for attempt in self.held_at_start:
-            logger.warning("attempt held by an earlier agent: releasing it", extra=attempt.log_fields())
+            logger.warning("attempt held by an earlier agent", extra={**attempt.log_fields(), "action": "release"})
         return groups, held
 
     def _take_workspace(self, user: StepUser | None) -> Workspace:
