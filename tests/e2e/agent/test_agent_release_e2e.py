@@ -163,9 +163,12 @@ async def test_an_identical_repeat_is_a_duplicate_and_a_stale_or_foreign_release
     assert again["releases"] == 1
     assert again["attempts"][0] == first, "the repeat changed nothing"
 
-    # A release of that lease with other ids, or from another host, is refused and changes nothing.
+    # A release of that lease with other ids, or from another host, is refused and changes nothing (checked
+    # once the task runs again on d1, so nothing else moves it meanwhile).
     lease = {"task_id": task_id, "attempt": 1, "lease_id": first["lease_id"]}
-    before = await own_lab.task(task_id)
+    before = await own_lab.wait_view(
+        task_id, lambda v: v["status"] == "dispatched" and v["attempt_count"] == 2, what="running again"
+    )
     for host_id, body, code in [
         (agent.host_id, {**lease, "lease_id": str(uuid.uuid4())}, "lease_superseded"),
         (agent.host_id, {**lease, "attempt": 7}, "lease_superseded"),
@@ -176,10 +179,9 @@ async def test_an_identical_repeat_is_a_duplicate_and_a_stale_or_foreign_release
         assert (refused.value.status, refused.value.code) == (409, code), (host_id, body)
     after = await own_lab.task(task_id)
     assert after["attempts"][0] == before["attempts"][0]
-    assert (after["releases"], after["attempt_count"]) == (before["releases"], before["attempt_count"])
-    if after["attempt_count"] == 2:  # the task runs again on d1: its lease is untouched
-        assert after["attempts"][1]["lease_id"] == before["attempts"][1]["lease_id"]
-        assert after["attempts"][1]["status"] == "active"
+    assert (after["releases"], after["attempt_count"], after["status"]) == (1, 2, "dispatched")
+    assert after["attempts"][1]["lease_id"] == before["attempts"][1]["lease_id"]
+    assert after["attempts"][1]["status"] == "active"
 
 
 async def test_drain_via_the_cli_finishes_running_work_takes_no_more_and_exits_0(lab: AgentLab) -> None:
