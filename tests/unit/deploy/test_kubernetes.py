@@ -299,7 +299,8 @@ def agent_shutdown_s(agent: AgentConfig, drain_wait_s: float) -> float:
     """
     stop, request = agent.stop_grace_s, agent.request_timeout_s
     phases = request + (2 * stop + request) + (stop + request) + (request + 1)
-    return max(drain_wait_s, agent.shutdown_grace_s) + phases + 1 + agent.drain_timeout_s
+    last_look = 1 + request  # SWEEP_WAIT_S, bounded by a request timeout more
+    return max(drain_wait_s, agent.shutdown_grace_s) + phases + last_look + agent.drain_timeout_s
 
 
 @pytest.mark.parametrize("name", [*OVERLAYS, "base/agent"])

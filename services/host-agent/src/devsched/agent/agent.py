@@ -298,7 +298,11 @@ class Agent:
             graces = Graces.of(config)
             why = "agent draining" if draining else "agent shutting down"
             await shut_down(workers, reports, graces, withdraw=withdraw, stop=stop, since=since, why=why)
-            if await intake.sweep(js, SWEEP_WAIT_S):
+            swept = 0
+            with contextlib.suppress(TimeoutError):  # NATS away: what is left there waits for the next start
+                async with asyncio.timeout(SWEEP_WAIT_S + graces.request_timeout_s):
+                    swept = await intake.sweep(js, SWEEP_WAIT_S)
+            if swept:
                 await wait_idle(lambda: workers.tasks | reports.tasks, 2 * graces.request_timeout_s)
             if draining and not stop.is_set():
                 logger.info("drained: nothing runs here any more; exiting")
