@@ -3,7 +3,7 @@
 The pull consumer `host-<host_id>` is created by the scheduler when the host registers, so binding is
 retried (re-registering now and then while it is missing). Each fetched assignment goes to its device's
 worker (`Sink.offer`) and is kept from redelivery with `in_progress` until the worker settles it: acked
-once claimed or found stale, nak'd when the agent stops before claiming it. A duplicate delivery of an
+once claimed or found stale, given back (released) if the agent stops before it runs. A duplicate delivery of an
 attempt this agent already took is acked and dropped: a repeated claim of the same lease succeeds, so
 only this check keeps one attempt from running twice. An assignment for a device this host does not have
 is acked and dropped too: its lease expires and the sweeper requeues the task, which beats failing it.
