@@ -15,13 +15,13 @@ host's `P.assign.<id>`, a task's events). In an account of its own, every reply 
 subject of that account, where no stream and no other host live. The account imports, from the devsched
 account (which exports them in accounts.conf), exactly what `devsched-agent` uses (PROTOCOL.md):
 
-- services: `P.host.<id>.{register,heartbeat,claim,renew,report}`; the two JetStream API calls it makes on
+- services: `P.host.<id>.{register,heartbeat,claim,renew,report,release}`; the two JetStream API calls it makes on
   its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and pull "next"),
   mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
   acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers
   nak and in-progress). The server rewrites the reply of an imported request to a `_R_.` subject
   of the devsched account, so the scheduler answers hosts under `_R_.` (`DEVSCHED_HOST_INBOX_PREFIXES`).
-- stream: its nudges `P.host.<id>.nudge`.
+- stream: its nudges `P.host.<id>.nudge` (which also carry the scheduler's drain notice for this host).
 
 Its one user may publish to exactly those subjects and subscribe to its nudges and its own inbox
 `_INBOX.<id>.>` (the agent connects with that inbox prefix). The account's limits bound what one host can
@@ -51,7 +51,7 @@ HOST_LIMITS = {"max_connections": 2, "max_subscriptions": 64, "max_payload": 104
 #: A single NATS subject token: the prefix and host ids (the same rule as devsched.core.ids).
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 #: The requests a host sends, one subject each (`P.host.<id>.<verb>`).
-HOST_REQUEST_VERBS = ("register", "heartbeat", "claim", "renew", "report")
+HOST_REQUEST_VERBS = ("register", "heartbeat", "claim", "renew", "report", "release")
 #: Written into the password field when no hash is given: a bcrypt-looking value that matches no
 #: password, so a block pasted without a real hash fails closed (the host cannot log in).
 PLACEHOLDER_HASH = "$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.THIS.HOSTS.PASSWORD"

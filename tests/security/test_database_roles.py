@@ -124,6 +124,8 @@ async def test_the_sweepers_role_cannot_rewrite_a_plan_delete_or_touch_hosts(
             # a new plan would run on a host: only the columns a sweep writes are granted
             'UPDATE tasks SET plan = \'{"steps": [{"name": "x", "action": "shell"}]}\'',
             "UPDATE tasks SET priority = 1000",
+            # releases are the scheduler's to count (a sweep never releases): not a sweeper's to forge
+            "UPDATE tasks SET releases = 1",
             "DELETE FROM tasks",
             "DELETE FROM outbox",
             "SELECT * FROM outbox",
@@ -186,7 +188,7 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
         " AND privilege_type = 'INSERT' AND grantee IN ('PUBLIC', $1)",
         ROLES.sweeper,
     )
-    assert await admin.fetchval("SELECT version_num FROM alembic_version") == "0004"
+    assert await admin.fetchval("SELECT version_num FROM alembic_version") == "0005"
 
 
 async def test_the_owner_owns_every_object_and_the_services_own_none(admin: asyncpg.Connection) -> None:

@@ -4,7 +4,7 @@ into a stream or onto another host's subjects.
 Two deployments are tried as an attacker would:
 
 - The production one (deploy/nats/accounts.conf: every host a NATS account of its own), with the real
-  scheduler process: host `bench-07` sends every request it is allowed to send (its five host endpoints,
+  scheduler process: host `bench-07` sends every request it is allowed to send (its six host endpoints,
   its consumer's JetStream info and pull, an ack) with every reply subject that would hurt someone else if
   it were honoured. The streams' message counts, the other host's consumer and the other host's subjects
   stay exactly as they were.
@@ -63,6 +63,7 @@ def harmful_replies(subjects: Subjects, victim: str, task_id: str) -> list[str]:
         f"$JS.API.CONSUMER.DELETE.{subjects.assignments_stream}.{subjects.consumer(victim)}",
         subjects.tasks_submit,
         subjects.host(victim, "report"),
+        subjects.host(victim, "release"),
     ]
 
 
@@ -77,6 +78,7 @@ def host_requests(subjects: Subjects, host_id: str, jetstream_api: str) -> list[
         (subjects.host(host_id, "claim"), json.dumps(lease).encode()),
         (subjects.host(host_id, "renew"), json.dumps(lease).encode()),
         (subjects.host(host_id, "report"), json.dumps({**lease, "outcome": "done"}).encode()),
+        (subjects.host(host_id, "release"), json.dumps({**lease, "reason": "agent shutting down"}).encode()),
         (f"{jetstream_api}.CONSUMER.INFO.{stream}.{consumer}", b""),
         (f"{jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}", b'{"batch": 5, "no_wait": true}'),
         (f"$JS.ACK.{stream}.{consumer}.1.999.999.0.0", b"+ACK"),
@@ -175,6 +177,81 @@ async def test_no_reply_a_host_names_lands_in_a_stream_or_on_another_host_with_t
         scheduler.stop()
 
 
+@pytest.mark.e2e
+async def test_a_host_releases_only_its_own_attempts_and_hears_only_its_own_drain_with_the_deploy_accounts(
+    secured: SecuredNats, database_url: str, tmp_path: Path
+) -> None:
+    subjects = Subjects("devsched")
+    env = service_env(
+        database_url, secured.url("scheduler"), "devsched", heartbeat_interval_s=1.0, **SCHEDULER_SETTINGS
+    )
+    scheduler = ServiceProcess("devsched.scheduler", env, tmp_path / "scheduler.log").start()
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc))
+
+    connections: list[NatsClient] = []
+    try:
+        await scheduler.wait_logged("serving")
+        owner = await nats.connect(secured.url("bench-07"), inbox_prefix="_INBOX.bench-07", error_cb=on_error)
+        neighbour = await nats.connect(secured.url("bench-08"), inbox_prefix="_INBOX.bench-08", error_cb=on_error)
+        connections += [owner, neighbour]
+        for host_id, nc in (("bench-07", owner), ("bench-08", neighbour)):
+            register = host_requests(subjects, host_id, subjects.host_jetstream_api)[0]
+            reply = await nc.request(*register, timeout=10)
+            assert not (reply.headers or {}).get("Nats-Service-Error-Code"), reply.data
+        notices: dict[str, list[Msg]] = {"bench-07": [], "bench-08": []}
+        for host_id, nc in (("bench-07", owner), ("bench-08", neighbour)):
+
+            async def hear(msg: Msg, host_id: str = host_id) -> None:
+                notices[host_id].append(msg)
+
+            await nc.subscribe(subjects.host(host_id, "nudge"), cb=hear)
+            await nc.flush()
+            await nc.flush()
+        async with await Client.connect(secured.url("operator"), timeout=5) as client:
+            submitted = await client.submit(
+                {"steps": [{"name": "n", "action": "noop", "args": {}}]},
+                selector={"platform": "bench-07"},
+                max_attempts=1,
+            )
+        js = owner.jetstream(prefix=subjects.host_jetstream_api)
+        pull = await js.pull_subscribe_bind(durable=subjects.consumer("bench-07"), stream=subjects.assignments_stream)
+        (msg,) = await pull.fetch(1, timeout=10)
+        assignment = json.loads(msg.data)
+        await msg.ack()
+        lease = {k: assignment[k] for k in ("task_id", "attempt", "lease_id")}
+        release = json.dumps({**lease, "reason": "agent shutting down"}).encode()
+
+        # the neighbour cannot even send on the owner's subject, and on its own it is not the lease's owner
+        await neighbour.publish(subjects.host("bench-07", "release"), release)
+        await neighbour.flush()
+        await eventually(lambda: bool(violations), message="the server refuses the neighbour's publish")
+        assert "devsched.host.bench-07.release" in violations[0].lower()
+        foreign = await neighbour.request(subjects.host("bench-08", "release"), release, timeout=10)
+        assert (foreign.headers or {}).get("Nats-Service-Error-Code") == "409"
+        assert json.loads(foreign.data)["error"]["code"] == "lease_foreign"
+
+        answer = await owner.request(subjects.host("bench-07", "release"), release, timeout=10)
+        assert not (answer.headers or {}).get("Nats-Service-Error-Code"), answer.data
+        assert json.loads(answer.data)["status"] == "queued"
+
+        async with await Client.connect(secured.url("operator"), timeout=5) as client:
+            view = await client.get(submitted.task_id)
+            assert (view.attempts[0].status, view.releases) == ("released", 1)
+            drained = await client.drain_host("bench-07", reason="kernel update")
+            assert {d.state for d in drained.devices} == {"drained"}
+        await eventually(lambda: bool(notices["bench-07"]), timeout=10, message="the owner hears its drain notice")
+        assert json.loads(notices["bench-07"][0].data) == {"drain": True, "reason": "kernel update"}
+        await throughout(lambda: not notices["bench-08"], seconds=WATCH_S, message="the neighbour hears nothing")
+        assert len(violations) == 1, violations
+    finally:
+        for nc in connections:
+            await nc.close()
+        scheduler.stop()
+
+
 @pytest.mark.integration
 async def test_the_scheduler_answers_a_host_only_in_its_own_inbox_and_handles_nothing_else(
     database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient, caplog: pytest.LogCaptureFixture
@@ -200,7 +277,7 @@ async def test_the_scheduler_answers_a_host_only_in_its_own_inbox_and_handles_no
             await nc.flush()
             js = nc.jetstream()
             before = await snapshot(js, subjects, "victim")
-            for subject, body in host_requests(subjects, "attacker", "$JS.API")[:5]:
+            for subject, body in host_requests(subjects, "attacker", "$JS.API")[:6]:
                 for reply in replies:
                     await nc.publish(subject, body, reply=reply)
             await nc.flush()

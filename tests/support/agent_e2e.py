@@ -15,6 +15,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.embedded.supervisor import run as supervisor_run
 from support.polling import eventually
 from support.scheduler_harness import (
     ServiceProcess,
@@ -267,6 +269,14 @@ class AgentProcess:
         """SIGTERM (and SIGCONT) every process still running, SIGKILL what hangs after 20 s; their exit codes."""
         return [process.stop(timeout=20) for process in self.runs if process.running]
 
+    async def terminate(self, timeout: float = 30.0) -> int | None:  # noqa: ASYNC109
+        """SIGTERM the latest process and wait for it to exit (SIGKILL after `timeout`); its exit code."""
+        return await asyncio.to_thread(self.process.stop, timeout)
+
+    def spooled_releases(self) -> list[Path]:
+        """Releases waiting in the spool."""
+        return [p for p in self.spooled() if p.name.endswith(".release.json")]
+
 
 # -- one test's lab --------------------------------------------------------------------------------------
 
@@ -337,6 +347,13 @@ class AgentLab:
             self.nc, api(self.prefix, "tasks.cancel"), {"task_id": task_id, "reason": reason}
         )
         return reply
+
+    async def cli(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:  # noqa: ASYNC109
+        """`devsched ARGS...` (the real CLI, as a process) aimed at this lab's control plane."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}
+        env.update(DEVSCHED_NATS_URL=self.plane.nats_url, DEVSCHED_SUBJECT_PREFIX=self.prefix, COLUMNS="200")
+        command = [sys.executable, "-m", "devsched.client", *args]
+        return await asyncio.to_thread(supervisor_run, command, env=env, timeout=timeout)
 
     async def drain(self, name: str, drained: bool = True) -> None:
         """Drain this lab's device `name` (or return it to service)."""

@@ -1,6 +1,6 @@
 """A stand-in for the scheduler's host side over real NATS: endpoints, streams, consumers, a lease table.
 
-Enough of the protocol to drive the agent through claim, renew, nudge and report without a database:
+Enough of the protocol to drive the agent through claim, renew, nudge, report and release without a database:
 each attempt is a row with its lease, status and whether a cancellation is pending.
 """
 
@@ -36,6 +36,7 @@ class Row:
     claimed_at: datetime | None = None
     progress: list[m.Progress | None] = field(default_factory=list)
     reports: list[m.ReportRequest] = field(default_factory=list)
+    releases: list[m.ReleaseRequest] = field(default_factory=list)
     recorded_at: datetime | None = None
 
 
@@ -73,6 +74,7 @@ class FakeScheduler:
             (HostVerb.CLAIM, m.ClaimRequest, self.claim),
             (HostVerb.RENEW, m.RenewRequest, self.renew),
             (HostVerb.REPORT, m.ReportRequest, self.report),
+            (HostVerb.RELEASE, m.ReleaseRequest, self.release),
         ]
         for verb, request_type, handler in endpoints:
             await add_typed_endpoint(
@@ -168,6 +170,24 @@ class FakeScheduler:
             task_id=req.task_id,
             attempt=req.attempt,
             status=TaskStatus(row.status),
+            recorded_at=row.recorded_at,
+            duplicate=duplicate,
+        )
+
+    async def release(self, req: m.ReleaseRequest, subject: str) -> m.ReleaseReply:
+        row = self._row(req, subject)
+        row.releases.append(req)
+        if row.status == "released":
+            duplicate = True
+        elif row.status in ("assigned", "dispatched"):
+            row.status, row.recorded_at, duplicate = "released", datetime.now(UTC), False
+        else:
+            raise OutcomeConflict()
+        assert row.recorded_at is not None
+        return m.ReleaseReply(
+            task_id=req.task_id,
+            attempt=req.attempt,
+            status=TaskStatus.QUEUED,
             recorded_at=row.recorded_at,
             duplicate=duplicate,
         )

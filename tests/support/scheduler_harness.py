@@ -255,6 +255,13 @@ class TestHost:
         body["result"] = dict(result) if result is not None else done_result(a.body["plan"])
         return await self.request("report", body)
 
+    async def release(
+        self, a: Assigned, *, reason: str | None = None, result: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Give the attempt of `a` back (`P.host.<id>.release`)."""
+        body = {**a.lease, "reason": reason, "result": dict(result) if result is not None else None}
+        return await self.request("release", body)
+
     async def close(self) -> None:
         """Unsubscribe the consumer binding."""
         if self._sub is not None:

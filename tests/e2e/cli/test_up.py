@@ -76,7 +76,7 @@ def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tm
     assert "first run: initdb" in first.stdout
     assert "devsched is up." in first.stdout
     assert "demo finished as expected" in first.stdout
-    assert "killed the agent of sim-2" in first.stdout  # the lease-expiry story really happened
+    assert "killed the agent of sim-2" in first.stdout  # the host-crash story really happened
     assert took < 100, f"devsched up took {took:.0f}s"
     for name in ("scheduler.log", "sweeper.log", "agent-sim-1.log", "agent-sim-2.log"):
         assert (data / "logs" / name).stat().st_size > 0

@@ -39,7 +39,7 @@ async def start_process(config: Path) -> asyncio.subprocess.Process:
     )
 
 
-async def test_sigterm_stops_the_running_step_reports_and_exits_0(
+async def test_sigterm_stops_the_running_step_releases_and_exits_0(
     scheduler: FakeScheduler, nats_url: str, subject_prefix: str, tmp_path: Path
 ) -> None:
     config = write_config(tmp_path, nats_url, subject_prefix, shutdown_grace_s=0.2, stop_grace_s=0.2)
@@ -56,9 +56,12 @@ async def test_sigterm_stops_the_running_step_reports_and_exits_0(
         if process.returncode is None:
             process.kill()
             await process.wait()
-    assert row.reports
-    assert row.reports[0].outcome.value == "failed"
-    assert row.reports[0].reason == "shutdown: agent shutting down"
+    # given back rather than failed (issue 11): the task is queued again without spending an attempt
+    assert row.reports == []
+    assert row.releases
+    assert row.releases[0].reason == "shutdown: agent shutting down"
+    assert row.releases[0].result is not None
+    assert [s.status.value for s in row.releases[0].result.steps] == ["interrupted"]
     assert process.stderr is not None
     lines = [json.loads(line) for line in (await process.stderr.read()).decode().splitlines() if line.strip()]
     claimed = [line for line in lines if line["msg"] == "attempt claimed"]

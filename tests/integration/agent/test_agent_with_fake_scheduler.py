@@ -35,6 +35,11 @@ async def reported(row: Row) -> m.ReportRequest:
     return row.reports[0]
 
 
+async def released(row: Row) -> m.ReleaseRequest:
+    await eventually(lambda: row.releases, timeout=30, message="a release")
+    return row.releases[0]
+
+
 async def test_registers_runs_a_plan_and_reports_done(
     scheduler: FakeScheduler,
     make_config: MakeConfig,
@@ -245,7 +250,7 @@ async def test_spooled_reports_are_sent_first_on_start(
     assert (Path(config.spool_dir) / "rejected" / "stale.1.json").read_bytes() == stale_body
 
 
-async def test_shutdown_stops_a_long_step_as_for_lease_loss(
+async def test_shutdown_kills_a_long_step_at_the_end_of_its_grace_and_releases(
     scheduler: FakeScheduler,
     make_config: MakeConfig,
     start_agent: StartAgent,
@@ -262,10 +267,38 @@ async def test_shutdown_stops_a_long_step_as_for_lease_loss(
     row = await scheduler.assign(HOST, config.devices[0].device_id, steps)
     await eventually(started.exists, message="step started")
     assert await agent.shut_down() == 0
-    report = await reported(row)
-    assert report.outcome.value == "failed"
-    assert report.reason is not None
-    assert report.reason.startswith("shutdown: ")
-    assert report.result is not None
-    assert [s.status.value for s in report.result.steps] == ["interrupted", "skipped"]
+    # given back, not failed (issue 11); killed at the end of the grace, so no teardown either
+    release = await released(row)
+    assert row.reports == []
+    assert release.reason is not None
+    assert release.reason.startswith("shutdown: ")
+    assert release.result is not None
+    assert [s.status.value for s in release.result.steps] == ["interrupted", "skipped"]
     assert not (tmp_path / "teardown").exists()
+
+
+async def test_shutdown_stops_at_a_step_boundary_runs_teardown_and_releases(
+    scheduler: FakeScheduler,
+    make_config: MakeConfig,
+    start_agent: StartAgent,
+    tmp_path: Path,
+) -> None:
+    config = make_config(shutdown_grace_s=0.3)
+    agent = start_agent(config)
+    await agent.ready()
+    started = tmp_path / "started"
+    steps = [
+        shell("long", f"touch {started}; exec sleep 600", interruptible=True),
+        shell("next", f"touch {tmp_path / 'next'}"),
+        shell("teardown", f"touch {tmp_path / 'teardown'}", always=True),
+    ]
+    row = await scheduler.assign(HOST, config.devices[0].device_id, steps)
+    await eventually(started.exists, message="step started")
+    assert await agent.shut_down() == 0
+    release = await released(row)
+    assert row.reports == []
+    assert release.result is not None
+    assert [s.status.value for s in release.result.steps] == ["interrupted", "skipped", "done"]
+    assert (tmp_path / "teardown").exists(), "the lease is held at a shutdown: teardown runs"
+    assert not (tmp_path / "next").exists()
+    assert row.status == "released"

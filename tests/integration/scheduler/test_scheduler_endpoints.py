@@ -51,7 +51,8 @@ async def test_service_is_discoverable_with_every_endpoint_in_one_queue_group(
         f"{p}.api.tasks.cancel",
         f"{p}.api.hosts.list",
         f"{p}.api.devices.drain",
-        *(f"{p}.host.*.{verb}" for verb in ("register", "heartbeat", "claim", "renew", "report")),
+        f"{p}.api.hosts.drain",
+        *(f"{p}.host.*.{verb}" for verb in ("register", "heartbeat", "claim", "renew", "report", "release")),
     }
     assert {e["queue_group"] for e in info["endpoints"]} == {name}
     await call(nc, api(p, "hosts.list"))

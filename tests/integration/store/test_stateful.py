@@ -28,6 +28,8 @@ pytestmark = pytest.mark.integration
 DEVICES = ("d1", "d2", "d3")
 PLAN = {"steps": [{"name": "s", "action": "noop", "args": {}}]}
 TTL = 10
+#: Releases a task may have before the next one fails it (small, so the bound is reached).
+MAX_RELEASES = 1
 
 
 @dataclass
@@ -44,6 +46,7 @@ class MTask:
     max_attempts: int
     status: str = "queued"
     attempts: list[MAttempt] = field(default_factory=list)
+    releases: int = 0
 
     @property
     def current(self) -> MAttempt | None:
@@ -57,7 +60,7 @@ class StoreMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.clock = ManualClock()
-        self.store = Store.connect(self.url, clock=self.clock, pool_size=2, max_overflow=0)
+        self.store = Store.connect(self.url, clock=self.clock, pool_size=2, max_overflow=0, max_releases=MAX_RELEASES)
         self.tasks: dict[uuid.UUID, MTask] = {}
         self.grace_until: dict[str, datetime] = {}
         self.run(self._reset())
@@ -155,6 +158,33 @@ class StoreMachine(RuleBasedStateMachine):
         if not duplicate:
             a.status = t.status = outcome.value
 
+    @precondition(lambda self: any(t.attempts for t in self.tasks.values()))
+    @rule(data=st.data(), foreign=st.booleans())
+    def release(self, data: st.DataObject, foreign: bool) -> None:
+        # ARCHITECTURE.md: "the owning host releases the attempt: queued (or cancelled if a cancellation is
+        # pending)", device free at once; past the bound on releases, failed.
+        t, a = self._pick(data)
+        lease = LeaseRef("h2", a.lease.task_id, a.lease.attempt, a.lease.lease_id) if foreign else a.lease
+        duplicate = not foreign and a.status == "released"
+        ok = duplicate or (not foreign and self._live(t, a) and t.status in ("assigned", "dispatched"))
+        try:
+            receipt = self.run(self.store.release(lease))
+        except Conflict:
+            assert not ok
+            return
+        assert ok
+        assert receipt.duplicate == duplicate
+        if not duplicate:
+            a.status = "released"
+            if a.cancel:
+                t.status = "cancelled"
+            elif t.releases >= MAX_RELEASES:
+                t.status = "failed"
+            else:
+                t.status = "queued"
+            t.releases += 1
+        assert receipt.status.value == t.status
+
     @precondition(lambda self: bool(self.tasks))
     @rule(data=st.data())
     def cancel(self, data: st.DataObject) -> None:
@@ -192,7 +222,7 @@ class StoreMachine(RuleBasedStateMachine):
             self.grace_until[a.device] = self._now() + timedelta(seconds=TTL)
             if a.cancel:
                 t.status = "cancelled"
-            elif len(t.attempts) >= t.max_attempts:
+            elif len(t.attempts) - t.releases >= t.max_attempts:
                 t.status = "failed"
             else:
                 t.status = "queued"
@@ -226,10 +256,17 @@ class StoreMachine(RuleBasedStateMachine):
                 )
                 assert gaps.scalar_one() == 0, "attempt numbers have gaps"
                 rows = (
-                    await conn.execute(text("SELECT task_id, status, attempt_count, max_attempts FROM tasks"))
+                    await conn.execute(
+                        text(
+                            "SELECT t.task_id, t.status, t.attempt_count, t.max_attempts, t.releases,"
+                            " (SELECT count(*) FROM attempts a WHERE a.task_id = t.task_id"
+                            "  AND a.status = 'released') AS released FROM tasks t"
+                        )
+                    )
                 ).all()
                 for r in rows:
-                    assert r.attempt_count <= r.max_attempts
+                    assert r.attempt_count <= r.max_attempts + r.releases
+                    assert r.releases == r.released == self.tasks[r.task_id].releases
                     assert r.status == self.tasks[r.task_id].status, f"store {r.status} vs model for {r.task_id}"
                 ended = await conn.execute(
                     text("SELECT count(*) FROM attempts WHERE status <> 'active' AND end_reason IS NULL")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devsched.agent.held import HeldAttempt, HeldAttempts
+from devsched.agent.held import RESTART_REASON, HeldAttempt, HeldAttempts
 from devsched.agent.spool import Spool, report_key
 from devsched.protocol import messages as wire
 
@@ -58,3 +58,30 @@ def test_an_assignment_names_its_attempt() -> None:
     assert attempt.key == f"{task_id}.3"
     ids = {"task_id": str(task_id), "attempt": 3, "lease_id": str(lease_id), "device_id": "pixel-7"}
     assert attempt.log_fields() == ids
+
+
+async def test_each_attempt_left_is_handed_over_before_its_record_goes(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for n in (1, 2, 3):
+        await HeldAttempts.in_spool(spool).hold(held(n))
+    handed: list[HeldAttempt] = []
+
+    def hand_over(attempt: HeldAttempt) -> None:
+        assert (tmp_path / "held" / f"{attempt.key}.json").exists(), "the record is still there while handed over"
+        if attempt.attempt == 2:
+            raise OSError("disk full")
+        handed.append(attempt)
+
+    taken = HeldAttempts.in_spool(spool).take_left(set(), hand_over)
+    assert taken == [held(1), held(2), held(3)]
+    assert handed == [held(1), held(3)]
+    # the one that could not be handed over stays for the next start
+    assert [p.name for p in (tmp_path / "held").iterdir()] == ["task-2.2.json"]
+
+
+def test_a_held_attempt_is_given_back_by_a_release_of_its_lease() -> None:
+    task_id, lease_id = uuid.uuid4(), uuid.uuid4()
+    attempt = HeldAttempt(str(task_id), 4, str(lease_id), "pixel-7")
+    assert attempt.release() == wire.ReleaseRequest(
+        task_id=task_id, attempt=4, lease_id=lease_id, reason=RESTART_REASON, result=None
+    )

@@ -39,11 +39,19 @@ def report(tail: str = "ok", steps: int = 1) -> m.ReportRequest:
 
 
 class FakeClient:
-    """Answers reports from a script: an exception to raise, or None for a recorded reply."""
+    """Answers reports (and releases) from a script: an exception to raise, or None for a recorded reply."""
 
     def __init__(self, *answers: Exception | None) -> None:
         self.answers = list(answers)
         self.bodies: list[bytes] = []
+        self.released: list[bytes] = []
+
+    async def release(self, body: bytes) -> m.ReleaseReply:
+        self.released.append(body)
+        answer = self.answers.pop(0) if self.answers else None
+        if answer is not None:
+            raise answer
+        return m.ReleaseReply(task_id=TASK, attempt=1, status=TaskStatus.QUEUED, recorded_at=datetime.now(UTC))
 
     async def report(self, body: bytes) -> m.ReportReply:
         self.bodies.append(body)
@@ -154,3 +162,40 @@ def test_a_report_too_large_gets_shorter_tails() -> None:
     assert len(small.result.steps) == 100
     assert all(0 < len(s.output_tail or "") < 4096 for s in small.result.steps)
     assert encode_report(report()) == encode(report())
+
+
+def release(reason: str = "agent shutting down") -> m.ReleaseRequest:
+    return m.ReleaseRequest(task_id=TASK, attempt=1, lease_id=LEASE, reason=reason)
+
+
+async def test_a_release_is_spooled_under_its_own_key_and_sent_as_a_release(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    client = FakeClient(NoReply(), None)
+    sender = reporter(client, spool)
+    spooled = await sender.store_release(release())
+    (pending,) = spool.pending()
+    assert (pending.key, pending.is_release, pending.attempt_key) == (f"{TASK}.1.release", True, f"{TASK}.1")
+    assert pending.body == encode(release())
+    reply = await sender.deliver(spooled)
+    assert isinstance(reply, m.ReleaseReply)
+    assert client.bodies == [], "a release never goes to the report endpoint"
+    assert client.released == [encode(release())] * 2
+    assert spool.pending() == []
+
+
+@pytest.mark.parametrize("error", [LeaseExpired(), OutcomeConflict()])
+async def test_a_release_answered_with_a_conflict_is_moot(tmp_path: Path, error: Exception) -> None:
+    spool = Spool(tmp_path)
+    sender = reporter(FakeClient(error), spool)
+    assert await sender.deliver(await sender.store_release(release())) is None
+    assert spool.pending() == []
+    assert not (tmp_path / "rejected").exists()
+
+
+async def test_a_release_left_at_shutdown_stays_spooled(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    give_up = asyncio.Event()
+    give_up.set()
+    sender = reporter(FakeClient(Unavailable()), spool)
+    assert await sender.deliver(await sender.store_release(release()), give_up=give_up) is None
+    assert [p.key for p in spool.pending()] == [f"{TASK}.1.release"]

@@ -142,7 +142,7 @@ async def test_cancellation_interrupts_skips_and_still_runs_teardown(make_runner
     assert (tmp_path / "teardown").exists()
 
 
-@pytest.mark.parametrize("reason", [StopReason.LEASE_LOST, StopReason.SHUTDOWN])
+@pytest.mark.parametrize("reason", [StopReason.LEASE_LOST])
 async def test_lease_loss_runs_no_teardown_and_fails(
     make_runner: MakeRunner, tmp_path: Path, reason: StopReason
 ) -> None:
@@ -160,6 +160,63 @@ async def test_lease_loss_runs_no_teardown_and_fails(
     assert statuses(result) == [INTERRUPTED, SKIPPED, SKIPPED]
     assert not (tmp_path / "planned").exists()
     assert not (tmp_path / "teardown").exists()
+    assert result.released is False
+
+
+async def test_shutdown_stops_at_a_boundary_runs_teardown_and_releases(make_runner: MakeRunner, tmp_path: Path) -> None:
+    # The lease is still held: teardown runs, and the attempt is given back rather than failed.
+    stop = StopSignal()
+    steps = [
+        long_sleep(interruptible=True),
+        touch(tmp_path / "planned", "test"),
+        touch(tmp_path / "teardown", "collect-logs", always=True),
+    ]
+    task = await start(make_runner(steps, stop=stop))
+    stop.request(StopReason.SHUTDOWN, "agent shutting down")
+    result = await asyncio.wait_for(task, 30)
+    assert result.released is True
+    assert statuses(result) == [INTERRUPTED, SKIPPED, DONE]
+    assert result.reason == "shutdown: agent shutting down"
+    assert result.steps[1].output_tail == "skipped: shutdown"
+    assert not (tmp_path / "planned").exists()
+    assert (tmp_path / "teardown").exists()
+
+
+async def test_shutdown_lets_a_non_interruptible_step_finish_then_releases(
+    make_runner: MakeRunner, tmp_path: Path
+) -> None:
+    stop = StopSignal()
+    command = f"touch {tmp_path / 'started'}; sleep 0.5; touch {tmp_path / 'finished'}"
+    steps = [PlanStep("flash", "shell", {"command": command}), touch(tmp_path / "planned", "test")]
+    task = await start(make_runner(steps, stop=stop))
+    await until_exists(tmp_path / "started")
+    stop.request(StopReason.SHUTDOWN, "agent shutting down")
+    result = await asyncio.wait_for(task, 30)
+    assert statuses(result) == [DONE, SKIPPED]
+    assert (tmp_path / "finished").exists()
+    assert result.released is True
+
+
+async def test_a_shutdown_that_changed_nothing_or_came_after_a_failure_is_no_release(make_runner: MakeRunner) -> None:
+    stop = StopSignal()
+
+    async def renew(progress: Progress) -> None:
+        return None
+
+    finished = await make_runner([PlanStep("only", "noop")], stop=stop, renew=renew).run()
+    stop.request(StopReason.SHUTDOWN, "too late to matter")
+    assert (finished.outcome, finished.released) == (Outcome.DONE, False)
+
+    late = StopSignal()
+
+    async def stop_after_first(progress: Progress) -> None:
+        if progress.index == 1:
+            late.request(StopReason.SHUTDOWN, "agent shutting down")
+
+    steps = [PlanStep("bad", "shell", {"command": "exit 3"}), PlanStep("teardown", "noop", always=True)]
+    failed = await make_runner(steps, stop=late, renew=stop_after_first).run()
+    assert late.reason is StopReason.SHUTDOWN
+    assert (failed.outcome, failed.released) == (Outcome.FAILED, False)  # the run had failed on its own
 
 
 async def test_a_stop_seen_at_the_boundary_prevents_the_next_step(make_runner: MakeRunner, tmp_path: Path) -> None:
@@ -287,6 +344,7 @@ async def test_kill_interrupts_even_a_non_interruptible_step(make_runner: MakeRu
     assert statuses(result) == [INTERRUPTED]
     assert result.outcome is Outcome.FAILED
     assert result.reason == "shutdown: agent shutting down"
+    assert result.released is True  # killed at the end of the grace: nothing runs on the device any more
 
 
 async def test_unknown_actions_and_bad_arguments_fail_their_step(make_runner: MakeRunner) -> None:

@@ -26,12 +26,22 @@ def test_cancellation_stops_without_halting() -> None:
     assert stop.detail == "cancellation requested"
 
 
-@pytest.mark.parametrize("reason", [StopReason.LEASE_LOST, StopReason.SHUTDOWN])
-def test_lease_loss_and_shutdown_halt(reason: StopReason) -> None:
+def test_lease_loss_halts() -> None:
     stop = StopSignal()
-    stop.request(reason, "why")
+    stop.request(StopReason.LEASE_LOST, "why")
     assert stop.halted
-    assert stop.halt == (reason, "why")
+    assert stop.halt == (StopReason.LEASE_LOST, "why")
+
+
+def test_shutdown_stops_like_a_cancellation_until_the_kill_halts_it() -> None:
+    # The lease is still held at a shutdown: teardown steps may run (not halted) until the grace is over.
+    stop = StopSignal()
+    stop.request(StopReason.SHUTDOWN, "agent shutting down")
+    assert (stop.stopped, stop.halted, stop.level) == (True, False, StopLevel.STOP)
+    assert stop.halt is None
+    stop.kill("grace over")
+    assert (stop.halted, stop.level, stop.halt) == (True, StopLevel.KILL, (StopReason.SHUTDOWN, "grace over"))
+    assert (stop.reason, stop.detail) == (StopReason.SHUTDOWN, "agent shutting down")
 
 
 def test_the_first_reason_stays_and_a_later_halt_is_recorded() -> None:

@@ -47,6 +47,7 @@ def task(
     max_attempts: int = 3,
     lease_ttl_s: int = TTL,
     cancel_requested: bool = False,
+    releases: int = 0,
 ) -> TaskRecord:
     """A task whose newest attempt is `current` (attempt_count follows it unless given)."""
     if attempt_count is None:
@@ -59,6 +60,7 @@ def task(
         lease_ttl_s=lease_ttl_s,
         current=current,
         cancel_requested=cancel_requested,
+        releases=releases,
     )
 
 

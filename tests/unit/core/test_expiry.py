@@ -53,6 +53,18 @@ def test_lease_expires_with_a_cancellation_pending(status: TaskStatus, n: int, m
     )
 
 
+@pytest.mark.parametrize("status", IN_FLIGHT)
+@pytest.mark.parametrize(("n", "releases", "max_attempts"), [(2, 1, 1), (11, 10, 1), (4, 2, 3)])
+def test_released_attempts_do_not_count_against_the_limit(
+    status: TaskStatus, n: int, releases: int, max_attempts: int
+) -> None:
+    # attempt n expires after `releases` earlier attempts were given back: n - releases were spent
+    t = replace(in_flight(status, n=n, max_attempts=max_attempts), releases=releases)
+    assert t.attempts_spent == n - releases
+    expected = TaskStatus.FAILED if n - releases >= max_attempts else TaskStatus.QUEUED
+    assert decide_expiry(t).task_status is expected
+
+
 @settings(max_examples=100, deadline=None)
 @given(
     max_attempts=st.integers(1, 100),

@@ -22,14 +22,17 @@ from devsched.core.errors import (
 )
 from devsched.core.leases import (
     Extension,
+    ReleaseDecision,
     ReportDecision,
     ReportKind,
     decide_claim,
+    decide_release,
     decide_renew,
     decide_report,
 )
+from devsched.core.lifecycle import Trigger
 from devsched.core.records import AttemptRecord, LeaseRef, TaskRecord
-from devsched.core.status import IN_FLIGHT, TERMINAL, AttemptStatus, Outcome, TaskStatus
+from devsched.core.status import IN_FLIGHT, TERMINAL, AttemptStatus, Outcome, TaskReason, TaskStatus
 
 from .factories import HOST, OTHER_HOST, T0, TTL, attempt, expired_as, in_flight, ref_for, task
 
@@ -516,3 +519,163 @@ def test_the_first_applicable_conflict_in_protocol_order_is_raised(case: dict[st
             cancel_requested=t.cancel_requested,
             dispatch=case["op"] == "claim" and t.status is A,
         )
+
+
+# --- release -----------------------------------------------------------------------------------
+
+MAX_RELEASES = 10
+
+
+def release(
+    t: TaskRecord,
+    *,
+    ref: LeaseRef | None = None,
+    now: datetime = T0,
+    named: AttemptRecord | None = CURRENT,
+    max_releases: int = MAX_RELEASES,
+) -> ReleaseDecision:
+    return decide_release(t, _named(t, named), ref or ref_for(t), now, max_releases=max_releases)
+
+
+def released(t: TaskRecord, status: TaskStatus = TaskStatus.QUEUED) -> TaskRecord:
+    """`t` after its current attempt was released, leaving the task in `status`."""
+    assert t.current is not None
+    return replace(t, status=status, releases=t.releases + 1, current=replace(t.current, status=AttemptStatus.RELEASED))
+
+
+@pytest.mark.parametrize("status", [A, D])
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_release_of_the_live_lease_requeues(status: TaskStatus, max_attempts: int) -> None:
+    t = in_flight(status, max_attempts=max_attempts)
+    assert release(t) == ReleaseDecision(ReportKind.ACCEPT, TaskStatus.QUEUED, Trigger.RELEASE, None)
+
+
+@pytest.mark.parametrize("status", [A, D])
+@pytest.mark.parametrize("releases", [0, MAX_RELEASES, MAX_RELEASES + 5])
+def test_release_with_a_cancellation_pending_cancels(status: TaskStatus, releases: int) -> None:
+    # A pending cancellation wins over the bound on releases, as over the attempt limit on expiry.
+    t = replace(in_flight(status, cancel_requested=True), releases=releases)
+    assert release(t) == ReleaseDecision(
+        ReportKind.ACCEPT, TaskStatus.CANCELLED, Trigger.RELEASE_CANCEL, TaskReason.CANCELLED_AFTER_RELEASE
+    )
+
+
+@pytest.mark.parametrize(("releases", "max_releases"), [(10, 10), (11, 10), (0, 0), (3, 3)])
+def test_release_past_the_bound_fails_the_task(releases: int, max_releases: int) -> None:
+    t = replace(in_flight(D, n=releases + 1), releases=releases)
+    assert release(t, max_releases=max_releases) == ReleaseDecision(
+        ReportKind.ACCEPT, TaskStatus.FAILED, Trigger.RELEASE_FAIL, TaskReason.RELEASED_TOO_OFTEN
+    )
+    assert TaskReason.RELEASED_TOO_OFTEN.value == "released_too_often"
+
+
+@pytest.mark.parametrize(("releases", "max_releases"), [(9, 10), (0, 1), (2, 3)])
+def test_release_below_the_bound_requeues(releases: int, max_releases: int) -> None:
+    t = replace(in_flight(D, n=releases + 1), releases=releases)
+    assert release(t, max_releases=max_releases).task_status is TaskStatus.QUEUED
+
+
+@pytest.mark.parametrize("status", [TaskStatus.QUEUED, TaskStatus.CANCELLED, TaskStatus.FAILED])
+def test_identical_repeat_of_a_release_is_a_duplicate(status: TaskStatus) -> None:
+    t = released(in_flight(D), status)
+    assert release(t, now=EXPIRES + timedelta(days=1)) == ReleaseDecision(ReportKind.DUPLICATE, status)
+
+
+def test_repeat_of_a_release_after_the_task_was_assigned_again_is_a_duplicate() -> None:
+    # The task is requeued at once and may run elsewhere before the host's retry of a lost reply.
+    t = released(in_flight(D))
+    old = t.current
+    assert old is not None
+    new = attempt(2, host_id=OTHER_HOST, device_id="dev-2")
+    newer = replace(t, status=A, attempt_count=2, current=new)
+    assert release(newer, ref=ref_for(newer, old), named=old) == ReleaseDecision(ReportKind.DUPLICATE, A)
+    # another host repeating it is still foreign, and another lease of that attempt is superseded
+    with pytest.raises(LeaseForeign):
+        release(newer, ref=ref_for(newer, old, host_id=OTHER_HOST), named=old)
+    with pytest.raises(LeaseSuperseded):
+        release(newer, ref=ref_for(newer, old, lease_id=uuid.uuid4()), named=old)
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_release_of_a_reported_attempt_is_outcome_conflict(outcome: Outcome) -> None:
+    t = ended(in_flight(D, cancel_requested=True), outcome)
+    with pytest.raises(OutcomeConflict) as info:
+        release(t)
+    assert info.value.details == {"recorded": outcome.value, "reported": "released"}
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_report_of_a_released_attempt_is_outcome_conflict(outcome: Outcome) -> None:
+    t = released(in_flight(D, cancel_requested=True))
+    with pytest.raises(OutcomeConflict) as info:
+        report(t, outcome, cancel_requested=True)
+    assert info.value.details == {"recorded": "released", "reported": outcome.value}
+
+
+def test_stale_or_foreign_release_is_refused() -> None:
+    t = in_flight(D)
+    newer, old = requeued_and_reassigned(t)
+    cases = [
+        (t, ref_for(t), t.current, EXPIRES, LeaseExpired),
+        (newer, ref_for(newer, old), old, T0, LeaseSuperseded),
+        (t, ref_for(t, host_id=OTHER_HOST), t.current, T0, LeaseForeign),
+        (t, ref_for(t, lease_id=uuid.uuid4()), t.current, T0, LeaseSuperseded),
+        (expired_as(TaskStatus.FAILED), None, None, T0, TaskTerminal),
+    ]
+    for record, ref, named, now, error in cases:
+        with pytest.raises(error):
+            decide_release(record, named or record.current, ref or ref_for(record), now, max_releases=MAX_RELEASES)
+
+
+def release_expected(flags: dict[str, object], named: AttemptRecord | None, ref: LeaseRef) -> object:
+    """PROTOCOL.md's order for a release: foreign, (the same lease released it) duplicate, superseded,
+    recorded outcome, terminal, expired; None when nothing applies."""
+    if flags["foreign"]:
+        return LeaseForeign
+    if named is not None and named.status is AttemptStatus.RELEASED and named.lease_id == ref.lease_id:
+        return ReportKind.DUPLICATE
+    if flags["superseded"]:
+        return LeaseSuperseded
+    if flags["recorded"] is not None:
+        return OutcomeConflict
+    if flags["terminal"]:
+        return TaskTerminal
+    if flags["expired"]:
+        return LeaseExpired
+    return None
+
+
+@settings(max_examples=400, deadline=None)
+@given(conflicts(), st.booleans(), st.integers(0, 3), st.integers(0, 3))
+def test_a_release_raises_the_first_applicable_conflict_in_protocol_order(
+    case: dict[str, object], was_released: bool, releases: int, max_releases: int
+) -> None:
+    t, named, ref, now = case["task"], case["named"], case["ref"], case["now"]
+    assert isinstance(t, TaskRecord)
+    assert isinstance(ref, LeaseRef)
+    assert isinstance(now, datetime)
+    assert named is None or isinstance(named, AttemptRecord)
+    flags = dict(case["flags"])  # type: ignore[call-overload]
+    if was_released and named is not None and flags["recorded"] is None:
+        # the named attempt ended as released (by this lease, unless the ref names another one)
+        named = replace(named, status=AttemptStatus.RELEASED)
+        if named.attempt == t.attempt_count:
+            t = replace(t, current=named, status=TaskStatus.QUEUED if t.status in IN_FLIGHT else t.status)
+        flags["expired"] = True
+    t = replace(t, releases=releases)
+    expected = release_expected(flags, named, ref)
+    event(f"release: {getattr(expected, '__name__', expected)}")
+    if isinstance(expected, type):
+        with pytest.raises(Conflict) as info:
+            decide_release(t, named, ref, now, max_releases=max_releases)
+        assert type(info.value) is expected
+        return
+    decision = decide_release(t, named, ref, now, max_releases=max_releases)
+    if expected is ReportKind.DUPLICATE:
+        assert decision == ReleaseDecision(ReportKind.DUPLICATE, t.status)
+    elif t.cancel_requested:
+        assert decision.task_status is TaskStatus.CANCELLED
+    elif releases >= max_releases:
+        assert (decision.task_status, decision.reason) == (TaskStatus.FAILED, TaskReason.RELEASED_TOO_OFTEN)
+    else:
+        assert decision == ReleaseDecision(ReportKind.ACCEPT, TaskStatus.QUEUED, Trigger.RELEASE, None)

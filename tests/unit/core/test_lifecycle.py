@@ -35,6 +35,14 @@ EXPECTED: dict[tuple[TaskStatus | None, Trigger], TaskStatus] = {
     (A, Trigger.EXPIRE_CANCEL): CANCELLED,
     (D, Trigger.EXPIRE_CANCEL): CANCELLED,
     (Q, Trigger.CANCEL): CANCELLED,
+    # "the owning host releases the attempt (agent shutdown, drain): queued (or cancelled if a cancellation
+    # is pending)", and failed past the bound on releases (`released_too_often`).
+    (A, Trigger.RELEASE): Q,
+    (D, Trigger.RELEASE): Q,
+    (A, Trigger.RELEASE_CANCEL): CANCELLED,
+    (D, Trigger.RELEASE_CANCEL): CANCELLED,
+    (A, Trigger.RELEASE_FAIL): FAILED,
+    (D, Trigger.RELEASE_FAIL): FAILED,
 }
 
 ALL_PAIRS = list(itertools.product([None, *TaskStatus], Trigger))
@@ -102,6 +110,9 @@ def test_cancelled_is_reachable_from_queued_assigned_and_dispatched() -> None:
         (Trigger.EXPIRE_REQUEUE, IN_FLIGHT),
         (Trigger.EXPIRE_FAIL, IN_FLIGHT),
         (Trigger.EXPIRE_CANCEL, IN_FLIGHT),
+        (Trigger.RELEASE, IN_FLIGHT),
+        (Trigger.RELEASE_CANCEL, IN_FLIGHT),
+        (Trigger.RELEASE_FAIL, IN_FLIGHT),
     ],
 )
 def test_sources(trigger: Trigger, expected: frozenset[TaskStatus]) -> None:

@@ -19,7 +19,7 @@ from devsched.core.cancellation import CancelKind, decide_cancel
 from devsched.core.errors import Conflict
 from devsched.core.expiry import decide_expiry, is_expired
 from devsched.core.ids import new_lease_id, new_task_id
-from devsched.core.leases import ReportKind, decide_claim, decide_renew, decide_report
+from devsched.core.leases import ReportKind, decide_claim, decide_release, decide_renew, decide_report
 from devsched.core.lifecycle import Trigger, next_status
 from devsched.core.matching import matches, plan_assignments
 from devsched.core.records import AttemptRecord, DeviceRecord, LeaseRef, QueuedTask, Selector, TaskRecord
@@ -52,6 +52,8 @@ SELECTORS = [
 ]
 #: How a host names an attempt: the true current lease, or one of the ways of getting it wrong.
 REFS = ["current", "current", "current", "foreign", "older", "other-lease", "never-existed"]
+#: Releases a task may have before the next one fails it (small, so the bound is reached).
+MAX_RELEASES = 1
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Task:
     end_reasons: dict[int, EndReason] = field(default_factory=dict)
     cancel_requests: set[int] = field(default_factory=set)
     reason: TaskReason | None = None
+    releases: int = 0
 
     @property
     def current(self) -> AttemptRecord | None:
@@ -84,6 +87,7 @@ class Task:
             lease_ttl_s=self.ttl,
             current=cur,
             cancel_requested=cur is not None and cur.attempt in self.cancel_requests,
+            releases=self.releases,
         )
 
     def set_current(self, **changes: object) -> None:
@@ -96,6 +100,7 @@ class Task:
             tuple(sorted(self.end_reasons.items())),
             frozenset(self.cancel_requests),
             self.reason,
+            self.releases,
         )
 
 
@@ -263,6 +268,41 @@ class Scheduler(RuleBasedStateMachine):
         t.end_reasons[cur.attempt] = EndReason(outcome.value)
         self.release(t)
 
+    @rule(i=st.integers(0, 100), how=st.sampled_from(REFS), j=st.integers(0, 100))
+    def give_back(self, i: int, how: str, j: int) -> None:
+        t = self.pick(i)
+        if t is None or not t.attempts:
+            return
+        named, ref, is_current = self.named_ref(t, how, j)
+        before = t.snapshot()
+        try:
+            decision = decide_release(t.record(), named, ref, self.now, max_releases=MAX_RELEASES)
+        except Conflict as exc:
+            event(f"release: {exc.code}")
+            assert not (is_current and self.live(t)), "the live current lease's release was refused"
+            return
+        event(f"release: {decision.kind} {decision.task_status}")
+        if decision.kind is ReportKind.DUPLICATE:
+            # the same lease released this attempt before, current or not any more
+            assert named is not None
+            assert named.status is AttemptStatus.RELEASED
+            assert (named.host_id, named.lease_id) == (ref.host_id, ref.lease_id)
+            assert decision.task_status is t.status
+            assert t.snapshot() == before
+            return
+        assert is_current, f"{how} ref accepted"
+        self.log("release", t, ref)
+        cur = t.current
+        assert cur is not None
+        assert decision.trigger is not None
+        assert decision.task_status is next_status(t.status, decision.trigger)
+        t.status = decision.task_status
+        t.reason = decision.reason
+        t.releases += 1
+        t.set_current(status=AttemptStatus.RELEASED)
+        t.end_reasons[cur.attempt] = EndReason.RELEASED
+        self.release(t)
+
     @rule(i=st.integers(0, 100))
     def cancel(self, i: int) -> None:
         t = self.pick(i)
@@ -348,7 +388,10 @@ class Scheduler(RuleBasedStateMachine):
     @invariant()
     def attempt_count_within_max_attempts(self) -> None:
         for t in self.tasks:
-            assert len(t.attempts) <= t.max_attempts
+            # released attempts do not count, and releases themselves are bounded
+            released = [a for a in t.attempts if a.status is AttemptStatus.RELEASED]
+            assert t.releases == len(released) <= MAX_RELEASES + 1
+            assert len(t.attempts) <= t.max_attempts + t.releases
 
     @invariant()
     def ended_attempts_keep_their_end_reason(self) -> None:
@@ -357,6 +400,7 @@ class Scheduler(RuleBasedStateMachine):
             AttemptStatus.DONE: EndReason.DONE,
             AttemptStatus.FAILED: EndReason.FAILED,
             AttemptStatus.CANCELLED: EndReason.CANCELLED,
+            AttemptStatus.RELEASED: EndReason.RELEASED,
         }
         for t in self.tasks:
             for a in t.attempts:
@@ -381,7 +425,17 @@ class Scheduler(RuleBasedStateMachine):
                 assert t.status is TaskStatus.FAILED
                 assert last is not None
                 assert last.status is AttemptStatus.EXPIRED
-                assert len(t.attempts) == t.max_attempts
+                assert len(t.attempts) - t.releases == t.max_attempts
+            elif t.reason is TaskReason.CANCELLED_AFTER_RELEASE:
+                assert t.status is TaskStatus.CANCELLED
+                assert last is not None
+                assert last.status is AttemptStatus.RELEASED
+                assert last.attempt in t.cancel_requests
+            elif t.reason is TaskReason.RELEASED_TOO_OFTEN:
+                assert t.status is TaskStatus.FAILED
+                assert last is not None
+                assert last.status is AttemptStatus.RELEASED
+                assert t.releases == MAX_RELEASES + 1
             elif t.reason is TaskReason.CANCELLED_AFTER_LEASE_EXPIRED:
                 assert t.status is TaskStatus.CANCELLED
                 assert last is not None
@@ -389,7 +443,7 @@ class Scheduler(RuleBasedStateMachine):
                 assert last.attempt in t.cancel_requests
             elif t.reason is TaskReason.CANCELLED_WHILE_QUEUED:
                 assert t.status is TaskStatus.CANCELLED
-                assert last is None or last.status is AttemptStatus.EXPIRED
+                assert last is None or last.status in (AttemptStatus.EXPIRED, AttemptStatus.RELEASED)
             elif t.status in TERMINAL:
                 # ended by its host's report
                 assert last is not None

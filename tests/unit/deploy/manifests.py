@@ -54,6 +54,7 @@ HELPER_ENV = {
     "NODE_NAME",
     "AGENT_CONFIG",
     "HOME",
+    "DRAIN_WAIT_S",
 }
 #: Secrets the manifests may reference (they are created by operators or by CloudNativePG, never here).
 REFERENCED_SECRETS = {

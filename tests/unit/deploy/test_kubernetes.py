@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devsched.agent.agent import DRAIN_SIGNAL
 from devsched.agent.config import AgentConfig, parse_config
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ENV_PREFIX, ServiceSettings
@@ -281,13 +282,42 @@ def test_grace_periods_outlast_the_services_own_shutdown(name: str) -> None:
             assert grace >= drain + 10
         else:
             hosts = config_map(docs, workload["metadata"]["namespace"], "devsched-agent-hosts")
+            drain_wait = float(env["DRAIN_WAIT_S"])
             for key, text in hosts.items():
                 if key.endswith(".toml"):
                     agent = parse_config(tomllib.loads(text), source=key)
-                    # Running steps, then their interruption, then one report, then the drain.
-                    shutdown = agent.shutdown_grace_s + agent.stop_grace_s
-                    shutdown += agent.request_timeout_s + agent.drain_timeout_s
-                    assert grace >= shutdown + 10, key
+                    assert grace >= agent_shutdown_s(agent, drain_wait) + 10, key
+
+
+def agent_shutdown_s(agent: AgentConfig, drain_wait_s: float) -> float:
+    """The longest an agent pod takes to go, preStop hook included (the phases of the agent's shutdown.py).
+
+    The hook drains for up to `drain_wait_s`; SIGTERM then finds the shutdown grace (counted from the drain)
+    spent or gives what is left of it; then withdrawing the devices (one request), the stop at the step
+    boundary (two stop graces and a request), the kill (a stop grace and a request), the last deliveries
+    (a request and a second), the last look at the consumer, and the NATS drain.
+    """
+    stop, request = agent.stop_grace_s, agent.request_timeout_s
+    phases = request + (2 * stop + request) + (stop + request) + (request + 1)
+    last_look = 1 + request  # SWEEP_WAIT_S, bounded by a request timeout more
+    return max(drain_wait_s, agent.shutdown_grace_s) + phases + last_look + agent.drain_timeout_s
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "base/agent"])
+def test_the_agent_is_drained_before_it_is_stopped(name: str) -> None:
+    agent = find(render(name), "DaemonSet", "devsched-agent")
+    (container,) = pod_spec(agent)["containers"]
+    hook = container["lifecycle"]["preStop"]["exec"]["command"]
+    script = hook[-1]
+    assert hook[:2] == ["/bin/sh", "-c"]
+    # SIGUSR1 to PID 1 (tini, which forwards it to the agent: DRAIN_SIGNAL), then a bounded wait for its exit
+    assert script.startswith("kill -USR1 1")
+    assert '"$DRAIN_WAIT_S"' in script
+    assert "kill -0 1" in script
+    assert "$(" not in script, "the kubelet would expand it"
+    assert DRAIN_SIGNAL.name == "SIGUSR1"
+    env = {entry["name"]: entry.get("value") for entry in container["env"]}
+    assert float(env["DRAIN_WAIT_S"]) == AgentConfig.model_fields["shutdown_grace_s"].default
 
 
 # -- the agent -------------------------------------------------------------------------------------------------

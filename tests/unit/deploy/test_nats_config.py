@@ -154,7 +154,9 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
     ]
+    # the drain notice rides on the host's nudge subject: draining needs no subscription of its own
     assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.bench-07.>"]
+    assert subjects.host("bench-07", HostVerb.RELEASE) in permissions["publish"]
 
 
 tokens = st.from_regex(TOKEN_PATTERN, fullmatch=True)
@@ -164,9 +166,10 @@ tokens = st.from_regex(TOKEN_PATTERN, fullmatch=True)
 def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: str, prefix: str) -> None:
     subjects = Subjects(prefix)
     permissions = host_user.host_permissions(host_id, prefix)
-    assert permissions["publish"][:5] == [subjects.host(host_id, verb) for verb in HOST_ENDPOINT_VERBS]
+    verbs = len(HOST_ENDPOINT_VERBS)
+    assert permissions["publish"][:verbs] == [subjects.host(host_id, verb) for verb in HOST_ENDPOINT_VERBS]
     stream, consumer = subjects.assignments_stream, subjects.consumer(host_id)
-    assert permissions["publish"][5:] == [
+    assert permissions["publish"][verbs:] == [
         f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
@@ -195,7 +198,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
 def test_rendered_block_names_only_its_own_host() -> None:
     block = host_user.render("bench-07")
     quoted = _quoted(block)
-    assert len(quoted) == 10
+    assert len(quoted) == 11
     assert all("bench-07" in subject for subject in quoted)
     assert not any("*" in subject for subject in quoted), "no wildcard but the trailing > of its own subjects"
     assert 'user: "host-bench-07"' in block
@@ -263,7 +266,7 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
     devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
     exports = set(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    assert len(exports) == 9, exports
+    assert len(exports) == 10, exports
     for kind, subject, _ in host_user.host_imports("bench-07"):
         assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
     # a pull is answered by many messages, so its export must say so
@@ -278,7 +281,7 @@ def test_a_host_account_is_limited_and_imports_only_its_own_subjects() -> None:
     assert "HOST_bench-07: {" in block
     assert "limits: { max_connections: 2, max_subscriptions: 64, max_payload: 1048576 }" in block
     imported = re.findall(r'subject: "([^"]+)"', block) + re.findall(r'to: "([^"]+)"', block)
-    assert len(imported) == 11
+    assert len(imported) == 12
     assert all("bench-07" in subject for subject in imported)
     assert "jetstream" not in block, "a host account holds no stream"
 

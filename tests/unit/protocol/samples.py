@@ -164,7 +164,14 @@ SAMPLES: dict[str, BaseModel] = {
     "TaskEvent(submitted)": m.TaskEvent(
         event=EventKind.SUBMITTED, task_id=TASK_ID, seq=1, status=TaskStatus.QUEUED, at=T0
     ),
+    "ReleaseRequest": m.ReleaseRequest(
+        task_id=TASK_ID, attempt=2, lease_id=LEASE_ID, reason="shutdown: agent shutting down", result=RESULT
+    ),
+    "ReleaseRequest(bare)": m.ReleaseRequest(task_id=TASK_ID, attempt=1, lease_id=LEASE_ID),
+    "ReleaseReply": m.ReleaseReply(task_id=TASK_ID, attempt=2, status=TaskStatus.QUEUED, recorded_at=T1),
+    "HostDrainRequest": m.HostDrainRequest(host_id="bench-07", reason="kernel update"),
     "Nudge": m.Nudge(task_id=TASK_ID, attempt=3),
+    "DrainNotice": m.DrainNotice(drain=True, reason="kernel update"),
     "ErrorBody": m.ErrorBody(
         error=m.ErrorDetail(
             code="invalid_request", message="bad", details={"errors": [{"path": "plan", "message": "Field required"}]}

@@ -32,6 +32,7 @@ PAIRS: list[tuple[type[m.WireModel], type[Any], set[str]]] = [
     (m.SubmitReply, Submitted, set()),
     (m.CancelReply, CancelReceipt, {"nudge"}),
     (m.ReportReply, ReportReceipt, set()),
+    (m.ReleaseReply, ReportReceipt, set()),
     (m.LeaseReply, Extension, {"dispatch"}),
 ]
 

@@ -44,6 +44,7 @@ def test_every_protocol_message_has_a_sample() -> None:
         "HostsListReply", "DrainRequest", "DeviceDrainView", "RegisterRequest", "RegisterReply",
         "HeartbeatRequest", "HeartbeatReply", "ClaimRequest", "RenewRequest", "LeaseReply",
         "ReportRequest", "ReportReply", "Assignment", "TaskEvent", "Nudge", "ErrorBody",
+        "ReleaseRequest", "ReleaseReply", "HostDrainRequest", "DrainNotice",
     }  # fmt: skip
     assert names <= {type(s).__name__ for s in SAMPLES.values()} | set(SAMPLES)
 
@@ -96,8 +97,8 @@ def _doc_examples() -> list[str]:
     return filled
 
 
-def test_doc_has_the_three_examples() -> None:
-    assert len(_doc_examples()) == 3
+def test_doc_has_the_four_examples() -> None:
+    assert len(_doc_examples()) == 4
 
 
 def test_doc_submit_example_decodes() -> None:
@@ -120,6 +121,13 @@ def test_doc_report_example_decodes() -> None:
     assert report.outcome == "done"
     assert report.result is not None
     assert report.result.steps[0].exit_code == 0
+
+
+def test_doc_release_example_decodes() -> None:
+    release = decode(m.ReleaseRequest, _doc_examples()[3].encode())
+    assert release.reason == "shutdown: agent shutting down"
+    assert release.result is not None
+    assert [s.status for s in release.result.steps] == ["done", "interrupted", "done"]
 
 
 # -- timestamps ------------------------------------------------------------------------------------------
@@ -387,3 +395,16 @@ def test_samples_are_not_accidentally_shared_models() -> None:
     # Guards the sample table itself: every model used in round trips is a pydantic model with a type.
     assert all(isinstance(s, BaseModel) for s in SAMPLES.values())
     assert T0.tzinfo is UTC
+
+
+def test_a_drain_notice_and_a_nudge_tell_each_other_apart() -> None:
+    # They share the host's nudge subject: each decodes only as itself, so an old agent ignores the notice.
+    notice, nudge = encode(SAMPLES["DrainNotice"]), encode(SAMPLES["Nudge"])
+    assert json.loads(notice) == {"drain": True, "reason": "kernel update"}
+    assert decode(m.DrainNotice, notice) == SAMPLES["DrainNotice"]
+    with pytest.raises(InvalidRequest):
+        decode(m.Nudge, notice)
+    with pytest.raises(InvalidRequest):
+        decode(m.DrainNotice, nudge)
+    with pytest.raises(InvalidRequest):
+        decode(m.DrainNotice, b'{"drain": false}')

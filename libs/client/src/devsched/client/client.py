@@ -47,6 +47,7 @@ from devsched.protocol.messages import (
     DeviceDrainView,
     DrainRequest,
     GetTaskRequest,
+    HostDrainRequest,
     HostsListReply,
     HostsListRequest,
     HostView,
@@ -463,6 +464,18 @@ class Client:
         """
         body = _build(DrainRequest, device_id=device_id, drained=drained, reason=reason)
         return await self._call(self.subjects.devices_drain, body, DeviceDrainView)
+
+    async def drain_host(self, host_id: str, *, drained: bool = True, reason: str | None = None) -> HostView:
+        """Drain every device of a host and tell its agent to finish (`P.api.hosts.drain`); the host after it.
+
+        The agent finishes its running attempts, takes no more work and exits 0 once idle; the devices stay
+        drained across its restart until `drained=False` returns them all to service.
+
+        Raises:
+            NotFound: no such host.
+        """
+        body = _build(HostDrainRequest, host_id=host_id, drained=drained, reason=reason)
+        return await self._call(self.subjects.hosts_drain, body, HostView)
 
     async def list(
         self, *, status: TaskStatus | str | None = None, limit: int | None = None, page_size: int = LIST_LIMIT_DEFAULT

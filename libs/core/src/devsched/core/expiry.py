@@ -29,7 +29,8 @@ def is_expired(task: TaskRecord, now: datetime) -> bool:
 def decide_expiry(task: TaskRecord) -> ExpiryDecision:
     """Cancel if a cancellation is pending; else requeue if attempts remain; else fail.
 
-    A pending cancellation wins whatever the attempts left: the user asked for the task to stop.
+    A pending cancellation wins whatever the attempts left: the user asked for the task to stop. Released
+    attempts do not count: a task whose attempts were given back by shutting-down agents keeps its retries.
     """
     if task.cancel_requested:
         trigger, reason, event = (
@@ -37,7 +38,7 @@ def decide_expiry(task: TaskRecord) -> ExpiryDecision:
             TaskReason.CANCELLED_AFTER_LEASE_EXPIRED,
             EventKind.CANCELLED,
         )
-    elif task.attempt_count >= task.max_attempts:
+    elif task.attempts_spent >= task.max_attempts:
         trigger, reason, event = Trigger.EXPIRE_FAIL, TaskReason.LEASE_EXPIRED, EventKind.FAILED
     else:
         trigger, reason, event = Trigger.EXPIRE_REQUEUE, None, EventKind.REQUEUED

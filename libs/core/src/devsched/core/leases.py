@@ -1,8 +1,13 @@
-"""Lease rules for claim, renew and report: pure decisions from the rows, the request and `now`.
+"""Lease rules for claim, renew, report and release: pure decisions from the rows, the request and `now`.
 
 Conflicts are checked in the order PROTOCOL.md fixes, so every caller reports the same code:
-not_found -> lease_foreign -> lease_superseded -> (report) recorded outcome -> (cancelled report)
+not_found -> lease_foreign -> lease_superseded -> (report, release) recorded outcome -> (cancelled report)
 cancel_not_requested -> task_terminal -> lease_expired.
+
+A release is a report that gives the attempt back instead of ending the task, and ranks its conflicts
+the same way, with one difference: the repeat of a release is recognised (a duplicate) even once a newer
+attempt exists, because a released task is requeued at once and may be assigned again before the host's
+retry of a release whose reply it lost.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from devsched.core.errors import (
 )
 from devsched.core.lifecycle import Trigger, next_status
 from devsched.core.records import AttemptRecord, LeaseRef, TaskRecord
-from devsched.core.status import TERMINAL, AttemptStatus, Outcome, TaskStatus
+from devsched.core.status import RECORDED, TERMINAL, AttemptStatus, Outcome, TaskReason, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +45,9 @@ class Extension:
 
 
 class ReportKind(StrEnum):
-    """How a report is answered."""
+    """How a report (or a release) is answered."""
 
-    #: First report of this attempt: record it and end the task.
+    #: First report (release) of this attempt: record it and end (requeue) the task.
     ACCEPT = "accept"
     #: The same outcome was already recorded: answer with the recorded one, change nothing.
     DUPLICATE = "duplicate"
@@ -133,7 +138,7 @@ def decide_report(
         LeaseForeign, LeaseSuperseded, OutcomeConflict, CancelNotRequested, TaskTerminal, LeaseExpired.
     """
     attempt = _check_identity(task, named, ref)
-    if attempt.status in (AttemptStatus.DONE, AttemptStatus.FAILED, AttemptStatus.CANCELLED):
+    if attempt.status in RECORDED:
         if attempt.status is outcome.attempt_status:
             return ReportDecision(ReportKind.DUPLICATE, task.status, attempt.status)
         raise OutcomeConflict(recorded=attempt.status.value, reported=outcome.value)
@@ -142,3 +147,47 @@ def decide_report(
     _check_live(task, attempt, now)
     status = next_status(task.status, _REPORT_TRIGGER[outcome])
     return ReportDecision(ReportKind.ACCEPT, status, outcome.attempt_status)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseDecision:
+    """What to do with a release: the task's next status, and the trigger and reason that lead there.
+
+    A duplicate changes nothing and carries the task's status as it is now (`trigger` and `reason` None).
+    """
+
+    kind: ReportKind
+    task_status: TaskStatus
+    trigger: Trigger | None = None
+    reason: TaskReason | None = None
+
+
+def decide_release(
+    task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef, now: datetime, *, max_releases: int
+) -> ReleaseDecision:
+    """Take an attempt back from its live lease: requeue the task, or cancel it, or fail it past the bound.
+
+    The host vouches that nothing runs on the device any more, so the attempt ends `released` and the
+    device is free at once; the attempt does not count against `max_attempts`. A pending cancellation
+    wins (the task ends `cancelled`, reason `cancelled_after_release`); otherwise a task released
+    `max_releases` times already ends `failed` (`released_too_often`); otherwise it is queued again.
+
+    Raises:
+        LeaseForeign, LeaseSuperseded, OutcomeConflict, TaskTerminal, LeaseExpired: in that order of
+            precedence (an attempt this lease already released is a duplicate right after LeaseForeign).
+    """
+    if named is not None and named.host_id != ref.host_id:
+        raise LeaseForeign(host_id=ref.host_id, owner=named.host_id)
+    if named is not None and named.status is AttemptStatus.RELEASED and named.lease_id == ref.lease_id:
+        return ReleaseDecision(ReportKind.DUPLICATE, task.status)
+    attempt = _check_identity(task, named, ref)
+    if attempt.status in RECORDED:
+        raise OutcomeConflict(recorded=attempt.status.value, reported=AttemptStatus.RELEASED.value)
+    _check_live(task, attempt, now)
+    if task.cancel_requested:
+        trigger, reason = Trigger.RELEASE_CANCEL, TaskReason.CANCELLED_AFTER_RELEASE
+    elif task.releases >= max_releases:
+        trigger, reason = Trigger.RELEASE_FAIL, TaskReason.RELEASED_TOO_OFTEN
+    else:
+        trigger, reason = Trigger.RELEASE, None
+    return ReleaseDecision(ReportKind.ACCEPT, next_status(task.status, trigger), trigger, reason)

@@ -26,6 +26,12 @@ class Trigger(StrEnum):
     EXPIRE_FAIL = "expire_fail"
     EXPIRE_CANCEL = "expire_cancel"
     CANCEL = "cancel"
+    #: The owning host gave the attempt back: the task waits for another device.
+    RELEASE = "release"
+    #: The owning host gave the attempt back while a cancellation was pending.
+    RELEASE_CANCEL = "release_cancel"
+    #: The owning host gave the attempt back once more than the releases a task is allowed.
+    RELEASE_FAIL = "release_fail"
 
 
 _Q, _A, _D = TaskStatus.QUEUED, TaskStatus.ASSIGNED, TaskStatus.DISPATCHED
@@ -45,6 +51,9 @@ TRANSITIONS: Mapping[tuple[TaskStatus | None, Trigger], TaskStatus] = {
             (Trigger.EXPIRE_REQUEUE, _Q),
             (Trigger.EXPIRE_FAIL, TaskStatus.FAILED),
             (Trigger.EXPIRE_CANCEL, TaskStatus.CANCELLED),
+            (Trigger.RELEASE, _Q),
+            (Trigger.RELEASE_CANCEL, TaskStatus.CANCELLED),
+            (Trigger.RELEASE_FAIL, TaskStatus.FAILED),
         )
     },
 }

@@ -12,3 +12,6 @@ MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_DEFAULT = 1, 100, 3
 LEASE_TTL_MIN_S, LEASE_TTL_MAX_S, LEASE_TTL_DEFAULT_S = 1, 3600, 30
 #: Range and default of a list page's `limit`.
 LIST_LIMIT_MIN, LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT = 1, 1000, 100
+#: Default of how many times a task may be released (given back by its host) and requeued; the release
+#: after that fails it (`released_too_often`), so a task that makes every agent stop cannot loop forever.
+MAX_RELEASES_DEFAULT = 10

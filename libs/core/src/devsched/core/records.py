@@ -28,7 +28,8 @@ class TaskRecord:
     """A task as the rules see it.
 
     `current` is the attempt numbered `attempt_count` (the newest), if any. `cancel_requested` says
-    whether a cancellation request is recorded against that attempt.
+    whether a cancellation request is recorded against that attempt. `releases` counts the attempts its
+    hosts gave back (released): they do not spend any of `max_attempts`.
     """
 
     task_id: uuid.UUID
@@ -38,6 +39,12 @@ class TaskRecord:
     lease_ttl_s: int
     current: AttemptRecord | None = None
     cancel_requested: bool = False
+    releases: int = 0
+
+    @property
+    def attempts_spent(self) -> int:
+        """The attempts that count against `max_attempts`: every attempt but the released ones."""
+        return self.attempt_count - self.releases
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,14 @@ class AttemptStatus(StrEnum):
     FAILED = "failed"
     #: Reported cancelled.
     CANCELLED = "cancelled"
+    #: Given back by its host (agent shutdown, drain, restart): nothing runs on the device any more.
+    RELEASED = "released"
+
+
+#: Attempt statuses of an attempt that ended by its host's word (a report or a release).
+RECORDED: frozenset[AttemptStatus] = frozenset(
+    {AttemptStatus.DONE, AttemptStatus.FAILED, AttemptStatus.CANCELLED, AttemptStatus.RELEASED}
+)
 
 
 class Outcome(StrEnum):
@@ -71,6 +79,8 @@ class EndReason(StrEnum):
     CANCELLED = "cancelled"
     #: Its lease expired before a report.
     LEASE_EXPIRED = "lease_expired"
+    #: Given back by its host before it ended (`P.host.<host_id>.release`).
+    RELEASED = "released"
 
 
 class TaskReason(StrEnum):
@@ -82,6 +92,10 @@ class TaskReason(StrEnum):
     CANCELLED_WHILE_QUEUED = "cancelled_while_queued"
     #: Cancelled: the lease expired while a cancellation was pending.
     CANCELLED_AFTER_LEASE_EXPIRED = "cancelled_after_lease_expired"
+    #: Cancelled: the host released the attempt while a cancellation was pending.
+    CANCELLED_AFTER_RELEASE = "cancelled_after_release"
+    #: Failed: the host released the attempt, and the task had been released the most times allowed.
+    RELEASED_TOO_OFTEN = "released_too_often"
 
 
 class DeviceState(StrEnum):

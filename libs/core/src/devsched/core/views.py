@@ -57,6 +57,8 @@ class TaskView:
     updated_at: datetime
     reason: str | None
     result: Mapping[str, Any] | None
+    #: Attempts its hosts gave back (released); they do not count against `max_attempts`.
+    releases: int = 0
     pending_reason: str | None = None
     attempts: tuple[AttemptView, ...] = ()
 

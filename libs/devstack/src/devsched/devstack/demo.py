@@ -6,7 +6,7 @@
 | flaky-test | a failing shell step; the `always` teardown step still runs | failed |
 | soak-test | a long interruptible step cancelled while it runs; teardown runs | cancelled |
 | needs-hardware | no device matches: it waits (`pending_reason`), then is cancelled while queued | cancelled |
-| survives-host-crash | its agent is killed mid-step: lease expires, sweeper requeues, attempt 2 runs | done |
+| survives-host-crash | its agent is killed mid-step, restarted: attempt 1 released (or expired), 2 runs | done |
 
 The last one needs a second host (the `flaky` pool); with `--hosts 1` it is left out. `Demo.step()` is
 called a few times a second: it looks at the demo's tasks and acts (cancel, crash a host) when each is
@@ -67,11 +67,13 @@ def _cancelled_while_queued(view: TaskView) -> str | None:
     return None
 
 
-def _retried_after_expiry(view: TaskView) -> str | None:
-    expired = [a for a in view.attempts if a.end_reason == EndReason.LEASE_EXPIRED]
-    if not expired or view.attempts[-1].status != AttemptStatus.DONE:
+def _retried_after_the_crash(view: TaskView) -> str | None:
+    # The restarted agent releases the attempt its predecessor held; if it comes back only after the lease
+    # ran out, the sweeper has ended the attempt as expired first. Either way attempt 2 runs.
+    lost = [a for a in view.attempts if a.end_reason in (EndReason.RELEASED, EndReason.LEASE_EXPIRED)]
+    if not lost or view.attempts[-1].status != AttemptStatus.DONE:
         ends = [str(a.end_reason) for a in view.attempts]
-        return f"expected an expired attempt and then a done one, got {ends}"
+        return f"expected a released (or expired) attempt and then a done one, got {ends}"
     return None
 
 
@@ -195,7 +197,7 @@ def demo_tasks(hosts: list[SimHost], run_id: str) -> list[DemoTask]:
         tasks.append(
             DemoTask(
                 "survives-host-crash",
-                f"its host {flaky.host_id} crashes: lease expires, retried",
+                f"its host {flaky.host_id} crashes: its restarted agent gives the attempt back, retried",
                 {
                     "selector": {"device_id": flaky.devices[0].device_id},
                     "lease_ttl_s": 3,
@@ -203,7 +205,7 @@ def demo_tasks(hosts: list[SimHost], run_id: str) -> list[DemoTask]:
                     "plan": {"steps": [_sleep("flash", 5.0)]},
                 },
                 TaskStatus.DONE,
-                _retried_after_expiry,
+                _retried_after_the_crash,
             )
         )
     for task in tasks:

@@ -1,8 +1,8 @@
-"""Messages that are published rather than requested: assignments, task events, nudges, error bodies."""
+"""Messages that are published rather than requested: assignments, task events, nudges, drain notices, errors."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -65,6 +65,19 @@ class Nudge(ReplyModel):
     """The task."""
     attempt: int = Field(ge=1)
     """The attempt that should stop."""
+
+
+class DrainNotice(ReplyModel):
+    """Core NATS message on `P.host.<host_id>.nudge` (an addition): finish the running work, take no more, exit.
+
+    Sent on the nudge subject, which every host may already receive, so draining needs no new permission;
+    an agent that does not know it reads it as a malformed nudge and ignores it.
+    """
+
+    drain: Literal[True]
+    """Always true: what tells this notice from a nudge."""
+    reason: str | None = None
+    """The operator's reason."""
 
 
 class ErrorDetail(ReplyModel):

@@ -1,4 +1,4 @@
-"""Hosts and devices: `P.api.hosts.list`, `P.api.devices.drain`, `P.host.<id>.register|heartbeat`."""
+"""Hosts and devices: `P.api.hosts.list|drain`, `P.api.devices.drain`, `P.host.<id>.register|heartbeat`."""
 
 from __future__ import annotations
 
@@ -61,6 +61,21 @@ class DrainRequest(RequestModel):
     """True: no new work goes to it (a running attempt goes on); false: back in service."""
     reason: str | None = None
     """Why, for other operators."""
+
+
+class HostDrainRequest(RequestModel):
+    """`P.api.hosts.drain` (an addition): drain every device a host lists, and tell its agent to finish.
+
+    The agent finishes its running attempts, takes no more work, and exits 0 once idle. The devices stay
+    drained when the agent starts again (`"drained": false` returns them all to service).
+    """
+
+    host_id: Token
+    """The host."""
+    drained: bool = True
+    """True: drain the host's devices and tell its agent; false: return them to service."""
+    reason: str | None = None
+    """Why, for other operators (kept as each device's `drain_reason`)."""
 
 
 class DeviceDrainView(ReplyModel):

@@ -1,4 +1,4 @@
-"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|report`."""
+"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|report|release`."""
 
 from __future__ import annotations
 
@@ -66,3 +66,32 @@ class ReportReply(ReplyModel):
     """When the (first) report was recorded."""
     duplicate: bool = False
     """True when this attempt had already recorded the same outcome."""
+
+
+class ReleaseRequest(LeaseRequest):
+    """`P.host.<host_id>.release` (an addition): give the attempt back instead of ending the task.
+
+    The host vouches that nothing of the attempt runs on the device any more (its steps were stopped at a
+    step boundary, or killed), so the device is free at once and the task is queued again.
+    """
+
+    reason: str | None = None
+    """Why the host gives it back (`agent shutting down`, ...), kept on the attempt."""
+    result: RunResult | None = None
+    """The steps so far, as in a report (the ones not run are `skipped`)."""
+
+
+class ReleaseReply(ReplyModel):
+    """Answer to a release; a repeat gets the first release's `recorded_at`."""
+
+    task_id: Id
+    """The task."""
+    attempt: int = Field(ge=1)
+    """The attempt released."""
+    status: Lax[TaskStatus]
+    """The task's status after the release: `queued`, or `cancelled` / `failed` when it ended the task
+    (for a duplicate: the task's status now)."""
+    recorded_at: Timestamp
+    """When the (first) release was recorded."""
+    duplicate: bool = False
+    """True when this lease had already released the attempt."""

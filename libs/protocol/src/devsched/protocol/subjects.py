@@ -28,7 +28,10 @@ class HostVerb(StrEnum):
     RENEW = "renew"
     #: Request: the outcome of an attempt.
     REPORT = "report"
-    #: Published by the scheduler (core NATS): renew now, a cancellation is pending.
+    #: Request (an addition): give an attempt back; it is requeued (agent shutdown, drain, restart).
+    RELEASE = "release"
+    #: Published by the scheduler (core NATS): renew now, a cancellation is pending; or (an addition)
+    #: a drain notice: finish the running work, take no more, exit.
     NUDGE = "nudge"
 
 
@@ -39,6 +42,7 @@ HOST_ENDPOINT_VERBS: tuple[HostVerb, ...] = (
     HostVerb.CLAIM,
     HostVerb.RENEW,
     HostVerb.REPORT,
+    HostVerb.RELEASE,
 )
 
 
@@ -92,6 +96,11 @@ class Subjects:
     def devices_drain(self) -> str:
         """`P.api.devices.drain`."""
         return f"{self.prefix}.api.devices.drain"
+
+    @property
+    def hosts_drain(self) -> str:
+        """`P.api.hosts.drain` (an addition): drain every device of a host and tell its agent."""
+        return f"{self.prefix}.api.hosts.drain"
 
     # -- host subjects ---------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ class AttemptView(ReplyModel):
     device_id: Token
     """The reserved device."""
     status: Lax[AttemptStatus]
-    """`active`, `expired`, `done`, `failed` or `cancelled`."""
+    """`active`, `expired`, `done`, `failed`, `cancelled` or (an addition) `released`."""
     assigned_at: Timestamp
     """When the scheduler created the attempt."""
     dispatched_at: Timestamp | None = None
@@ -84,7 +84,7 @@ class AttemptView(ReplyModel):
     ended_at: Timestamp | None = None
     """When the attempt ended; null while active."""
     end_reason: Lax[EndReason] | None = None
-    """`done`, `failed`, `cancelled` (reported) or `lease_expired`; null while active."""
+    """`done`, `failed`, `cancelled` (reported), `lease_expired` or (an addition) `released`; null while active."""
     progress: Progress | None = None
     """The latest progress the host renewed with."""
     cancel_requested: bool = False
@@ -109,7 +109,7 @@ class TaskSummary(ReplyModel):
     max_attempts: int
     """The submitted attempt limit."""
     attempt_count: int
-    """Attempts made so far (the newest attempt's number)."""
+    """Attempts made so far (the newest attempt's number), released ones included."""
     cancel_requested: bool
     """Whether a cancellation request is pending against the current attempt."""
     selector: Selector
@@ -122,7 +122,7 @@ class TaskSummary(ReplyModel):
     """Last change of the task row."""
     reason: str | None = None
     """Why the task ended: the agent's reason, or `lease_expired`, `cancelled_while_queued`,
-    `cancelled_after_lease_expired`."""
+    `cancelled_after_lease_expired`, `cancelled_after_release`, `released_too_often`."""
     result: RunResult | None = None
     """The result of the report that ended the task."""
     pending_reason: str | None = None
@@ -133,6 +133,8 @@ class TaskSummary(ReplyModel):
     """Addition: the submitted idempotency key."""
     metadata: JsonObject = Field(default_factory=dict)
     """Addition: the submitted metadata."""
+    releases: int = Field(default=0, ge=0)
+    """Addition: attempts its hosts gave back (`released`), which do not count against `max_attempts`."""
 
 
 class TaskView(TaskSummary):

@@ -10,6 +10,7 @@ from devsched.store.views import (
     ExpiredLease,
     NewTask,
     OutboxMessage,
+    ReleaseReceipt,
     ReportReceipt,
     Submitted,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "OutboxMessage",
     "PublishBatch",
     "Published",
+    "ReleaseReceipt",
     "ReportReceipt",
     "Store",
     "Submitted",

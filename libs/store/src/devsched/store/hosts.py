@@ -187,3 +187,40 @@ async def drain_device(
     if result.rowcount == 0:
         raise NotFound(f"no device {device_id}", device_id=device_id)
     return _device_view((await conn.execute(_ONE_DEVICE, {"id": device_id, "now": now})).one())
+
+
+_DRAIN_HOST_DEVICES = text(
+    """
+    UPDATE devices SET drained = :drained, drain_reason = CASE WHEN :drained THEN :reason END,
+                       updated_at = :now
+    WHERE host_id = :host_id AND registered
+    """
+)
+_ONE_HOST = text(
+    f"SELECT host_id, agent_version, last_seen_at, {host_online('hosts')} AS online FROM hosts WHERE host_id = :id"
+)
+_HOST_DEVICES = text(
+    f"""
+    SELECT {_DEVICE_COLUMNS}
+    FROM devices d JOIN hosts h ON h.host_id = d.host_id
+    WHERE d.host_id = :id AND {_HELD}
+    ORDER BY d.device_id
+    """
+)
+
+
+async def drain_host(conn: AsyncConnection, now: datetime, host_id: str, drained: bool, reason: str | None) -> HostView:
+    """Drain (or return to service) every device the host lists now; running attempts go on to their end.
+
+    Like a device's drain, it survives the host's re-registration: a host drained for maintenance takes no
+    work after its agent restarts until it is returned to service.
+
+    Raises:
+        NotFound: no such host.
+    """
+    host = (await conn.execute(_ONE_HOST, {"id": host_id, "now": now})).one_or_none()
+    if host is None:
+        raise NotFound(f"no host {host_id}", host_id=host_id)
+    await conn.execute(_DRAIN_HOST_DEVICES, {"host_id": host_id, "drained": drained, "reason": reason, "now": now})
+    devices = tuple(_device_view(r) for r in (await conn.execute(_HOST_DEVICES, {"id": host_id, "now": now})).all())
+    return HostView(host.host_id, bool(host.online), host.last_seen_at, host.agent_version, devices)

@@ -47,6 +47,7 @@ def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | 
         updated_at=row.updated_at,
         reason=row.reason,
         result=row.result,
+        releases=row.releases,
         pending_reason=pending,
         attempts=attempts,
     )

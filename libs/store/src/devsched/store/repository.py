@@ -13,11 +13,11 @@ from devsched.core.errors import InvalidRequest
 from devsched.core.events import AttemptAssigned
 from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
-from devsched.core.limits import LIST_LIMIT_DEFAULT
+from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
-from devsched.store import assignment, hosts, leasing, outbox, queries, sweeping, tasks
+from devsched.store import assignment, hosts, leasing, outbox, queries, releasing, sweeping, tasks
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
@@ -27,6 +27,7 @@ from devsched.store.views import (
     DeviceSpec,
     ExpiredLease,
     NewTask,
+    ReleaseReceipt,
     ReportReceipt,
     Submitted,
 )
@@ -48,6 +49,7 @@ class Store:
         clock: where `now` comes from; the database clock unless a test controls time.
         heartbeat_interval_s: the interval hosts are told to heartbeat at; 3 missed make a host offline.
         device_grace_s: how long a device whose lease expired stays out of use; default its task's ttl.
+        max_releases: how many times a task may be released and requeued; the next release fails it.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class Store:
         clock: Clock | None = None,
         heartbeat_interval_s: float = 5.0,
         device_grace_s: float | None = None,
+        max_releases: int = MAX_RELEASES_DEFAULT,
     ) -> None:
         if heartbeat_interval_s < 0.5:
             # liveness is written at most once a second and a host is offline after 3 intervals
@@ -65,6 +68,9 @@ class Store:
         self.clock: Clock = clock or DatabaseClock()
         self.heartbeat_interval_s = heartbeat_interval_s
         self.device_grace_s = device_grace_s
+        if max_releases < 0:
+            raise ValueError(f"max_releases must be at least 0, not {max_releases}")
+        self.max_releases = max_releases
         self._tx = Transactor(engine, self.clock)
 
     @classmethod
@@ -156,6 +162,14 @@ class Store:
 
         return await self._tx.run(op, name="drain")
 
+    async def drain_host(self, host_id: str, drained: bool, reason: str | None = None) -> HostView:
+        """Take every device the host lists out of service, or return them all; the host after the change."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> HostView:
+            return await hosts.drain_host(conn, now, host_id, drained, reason)
+
+        return await self._tx.run(op, name="drain_host")
+
     # -- leases ------------------------------------------------------------------------------
 
     async def claim(self, ref: LeaseRef) -> Extension:
@@ -190,6 +204,26 @@ class Store:
             return await leasing.report(conn, now, outbox.Outbox(), ref, outcome, reason, result, self.clock)
 
         return _unwrap(await self._tx.run(op, name="report"))
+
+    async def release(
+        self,
+        ref: LeaseRef,
+        *,
+        reason: str | None = None,
+        result: Mapping[str, Any] | None = None,
+    ) -> ReleaseReceipt:
+        """The owning host gives its attempt back: the device is free at once, the task queued again.
+
+        Or cancelled when a cancellation is pending, or failed (`released_too_often`) once the task was
+        released `max_releases` times; an identical repeat returns the first answer.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> ReleaseReceipt | Rejected:
+            return await releasing.release(
+                conn, now, outbox.Outbox(), ref, reason, result, self.clock, max_releases=self.max_releases
+            )
+
+        return _unwrap(await self._tx.run(op, name="release"))
 
     # -- scheduler and sweeper ---------------------------------------------------------------
 

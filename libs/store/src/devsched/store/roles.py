@@ -4,12 +4,13 @@ Who does what:
 
 - the owner (`devsched_owner`) owns the database and every schema object; migrations run as it;
 - the scheduler (`devsched_scheduler`) reads every table and inserts and updates what the API, the
-  assignment loop and the outbox relay write (of an outbox row, only its `sent_at` mark: the events
-  themselves are never rewritten); it deletes nothing and cannot change the schema;
+  assignment loop and the outbox relay write (a task's `releases` count included: releases come through
+  its API; of an outbox row, only its `sent_at` mark: the events themselves are never rewritten); it
+  deletes nothing and cannot change the schema;
 - the sweeper (`devsched_sweeper`) reads tasks, attempts, devices and cancellation requests, updates only
   the columns a sweep writes (a task's status, reason, updated_at and event_seq; an attempt's status,
-  end_reason and ended_at; a device's available_after) and inserts outbox rows: it cannot submit a task
-  or rewrite a plan.
+  end_reason and ended_at; a device's available_after) and inserts outbox rows: it cannot submit a task,
+  rewrite a plan, or count a release (which would let a task run past its `max_attempts`).
 
 The grants are kept by migration 0003 and applied again at the end of every migration run (`GRANTS` is the
 single source; a table left out of it is logged), so they converge on this module whatever happened
@@ -43,6 +44,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "outbox": "SELECT, INSERT, UPDATE (sent_at)",
     },
     "sweeper": {
+        # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
         "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq)",
         "attempts": "SELECT, UPDATE (status, end_reason, ended_at)",
         "devices": "SELECT, UPDATE (available_after)",

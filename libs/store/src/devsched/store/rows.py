@@ -14,7 +14,7 @@ from devsched.core.records import AttemptRecord, TaskRecord
 from devsched.core.status import AttemptStatus, TaskStatus
 
 TASK_COLUMNS = """
-    t.task_id, t.status, t.attempt_count, t.max_attempts, t.lease_ttl_s,
+    t.task_id, t.status, t.attempt_count, t.max_attempts, t.lease_ttl_s, t.releases,
     a.attempt, a.lease_id, a.host_id, a.device_id, a.status AS attempt_status, a.expires_at,
     a.dispatched_at,
     EXISTS (SELECT 1 FROM cancel_requests c
@@ -66,6 +66,7 @@ def task_record(row: Row[Any]) -> TaskRecord:
         lease_ttl_s=row.lease_ttl_s,
         current=attempt_record(row) if row.attempt is not None else None,
         cancel_requested=bool(row.cancel_requested),
+        releases=row.releases,
     )
 
 

@@ -51,13 +51,17 @@ class DeviceSpec:
 
 @dataclass(frozen=True, slots=True)
 class ReportReceipt:
-    """The answer to a report; a duplicate carries the first report's `recorded_at`."""
+    """The answer to a report (or a release); a duplicate carries the first one's `recorded_at`."""
 
     task_id: uuid.UUID
     attempt: int
     status: TaskStatus
     recorded_at: datetime
     duplicate: bool
+
+
+#: The answer to a release: the fields of a report's (`status` is the task's after the release).
+ReleaseReceipt = ReportReceipt
 
 
 @dataclass(frozen=True, slots=True)

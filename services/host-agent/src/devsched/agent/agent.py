@@ -1,17 +1,19 @@
 """The host agent: the composition of its parts, and the resources they share.
 
 Startup: check who steps run as; take the spool (one agent per spool); kill the step processes an
-earlier agent left and read the attempts it held (`orphans.py`, `held.py`); take the work directory,
-clearing it; check the NATS credentials; connect (retrying forever), register (retrying), start
-heartbeats, resend spooled reports, listen for nudges; then take assignments until stopped, and shut down.
+earlier agent left and spool the release of every attempt it held (`orphans.py`, `held.py`); take the work
+directory, clearing it; check the NATS credentials; connect (retrying forever), register (retrying), start
+heartbeats, listen for nudges, resend spooled reports and releases (so a device an earlier agent held is
+free at once); then take assignments until stopped (SIGTERM) or drained (SIGUSR1, or the scheduler's drain
+notice), and wind down (`shutdown.py`): a drained agent exits 0 once idle.
 
 | part | module | holds |
 | --- | --- | --- |
 | registration | `registration.py` | register (retried), re-register on 404, heartbeats |
 | intake | `intake.py` | the assignments consumer `host-<host_id>`: bind, fetch, drop duplicates; nudges |
 | device workers | `workers.py` | one worker per device, one attempt at a time: claim, run, end |
-| report delivery | `delivery.py` | reports delivered in the background, resent at start, left spooled at shutdown |
-| shutdown | `shutdown.py` | the phases after SIGTERM: no new work, grace, stop, kill, give up reports |
+| report delivery | `delivery.py` | reports and releases delivered in the background, resent at start |
+| shutdown | `shutdown.py` | the phases after SIGTERM or a drain: no new work, grace, stop, kill, release |
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -34,9 +39,9 @@ from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
 from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
-from devsched.agent.reporter import Reporter
-from devsched.agent.shutdown import Graces, shut_down
-from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe
+from devsched.agent.reporter import Reporter, encode_report
+from devsched.agent.shutdown import Graces, shut_down, wait_idle
+from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, release_key
 from devsched.agent.steps import StepUser
 from devsched.agent.workers import DeviceWorkers
 from devsched.agent.workspace import (
@@ -51,6 +56,11 @@ from devsched.protocol.tls import TlsConfigError
 from devsched.service import ServiceSettings, Stopped, bind, close_nats, connect_nats
 
 logger = logging.getLogger(__name__)
+
+#: The signal that drains the agent (a Kubernetes preStop hook sends it): finish, take no more, exit 0.
+DRAIN_SIGNAL = signal.SIGUSR1
+#: How long the last look at the assignments consumer waits for an assignment published late.
+SWEEP_WAIT_S = 1.0
 
 
 def agent_version() -> str:
@@ -88,12 +98,28 @@ class Agent:
         self.registered = asyncio.Event()
         #: Set once bound to the assignments consumer.
         self.bound = asyncio.Event()
-        #: The attempts an earlier run of this agent held when it died (read at start, `held.py`).
+        #: The attempts an earlier run of this agent held when it died (read at start and released, `held.py`).
         self.held_at_start: list[HeldAttempt] = []
+        #: Set to drain: finish the running work, take no more, exit 0 once idle (`request_drain`).
+        self.draining = asyncio.Event()
+        #: Whether the drain came from the scheduler (its devices are drained there already).
+        self._drained_by_scheduler = False
+
+    def request_drain(self, source: str, reason: str | None = None) -> None:
+        """Drain: finish the running attempts, take no more work, and exit 0 once idle.
+
+        `source` is `signal` (SIGUSR1, as a preStop hook sends it) or `scheduler` (`devsched drain --host`).
+        """
+        if self.draining.is_set():
+            return
+        self._drained_by_scheduler = source == "scheduler"
+        logger.info("draining: finishing running work, taking no more", extra={"source": source, "reason": reason})
+        self.draining.set()
 
     async def serve(self, stop: asyncio.Event) -> int:
-        """Run until `stop` is set, then shut down gracefully; returns the exit code."""
+        """Run until `stop` is set (or drained and idle), then shut down gracefully; returns the exit code."""
         with bind(host_id=self.config.host_id), contextlib.ExitStack() as taken:
+            taken.enter_context(self._drain_signal())
             try:
                 user = await asyncio.to_thread(self._step_user)
             except ConfigError as exc:
@@ -150,6 +176,20 @@ class Agent:
                 await close_nats(nc)
             return 0
 
+    @contextlib.contextmanager
+    def _drain_signal(self) -> Iterator[None]:
+        """SIGUSR1 drains the agent while it serves (where the loop can take signals: the main thread)."""
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(DRAIN_SIGNAL, self.request_drain, "signal")
+        except (ValueError, RuntimeError, NotImplementedError):  # not the main thread: no signals here
+            yield
+            return
+        try:
+            yield
+        finally:
+            loop.remove_signal_handler(DRAIN_SIGNAL)
+
     def _step_user(self) -> StepUser | None:
         """Check who steps run as and what they could read (blocking).
 
@@ -174,11 +214,15 @@ class Agent:
             OSError: the spool's records cannot be read or written.
         """
         groups = StepGroups.in_spool(spool)
-        groups.sweep()
+        groups.sweep()  # first: the attempts below are released on the word that nothing of them runs
+
+        def spool_release(attempt: HeldAttempt) -> None:
+            spool.put(release_key(attempt.task_id, attempt.attempt), encode_report(attempt.release()))
+
         held = HeldAttempts.in_spool(spool)
-        self.held_at_start = held.take_left({report.key for report in spool.pending()})
+        self.held_at_start = held.take_left({report.attempt_key for report in spool.pending()}, spool_release)
         for attempt in self.held_at_start:
-            logger.warning("attempt held by an earlier agent", extra=attempt.log_fields())
+            logger.warning("attempt held by an earlier agent", extra={**attempt.log_fields(), "action": "release"})
         return groups, held
 
     def _take_workspace(self, user: StepUser | None) -> Workspace:
@@ -228,19 +272,56 @@ class Agent:
             batch=len(config.devices),
             reregister=registration.reregister,
             bound=self.bound,
+            on_drain=lambda reason: self.request_drain("scheduler", reason),
         )
-        if not await registration.register_until_done(stop):
-            return
-        registration.start_heartbeats(on_answer=reports.kick)
-        nudges = await nc.subscribe(self.subjects.host(config.host_id, HostVerb.NUDGE), cb=intake.on_nudge)
-        workers.start()
+        # Work is taken until SIGTERM or a drain, whichever comes first; the shutdown grace counts from then.
+        no_more = asyncio.Event()
+        taking = asyncio.create_task(_until_either(stop, self.draining, then=no_more))
+        nudges = None
         try:
+            if not await registration.register_until_done(no_more):
+                return
+            registration.start_heartbeats(on_answer=reports.kick)
+            nudges = await nc.subscribe(self.subjects.host(config.host_id, HostVerb.NUDGE), cb=intake.on_nudge)
+            workers.start()
             # Before taking new work: SIGTERM during a long outage leaves them in the spool.
             await reports.resend_spooled(stop)
-            await intake.consume(nc.jetstream(prefix=config.jetstream_api_prefix), stop)
-            await shut_down(workers, reports, Graces.of(config))
+            js = nc.jetstream(prefix=config.jetstream_api_prefix)
+            await intake.consume(js, no_more)
+            since = await taking
+            draining = not stop.is_set()
+
+            async def withdraw() -> None:
+                if not self._drained_by_scheduler:  # the scheduler's drain keeps them listed, drained
+                    await registration.withdraw()
+
+            graces = Graces.of(config)
+            why = "agent draining" if draining else "agent shutting down"
+            await shut_down(workers, reports, graces, withdraw=withdraw, stop=stop, since=since, why=why)
+            swept = 0
+            with contextlib.suppress(TimeoutError):  # NATS away: what is left there waits for the next start
+                async with asyncio.timeout(SWEEP_WAIT_S + graces.request_timeout_s):
+                    swept = await intake.sweep(js, SWEEP_WAIT_S)
+            if swept:
+                await wait_idle(lambda: workers.tasks | reports.tasks, 2 * graces.request_timeout_s)
+            if draining and not stop.is_set():
+                logger.info("drained: nothing runs here any more; exiting")
         finally:
-            background = [*workers.cancel(), *registration.cancel(), *reports.cancel()]
+            taking.cancel()
+            background = [taking, *workers.cancel(), *registration.cancel(), *reports.cancel()]
             await asyncio.gather(*background, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await nudges.unsubscribe()
+            if nudges is not None:
+                with contextlib.suppress(Exception):
+                    await nudges.unsubscribe()
+
+
+async def _until_either(first: asyncio.Event, second: asyncio.Event, *, then: asyncio.Event) -> float:
+    """Wait for either event, set `then`, and return when (monotonic)."""
+    waits = [asyncio.ensure_future(first.wait()), asyncio.ensure_future(second.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
+    then.set()
+    return time.monotonic()

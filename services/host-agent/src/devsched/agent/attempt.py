@@ -45,6 +45,17 @@ _REMOVE_TRIES = 3
 _REMOVE_RETRY_S = 0.1
 
 
+def release_of(assignment: wire.Assignment, reason: str, result: RunResult | None = None) -> wire.ReleaseRequest:
+    """The release of an attempt: given back with the steps so far (none when it never ran)."""
+    return wire.ReleaseRequest(
+        task_id=assignment.task_id,
+        attempt=assignment.attempt,
+        lease_id=assignment.lease_id,
+        reason=reason,
+        result=None if result is None else wire.RunResult(steps=list(result.steps)),
+    )
+
+
 def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest:
     """The report of a run."""
     return wire.ReportRequest(
@@ -204,7 +215,12 @@ class Attempt:
         logger.warning("attempt directory left behind", extra={**self.log_fields(), "path": str(workdir)})
 
     async def spool(self, result: RunResult) -> SpooledReport:
-        """Write the report to the spool; delivering it is the caller's (it may take a long outage)."""
+        """Write the report (or, for a run the shutdown stopped, the release) to the spool.
+
+        Delivering it is the caller's (it may take a long outage).
+        """
+        if result.released:
+            return await self._reporter.store_release(release_of(self.assignment, result.reason or "shutdown", result))
         return await self._reporter.store(to_wire(result, self.assignment))
 
     async def report(self, result: RunResult, *, give_up: asyncio.Event | None = None) -> None:
@@ -216,7 +232,10 @@ class Attempt:
         self.keeper.nudge()
 
     def shut_down(self, *, kill: bool = False) -> None:
-        """Stop as for a lease loss; with `kill`, interrupt even non-interruptible steps."""
+        """Stop at the next step boundary; with `kill`, interrupt every step and start no other.
+
+        Teardown (`always`) steps still run after the boundary stop; the attempt is then released.
+        """
         if kill:
             self.stop.kill("agent shutting down; grace period over")
         else:

@@ -1,4 +1,4 @@
-"""The host's side of the scheduler's host endpoints: `P.host.<host_id>.register|heartbeat|claim|renew|report`.
+"""The host's side of the scheduler's host endpoints: `P.host.<host_id>.register|heartbeat|claim|renew|report|release`.
 
 Every call is one try (no retries here): the caller knows whether and when to repeat, and the lease
 keeper needs the send time of the very try that succeeded. Error replies raise the typed errors of
@@ -9,6 +9,7 @@ keeper needs the send time of the very try that succeeded. Error replies raise t
 from __future__ import annotations
 
 import uuid
+from typing import TypeVar
 
 import nats.errors
 from nats.aio.client import Client
@@ -24,12 +25,15 @@ from devsched.protocol.messages import (
     Progress,
     RegisterReply,
     RegisterRequest,
+    ReleaseReply,
     RenewRequest,
     ReportReply,
 )
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
 from devsched.protocol.transport import NoReply, request
+
+R = TypeVar("R", ReportReply, ReleaseReply)
 
 
 def _granted(reply: LeaseReply) -> Extension:
@@ -85,7 +89,14 @@ class HostClient:
             DevschedError: the typed error of an error reply.
             NoReply: no reply in time, or nothing serves the subject.
         """
-        subject = self._subject(HostVerb.REPORT)
+        return await self._send_spooled(HostVerb.REPORT, body, ReportReply)
+
+    async def release(self, body: bytes) -> ReleaseReply:
+        """Send an encoded release exactly as spooled (see `report`)."""
+        return await self._send_spooled(HostVerb.RELEASE, body, ReleaseReply)
+
+    async def _send_spooled(self, verb: HostVerb, body: bytes, reply_type: type[R]) -> R:
+        subject = self._subject(verb)
         try:
             msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
@@ -93,6 +104,6 @@ class HostClient:
             raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
         raise_for_error(msg.headers, msg.data)
         try:
-            return decode(ReportReply, msg.data)
+            return decode(reply_type, msg.data)
         except InvalidRequest as exc:
-            raise Internal(f"malformed ReportReply from {subject}", **exc.details) from exc
+            raise Internal(f"malformed {reply_type.__name__} from {subject}", **exc.details) from exc

@@ -1,4 +1,4 @@
-"""Reports on their way to the scheduler, each in a task of its own, apart from the device workers.
+"""Reports (and releases) on their way to the scheduler, each in a task of its own, apart from the device workers.
 
 A scheduler outage must not keep a device from its next attempt (the scheduler reserves it again only
 once the previous attempt has ended), so an attempt's report is delivered in the background. Reports left
@@ -13,6 +13,7 @@ import logging
 
 from devsched.agent.reporter import Reporter
 from devsched.agent.spool import SpooledReport
+from devsched.protocol import messages as wire
 from devsched.service import bind
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,10 @@ class ReportDelivery:
         if pending:
             logger.info("resending spooled reports", extra={"count": len(pending)})
         await asyncio.gather(*(self._reporter.deliver(report, give_up=stop) for report in pending))
+
+    async def store_release(self, release: wire.ReleaseRequest) -> SpooledReport:
+        """Spool a release (durably, before it is sent with `send`)."""
+        return await self._reporter.store_release(release)
 
     def send(self, spooled: SpooledReport, fields: dict[str, object]) -> None:
         """Deliver a spooled report in the background, logging with `fields` (the attempt's ids)."""

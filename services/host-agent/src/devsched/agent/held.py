@@ -1,9 +1,12 @@
 """The attempts this agent holds, on disk: so that the next start knows what a killed agent left held.
 
 An attempt is recorded (in the spool's `held/`) before its claim and forgotten once it has ended: claim
-stale or given up, or its report spooled (the report then speaks for it). An attempt still recorded at
-start was held by an agent that did not live to end it; its lease runs out unless the scheduler hears of
-it sooner. The records are read once at start (`take_left`), and removed.
+stale, or its report or release spooled (which then speaks for it). An attempt still recorded at start was
+held by an agent that did not live to end it: the step processes it left are killed first
+(`orphans.py`), so nothing of it runs on the device any more, and the attempt is released at once rather
+than left for its lease to run out and the device's post-expiry grace to pass. The records are read once at
+start (`take_left`): each gives way to a spooled release, and is removed only once that release is on disk
+(the spooled release is removed only once the scheduler answered it).
 
 The methods do blocking file I/O on small files; the async ones run it in a thread.
 """
@@ -13,10 +16,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from devsched.agent.spool import Records, Spool, report_key
 from devsched.protocol import messages as wire
+
+#: Why an attempt left by an earlier agent is given back.
+RESTART_REASON = "agent restarted: the attempt's steps were stopped when its earlier agent ended"
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +55,12 @@ class HeldAttempt:
     def log_fields(self) -> dict[str, object]:
         """Its ids, for log lines."""
         return asdict(self)
+
+    def release(self, reason: str = RESTART_REASON) -> wire.ReleaseRequest:
+        """The release that gives it back (no result: what ran of it died with the earlier agent)."""
+        return wire.ReleaseRequest(
+            task_id=uuid.UUID(self.task_id), attempt=self.attempt, lease_id=uuid.UUID(self.lease_id), reason=reason
+        )
 
 
 def _parse(body: bytes) -> HeldAttempt:
@@ -80,11 +94,15 @@ class HeldAttempts:
         except OSError as exc:
             logger.error("held attempt record not removed", extra={**attempt.log_fields(), "error": repr(exc)})
 
-    def take_left(self, reported: set[str]) -> list[HeldAttempt]:
-        """The attempts recorded by an earlier run, removing their records (blocking).
+    def take_left(
+        self, reported: set[str], hand_over: Callable[[HeldAttempt], object] | None = None
+    ) -> list[HeldAttempt]:
+        """The attempts recorded by an earlier run, each handed over, then its record removed (blocking).
 
-        An attempt whose report is in the spool (its key in `reported`) ended: the report is resent, and
-        the attempt is not counted. A record that cannot be read is dropped with a warning.
+        An attempt whose report or release is in the spool (its attempt key in `reported`) ended: that is
+        resent, and the attempt is not counted. `hand_over` (spool the attempt's release) runs before a
+        record is removed; if it raises `OSError` the record stays for the next start. A record that cannot
+        be read is dropped with a warning.
         """
         left = []
         for key, body in self._records.items():
@@ -95,5 +113,14 @@ class HeldAttempts:
             else:
                 if attempt.key not in reported:
                     left.append(attempt)
+                    if hand_over is not None:
+                        try:
+                            hand_over(attempt)
+                        except OSError as exc:
+                            logger.error(
+                                "held attempt not handed over; kept for the next start",
+                                extra={**attempt.log_fields(), "error": repr(exc)},
+                            )
+                            continue
             self._records.remove(key)
         return left

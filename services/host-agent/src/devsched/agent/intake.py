@@ -1,12 +1,15 @@
-"""What the agent takes in from the scheduler: assignments from its durable consumer, and nudges.
+"""What the agent takes in from the scheduler: assignments from its durable consumer, nudges and drain notices.
 
 The pull consumer `host-<host_id>` is created by the scheduler when the host registers, so binding is
 retried (re-registering now and then while it is missing). Each fetched assignment goes to its device's
 worker (`Sink.offer`) and is kept from redelivery with `in_progress` until the worker settles it: acked
-once claimed or found stale, nak'd when the agent stops before claiming it. A duplicate delivery of an
+once claimed or found stale, given back (released) if the agent stops before it runs. A duplicate delivery of an
 attempt this agent already took is acked and dropped: a repeated claim of the same lease succeeds, so
 only this check keeps one attempt from running twice. An assignment for a device this host does not have
 is acked and dropped too: its lease expires and the sweeper requeues the task, which beats failing it.
+
+The nudge subject also carries the scheduler's drain notice for this host (`P.api.hosts.drain`): the agent
+then finishes its running work, takes no more, and exits once idle.
 """
 
 from __future__ import annotations
@@ -86,12 +89,14 @@ class Intake:
         batch: int,
         reregister: Callable[[], Awaitable[None]],
         bound: asyncio.Event,
+        on_drain: Callable[[str | None], None] | None = None,
     ) -> None:
         self._stream = subjects.assignments_stream
         self._durable = subjects.consumer(host_id)
         self._sink = sink
         self._batch = max(batch, 1)
         self._reregister = reregister
+        self._on_drain = on_drain
         self._known: OrderedDict[AttemptKey, None] = OrderedDict()
         #: Set once bound to the consumer (the agent's `bound`).
         self.bound = bound
@@ -158,6 +163,29 @@ class Intake:
                 with contextlib.suppress(Exception):
                     await psub.unsubscribe()
 
+    async def sweep(self, js: JetStreamContext, wait_s: float) -> int:
+        """One last fetch once the agent takes no more work, routing what arrived meanwhile; how many.
+
+        An assignment made just before the host's devices were withdrawn may be published after the last
+        fetch: the sink (the workers, refusing by now) gives it back at once instead of leaving it in the
+        consumer, where its lease would run out before the next start and spend one of the task's attempts.
+        """
+        try:
+            psub = await js.pull_subscribe_bind(durable=self._durable, stream=self._stream)
+        except Exception as exc:
+            logger.info("no last look at the assignments consumer", extra={"error": repr(exc)})
+            return 0
+        try:
+            msgs = await psub.fetch(batch=self._batch, timeout=wait_s)
+        except Exception:  # nats.errors.TimeoutError when nothing came: the usual case
+            msgs = []
+        finally:
+            with contextlib.suppress(Exception):
+                await psub.unsubscribe()
+        for msg in msgs:
+            await self._route(msg)
+        return len(msgs)
+
     def _remember(self, key: AttemptKey) -> bool:
         """Remember `key`; False if it was known already (a duplicate delivery)."""
         if key in self._known:
@@ -192,9 +220,15 @@ class Intake:
             await settle(msg.in_progress())
 
     async def on_nudge(self, msg: Msg) -> None:
-        """The callback of the host's nudge subscription."""
+        """The callback of the host's nudge subscription: a nudge, or a drain notice."""
         try:
             nudge = decode(wire.Nudge, msg.data)
         except InvalidRequest:
+            try:
+                notice = decode(wire.DrainNotice, msg.data)
+            except InvalidRequest:
+                return
+            if self._on_drain is not None:
+                self._on_drain(notice.reason)
             return
         self._sink.nudge((str(nudge.task_id), nudge.attempt))

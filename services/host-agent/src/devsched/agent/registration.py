@@ -2,6 +2,10 @@
 
 Both are answered with the heartbeat interval. A scheduler that answers 404 (to a heartbeat, a report, or
 while the host's consumer is missing) no longer knows the host, which then registers again.
+
+When the agent stops taking work (shutdown, drain) it withdraws its devices: it registers again with none,
+so the scheduler assigns it nothing it would not run (and a task it gives back goes to another host).
+Running attempts keep their devices until they end. The next start registers the devices again.
 """
 
 from __future__ import annotations
@@ -35,16 +39,31 @@ class Registration:
         self.registered = registered
         #: As the scheduler last said.
         self.heartbeat_interval_s = 5.0
+        #: Set once the devices are withdrawn: every later registration (a 404's) lists none.
+        self._withdrawn = False
 
     async def register(self) -> None:
         """Register once (any failure raises)."""
+        devices = [] if self._withdrawn else self._devices
         async with self._lock:
-            reply = await self._client.register(self._devices, self._version)
+            reply = await self._client.register(devices, self._version)
         self.heartbeat_interval_s = reply.heartbeat_interval_s
         self.registered.set()
-        logger.info(
-            "registered", extra={"devices": len(self._devices), "heartbeat_interval_s": reply.heartbeat_interval_s}
-        )
+        logger.info("registered", extra={"devices": len(devices), "heartbeat_interval_s": reply.heartbeat_interval_s})
+
+    async def withdraw(self) -> None:
+        """Offer no device any more (the agent takes no more work); never raises, one try.
+
+        Best effort: if the scheduler cannot be reached, an assignment it makes meanwhile waits in the
+        host's consumer for the next start (or its lease runs out).
+        """
+        self._withdrawn = True
+        try:
+            await self.register()
+        except Exception as exc:
+            logger.warning("devices not withdrawn", extra={"error": repr(exc)})
+        else:
+            logger.info("devices withdrawn: no new work comes to this host", extra={"devices": len(self._devices)})
 
     async def register_until_done(self, stop: asyncio.Event) -> bool:
         """Register, retrying with backoff; False if `stop` was set first."""

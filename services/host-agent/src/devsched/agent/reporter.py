@@ -1,4 +1,7 @@
-"""Terminal reports: spooled before they are sent, resent with the identical bytes until answered.
+"""Terminal reports and releases: spooled before they are sent, resent with the identical bytes until answered.
+
+A release (`P.host.<host_id>.release`: the attempt given back, at shutdown or after a crash) takes the same
+path as a report and is answered the same way; the table holds for both.
 
 | answer | what happens to the spooled report |
 | --- | --- |
@@ -19,7 +22,7 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.client import HostClient
-from devsched.agent.spool import Spool, SpooledReport, report_key
+from devsched.agent.spool import Spool, SpooledReport, release_key, report_key
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import (
     CancelNotRequested,
@@ -30,7 +33,7 @@ from devsched.core.errors import (
     TooLarge,
 )
 from devsched.protocol.codec import encode
-from devsched.protocol.messages import ReportReply, ReportRequest, RunResult
+from devsched.protocol.messages import ReleaseReply, ReleaseRequest, ReportReply, ReportRequest, RunResult
 from devsched.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
 
 logger = logging.getLogger(__name__)
@@ -39,8 +42,8 @@ logger = logging.getLogger(__name__)
 MAX_NOT_FOUND = 3
 
 
-def encode_report(report: ReportRequest, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
-    """The report's bytes, with output tails shortened (evenly, from their start) until it fits `limit`."""
+def encode_report(report: ReportRequest | ReleaseRequest, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
+    """The report's (or release's) bytes, with output tails shortened (evenly, from their start) until it fits."""
     body = encode(report)
     if len(body) <= limit or report.result is None:
         return body
@@ -82,8 +85,13 @@ class Reporter:
 
     async def store(self, report: ReportRequest) -> SpooledReport:
         """Write `report` to the spool (durably, before any send) and return what was stored."""
-        key = report_key(str(report.task_id), report.attempt)
-        body = encode_report(report)
+        return await self._store(report_key(str(report.task_id), report.attempt), encode_report(report))
+
+    async def store_release(self, release: ReleaseRequest) -> SpooledReport:
+        """Write `release` to the spool (durably, before any send) and return what was stored."""
+        return await self._store(release_key(str(release.task_id), release.attempt), encode_report(release))
+
+    async def _store(self, key: str, body: bytes) -> SpooledReport:
         try:
             path = await asyncio.to_thread(self._spool.put, key, body)
         except OSError as exc:
@@ -96,18 +104,21 @@ class Reporter:
         """Reports left in the spool (by an earlier run of the agent, or given up at shutdown)."""
         return await asyncio.to_thread(self._spool.pending)
 
-    async def deliver(self, spooled: SpooledReport, *, give_up: asyncio.Event | None = None) -> ReportReply | None:
+    async def deliver(
+        self, spooled: SpooledReport, *, give_up: asyncio.Event | None = None
+    ) -> ReportReply | ReleaseReply | None:
         """Send until the scheduler answers, or `give_up` is set (then the report stays spooled).
 
         Returns:
             The reply when the report was recorded (or was a duplicate); None otherwise.
         """
         key, body = spooled.key, spooled.body
+        send = self._client.release if spooled.is_release else self._client.report
         failures = not_found = 0
         while True:
             pause = 0.0
             try:
-                reply = await self._client.report(body)
+                reply: ReportReply | ReleaseReply = await send(body)
             except (InvalidRequest, TooLarge, CancelNotRequested) as exc:
                 await self._reject(key, exc)
                 return None
@@ -131,7 +142,7 @@ class Reporter:
                 )
             else:
                 logger.info(
-                    "report recorded",
+                    "release recorded" if spooled.is_release else "report recorded",
                     extra={"spool_key": key, "status": reply.status.value, "duplicate": reply.duplicate},
                 )
                 await asyncio.to_thread(self._spool.remove, key)

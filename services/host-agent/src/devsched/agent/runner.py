@@ -6,14 +6,17 @@ Rules (PROTOCOL.md, host-agent.md):
   stop state and the lease's local deadline are checked: no step starts after a stop of its kind, and no
   step at all once the lease is lost ("no step starts after the deadline").
 - A failed or timed-out step ends the planned work: later steps are skipped, except `always` steps.
-- `always` steps run after a failure or a cancellation stop, never after a lease loss or a shutdown.
+- `always` steps run after a failure, a cancellation stop or a shutdown stop (the lease is still held),
+  never after a lease loss or once the shutdown grace is over (`KILL`).
 - Every step of the plan is in the result, in order.
 
 Outcome: `done` when every step is done; `failed` when a step failed or timed out first, or the run was
-stopped by a lease loss or a shutdown; `cancelled` when a cancellation stopped it first. A stop counts
-only if it changed something (a step was interrupted or skipped): a plan that ran to the end reports
-how its steps ended. Failures after the first cause (a failing teardown after a cancellation, a lease
-loss during teardown) keep the outcome and are named in the reason.
+stopped by a lease loss; `cancelled` when a cancellation stopped it first. A run the agent's shutdown
+stopped first is `released`: given back to the scheduler, which queues the task again without spending
+an attempt (its outcome field says `failed`, for an agent that could only report). A stop counts only if
+it changed something (a step was interrupted or skipped): a plan that ran to the end reports how its
+steps ended. Failures after the first cause (a failing teardown after a cancellation or a shutdown, a
+lease loss during teardown) keep the outcome and are named in the reason.
 """
 
 from __future__ import annotations
@@ -77,11 +80,16 @@ class PlanStep:
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """What the attempt reports (its steps are the wire's `StepResult`s: the report copies nothing)."""
+    """What the attempt reports (its steps are the wire's `StepResult`s: the report copies nothing).
+
+    `released`: the agent's shutdown stopped the run before it ended on its own, so the attempt is given
+    back (`P.host.<host_id>.release`) rather than reported.
+    """
 
     outcome: Outcome
     reason: str | None
     steps: tuple[StepResult, ...]
+    released: bool = False
 
 
 #: Called at each step boundary with the step about to start; renews the lease (and may request a stop).
@@ -193,7 +201,11 @@ class PlanRunner:
                 else:
                     self._later_failures.append(described)
         outcome, reason = self._verdict(reports)
-        return RunResult(outcome, reason, tuple(reports))
+        stop_mattered = any(r.status in (StepStatus.SKIPPED, StepStatus.INTERRUPTED) for r in reports)
+        released = (
+            self._failure is None and self._stop.reason is StopReason.SHUTDOWN and self._stop.stopped and stop_mattered
+        )
+        return RunResult(outcome, reason, tuple(reports), released=released)
 
     def _verdict(self, reports: Sequence[StepResult]) -> tuple[Outcome, str | None]:
         stop_mattered = any(r.status in (StepStatus.SKIPPED, StepStatus.INTERRUPTED) for r in reports)
@@ -208,7 +220,7 @@ class PlanRunner:
             outcome = Outcome.CANCELLED if first is StopReason.CANCELLED else Outcome.FAILED
             cause = f"{first.value}: {self._stop.detail}" if self._stop.detail else first.value
             halt = self._stop.halt
-            if first is StopReason.CANCELLED and halt is not None:
+            if first is not StopReason.LEASE_LOST and halt is not None and halt[0] is not first:
                 notes.append(f"then {halt[0].value}" + (f": {halt[1]}" if halt[1] else ""))
         elif notes:
             # Only reachable if a stop that changed nothing came first and a step failed afterwards.

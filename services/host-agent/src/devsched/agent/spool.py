@@ -1,4 +1,7 @@
-"""The report spool: terminal reports on disk from before they are sent until the scheduler answers.
+"""The report spool: terminal reports (and releases) on disk from before they are sent until answered.
+
+A release (the attempt given back rather than reported, `P.host.<host_id>.release`) is spooled the same
+way, under its attempt's report key with the suffix `.release`: an attempt ends with one or the other.
 
 A report is written atomically (a temporary file, fsync, rename, fsync of the directory) so that after a
 crash the spool holds either the whole report or nothing of it. An agent that starts with reports in its
@@ -34,21 +37,38 @@ _SUFFIX = ".json"
 _TMP_SUFFIX = ".tmp"
 REJECTED = "rejected"
 LOCK_FILE = ".lock"
+#: The end of a release's spool key (a report's key never ends so: it ends with the attempt number).
+RELEASE_SUFFIX = ".release"
 
 
 @dataclass(frozen=True, slots=True)
 class SpooledReport:
-    """One pending report."""
+    """One pending report, or release."""
 
     key: str
     body: bytes
     #: Where it is stored; None for a report that could not be spooled (sent from memory only).
     path: Path | None
 
+    @property
+    def is_release(self) -> bool:
+        """Whether it gives the attempt back (`release`) rather than reporting how it ended."""
+        return self.key.endswith(RELEASE_SUFFIX)
+
+    @property
+    def attempt_key(self) -> str:
+        """The report key of its attempt (for a report, its own key)."""
+        return self.key.removesuffix(RELEASE_SUFFIX)
+
 
 def report_key(task_id: str, attempt: int) -> str:
     """The spool key of a task attempt's report (one report per attempt)."""
     return f"{task_id}.{attempt}"
+
+
+def release_key(task_id: str, attempt: int) -> str:
+    """The spool key of a task attempt's release (an attempt is either reported or released)."""
+    return report_key(task_id, attempt) + RELEASE_SUFFIX
 
 
 def _key_path(directory: Path, key: str) -> Path:

@@ -5,12 +5,13 @@ hands each running step an interrupt that fires at the level that step yields to
 
 | level | set by | no new step of kind | running steps interrupted |
 | --- | --- | --- | --- |
-| `STOP` | a cancellation seen in a renewal reply | planned (not `always`) | interruptible, not `always` |
-| `HALT` | lease lost (409, or no renewal within the ttl), shutdown | any, `always` included | interruptible |
+| `STOP` | a cancellation seen in a renewal reply; shutdown | planned (not `always`) | interruptible, not `always` |
+| `HALT` | lease lost (409, or no renewal within the ttl) | any, `always` included | interruptible |
 | `KILL` | the end of the shutdown grace | any | every step |
 
-The FIRST reason is what the run reports (`cancelled` only for a cancellation); a later halt still
-halts, and is mentioned in the report's reason.
+The FIRST reason is what the run reports (`cancelled` only for a cancellation; a shutdown gives the attempt
+back, `release`); a later halt still halts, and is mentioned in the report's reason. A shutdown holds the
+lease, so its teardown (`always`) steps run, as after a cancellation; they never run after a lease loss.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class StopReason(StrEnum):
     CANCELLED = "cancelled"
     #: A renewal was rejected (409), or none succeeded before the lease's local deadline.
     LEASE_LOST = "lease_lost"
-    #: The agent is shutting down; counts as a lease loss (no teardown steps, outcome `failed`).
+    #: The agent is shutting down: teardown steps run, then the attempt is given back (released).
     SHUTDOWN = "shutdown"
 
 
@@ -46,7 +47,7 @@ class StopLevel(IntEnum):
 _LEVEL_OF = {
     StopReason.CANCELLED: StopLevel.STOP,
     StopReason.LEASE_LOST: StopLevel.HALT,
-    StopReason.SHUTDOWN: StopLevel.HALT,
+    StopReason.SHUTDOWN: StopLevel.STOP,
 }
 
 
@@ -82,7 +83,7 @@ class StopSignal:
 
     @property
     def halted(self) -> bool:
-        """Whether no step at all may start: the lease is lost or the agent is shutting down."""
+        """Whether no step at all may start: the lease is lost, or the shutdown grace is over."""
         return self._level >= StopLevel.HALT
 
     @property
@@ -102,8 +103,10 @@ class StopSignal:
         self._raise_to(level)
 
     def kill(self, detail: str = "shutdown grace period over") -> None:
-        """Interrupt every running step, interruptible or not (halting the run first if needed)."""
+        """Interrupt every running step, interruptible or not, and start no other (teardown included)."""
         self.request(StopReason.SHUTDOWN, detail)
+        if self._halt is None:
+            self._halt = (StopReason.SHUTDOWN, detail)
         self._raise_to(StopLevel.KILL)
 
     def _raise_to(self, level: StopLevel) -> None:

@@ -6,9 +6,12 @@ scheduler only assigns a device it has released, so the wait is short (the previ
 or its lease expired while a step was finishing), and the waiting assignment is claimed the moment the
 device is free instead of at a guessed redelivery delay.
 
-An attempt is recorded as held (`held.py`), claimed (its assignment acked once claimed or found stale,
-nak'd when the agent stops first), run, and ended: its report is spooled and handed to `ReportDelivery`,
-and its record removed.
+An attempt is recorded as held (`held.py`), claimed (its assignment acked once claimed or found stale),
+run, and ended: its report (or its release, when the agent's shutdown stopped it) is spooled and handed to
+`ReportDelivery`, and its record removed. Once the agent takes no more work (shutdown or drain), an
+assignment that has not started (queued for its device, or still being claimed) is given back: its
+release is spooled and sent, and its message acked, so the task goes to another device at once without
+spending an attempt.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from opentelemetry.trace import SpanKind
 
-from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome
+from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome, release_of
 from devsched.agent.config import DeviceConfig
 from devsched.agent.delivery import ReportDelivery
 from devsched.agent.held import HeldAttempt, HeldAttempts
@@ -53,8 +56,10 @@ class DeviceWorkers:
         self._running: dict[AttemptKey, Attempt] = {}
         self._attempt_tasks: set[asyncio.Task[None]] = set()
         self._workers: list[asyncio.Task[None]] = []
-        #: Set once no new attempt may start (the agent is stopping).
+        #: Set once no new attempt may start (the agent is stopping or draining).
         self._refusing = asyncio.Event()
+        #: Why, for the releases of the attempts it gives back.
+        self._refusing_why = "agent shutting down"
 
     # -- what the intake hands in ------------------------------------------------------------------------
 
@@ -84,6 +89,11 @@ class DeviceWorkers:
         """The attempts being handled (claimed, running or spooling their report)."""
         return frozenset(self._attempt_tasks)
 
+    @property
+    def running(self) -> int:
+        """How many attempts this host holds now (being claimed or run)."""
+        return len(self._running)
+
     async def _work(self, device: DeviceConfig) -> None:
         queue = self._queues[device.device_id]
         while True:
@@ -111,7 +121,7 @@ class DeviceWorkers:
         # continue the trace the assignment carries: claim, renewals and the report join the task's trace
         with use_context(extract(received.msg.headers)), span, bind(**attempt.log_fields()):
             if self._refusing.is_set():
-                await settle(received.msg.nak())
+                await self._give_back(received)
                 return
             self._running[attempt.key] = attempt
             held = HeldAttempt.of(received.assignment)
@@ -131,10 +141,22 @@ class DeviceWorkers:
         if outcome is ClaimOutcome.CLAIMED:
             self._reports.kick()
         if outcome is ClaimOutcome.GAVE_UP and self._refusing.is_set():
-            await settle(received.msg.nak())  # claimed by the next start, if still current
+            # claimed or not (a reply may have been lost), it is given back: another device takes it now
+            await self._give_back(received)
             return False
         await settle(received.msg.ack())
         return outcome is ClaimOutcome.CLAIMED
+
+    async def _give_back(self, received: Received) -> None:
+        """Release an attempt that never ran here (spooled first, then sent) and ack its message."""
+        a = received.assignment
+        fields = {"task_id": str(a.task_id), "attempt": a.attempt, "device_id": a.device_id}
+        reason = f"{self._refusing_why} before the attempt started"
+        spooled = await self._reports.store_release(release_of(a, reason))
+        self._reports.send(spooled, fields)
+        received.keepalive.cancel()
+        await settle(received.msg.ack())
+        logger.info("attempt given back before it started", extra={**fields, "reason": reason})
 
     async def _end(self, attempt: Attempt, result: RunResult) -> None:
         """What becomes of an attempt that ran: its report is spooled, then delivered in the background."""
@@ -143,17 +165,20 @@ class DeviceWorkers:
 
     # -- stopping ------------------------------------------------------------------------------------------
 
-    async def refuse_new(self) -> None:
-        """Start no attempt any more: claims give up, and queued assignments are nak'd for redelivery."""
+    async def refuse_new(self, why: str = "agent shutting down") -> None:
+        """Start no attempt any more: claims give up, and assignments not started are given back (released)."""
+        if not self._refusing.is_set():
+            self._refusing_why = why
         self._refusing.set()
         for queue in self._queues.values():
             while not queue.empty():
-                received = queue.get_nowait()
-                received.keepalive.cancel()
-                await settle(received.msg.nak())
+                await self._give_back(queue.get_nowait())
 
     def stop_running(self, *, kill: bool = False) -> None:
-        """Stop every running attempt as for a lease loss; with `kill`, interrupt every step."""
+        """Stop every running attempt at its next step boundary; with `kill`, interrupt every step.
+
+        Teardown steps run after the boundary stop (not after the kill); each attempt is then released.
+        """
         for attempt in list(self._running.values()):
             attempt.shut_down(kill=kill)
 

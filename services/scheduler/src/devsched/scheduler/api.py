@@ -236,3 +236,33 @@ class Api:
                 self._assign.set()  # the device is free again
             log.info("reported", extra={"outcome": req.outcome.value, "duplicate": receipt.duplicate})
             return m.ReportReply.from_value(receipt)
+
+    async def release(self, req: m.ReleaseRequest, subject: str) -> m.ReleaseReply:
+        """`P.host.<id>.release` (an addition): the attempt is given back, its device free at once."""
+        ref = self._lease(subject, req)
+        with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
+            result = req.result.model_dump(mode="json") if req.result is not None else None
+            receipt = await self._store.release(ref, reason=req.reason, result=result)
+            if not receipt.duplicate:
+                self._relay.set()
+                self._assign.set()  # the device is free, and the task is queued again
+            log.info("released", extra={"task_status": receipt.status.value, "duplicate": receipt.duplicate})
+            return m.ReleaseReply.from_value(receipt)
+
+    async def drain_host(self, req: m.HostDrainRequest, subject: str) -> m.HostView:
+        """`P.api.hosts.drain` (an addition): drain the host's devices, and tell its agent to finish and exit."""
+        with bind(host_id=req.host_id):
+            view = await self._store.drain_host(req.host_id, req.drained, req.reason)
+            if not req.drained:
+                self._assign.set()
+                log.info("host returned to service", extra={"devices": len(view.devices)})
+                return m.HostView.from_value(view)
+            notice = encode(m.DrainNotice(drain=True, reason=req.reason))
+            try:
+                await self._nc.publish(
+                    self._subjects.host(req.host_id, HostVerb.NUDGE), notice, headers=inject({}) or None
+                )
+            except Exception as exc:  # the devices are drained anyway: the agent only finishes sooner
+                log.warning("drain notice not sent: %s", type(exc).__name__)
+            log.info("host drained", extra={"devices": len(view.devices)})
+            return m.HostView.from_value(view)

@@ -80,6 +80,7 @@ class Scheduler:
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
+                max_releases=s.max_releases,
                 pool_size=s.db_pool_size,
                 max_overflow=s.db_pool_size,
             )

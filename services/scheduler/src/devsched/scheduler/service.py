@@ -159,6 +159,7 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("tasks-cancel", subjects.tasks_cancel, m.CancelRequest, api.cancel),
         EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
+        EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
         EndpointSpec(
             "host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register, host=True
         ),
@@ -168,6 +169,9 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("host-claim", subjects.host_endpoint(HostVerb.CLAIM), m.ClaimRequest, api.claim, host=True),
         EndpointSpec("host-renew", subjects.host_endpoint(HostVerb.RENEW), m.RenewRequest, api.renew, host=True),
         EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report, host=True),
+        EndpointSpec(
+            "host-release", subjects.host_endpoint(HostVerb.RELEASE), m.ReleaseRequest, api.release, host=True
+        ),
     ]
 
 

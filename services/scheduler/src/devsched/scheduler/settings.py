@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from devsched.core.limits import MAX_RELEASES_DEFAULT
 from devsched.service.settings import Seconds, ServiceSettings
 
 #: A list of subject prefixes: comma-separated in the environment and on the command line.
@@ -61,6 +62,9 @@ class SchedulerSettings(ServiceSettings):
     """Sustained requests per second of one host; more are answered 429 with `retry_after_s`."""
     host_burst: int = Field(default=400, ge=1, le=100000)
     """Requests one host may send at once after a quiet spell (the token bucket's size)."""
+    max_releases: int = Field(default=MAX_RELEASES_DEFAULT, ge=0, le=10000)
+    """How many times a task may be released by its hosts (agent shutdown, drain, restart) and queued again
+    without spending an attempt; the release after that fails it with reason `released_too_often`."""
 
     @field_validator("host_inbox_prefixes", "operator_inbox_prefixes", mode="before")
     @classmethod

@@ -276,14 +276,37 @@ def hosts(ctx: typer.Context, json_out: JsonFlag = False) -> None:
 
 def drain(
     ctx: typer.Context,
-    device_id: Annotated[str, typer.Argument(help="The device's id.")],
-    undo: Annotated[bool, typer.Option("--undo", help="Put the device back in service.")] = False,
+    device_id: Annotated[str | None, typer.Argument(help="The device's id (or --host).")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(
+            "--host",
+            help="Drain every device of this host and tell its agent to finish its running work and exit.",
+        ),
+    ] = None,
+    undo: Annotated[
+        bool, typer.Option("--undo", help="Put the device (or the host's devices) back in service.")
+    ] = False,
     reason: Annotated[str | None, typer.Option(help="Why, for other operators.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
-    """Take a device out of service (a running attempt finishes; nothing new starts), or back with --undo."""
+    """Take a device out of service (a running attempt finishes; nothing new starts), or back with --undo.
+
+    With --host, every device of the host, and its agent finishes its running work and exits 0 once idle.
+    """
+    if (device_id is None) == (host is None):
+        fail("usage: name a device, or a host with --host (not both)", ExitCode.USAGE)
 
     async def main(client: Client) -> None:
+        if host is not None:
+            found = await client.drain_host(host, drained=not undo, reason=reason)
+            if json_out:
+                print_json(found)
+            else:
+                what = "drained; its agent finishes its running work and exits" if not undo else "back in service"
+                out.print(f"host {found.host_id}: {len(found.devices)} devices {what}")
+            return
+        assert device_id is not None
         view = await client.drain(device_id, drained=not undo, reason=reason)
         if json_out:
             print_json(view)

@@ -204,7 +204,8 @@ def task_detail(view: TaskView) -> RenderableType:
     selector = ",".join(parts_of_selector) or "any device"
     head.add_row("selector", selector)
     head.add_row("priority", str(view.priority))
-    head.add_row("attempts", f"{view.attempt_count}/{view.max_attempts}")
+    released = f", {view.releases} released (not counted)" if view.releases else ""
+    head.add_row("attempts", f"{view.attempt_count}/{view.max_attempts}{released}")
     if view.lease_ttl_s is not None:
         head.add_row("lease ttl", f"{view.lease_ttl_s} s")
     head.add_row("steps", ", ".join(f"{s.name} ({s.action})" for s in view.plan.steps))
