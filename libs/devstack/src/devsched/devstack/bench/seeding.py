@@ -1,7 +1,8 @@
 """Many queued tasks at once: copies of one task submitted through the API, made by one INSERT.
 
 Submitting 100,000 tasks one by one takes minutes; the sweep and memory figures only need them queued.
-Each copy is the template's row with a new `task_id` (`jsonb_populate_record` over the row itself), so the
+Each copy is the template's row with a new `task_id` and no idempotency key (the client gives every submit
+one, and keys are unique) (`jsonb_populate_record` over the row itself), so the
 copies follow the schema whatever columns it gains, and they carry exactly what a real submit writes
 (the template's `submitted` event is its own: the copies have none).
 """
@@ -12,7 +13,7 @@ import uuid
 
 _COPY = """
 INSERT INTO tasks
-SELECT (jsonb_populate_record(t, jsonb_build_object('task_id', gen_random_uuid()))).*
+SELECT (jsonb_populate_record(t, jsonb_build_object('task_id', gen_random_uuid(), 'idempotency_key', NULL))).*
 FROM tasks t, generate_series(1, $2)
 WHERE t.task_id = $1
 RETURNING task_id::text
