@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 
 from support.agent_e2e import Plane
-from support.fault_lab import FaultLab, start_plane
+from support.fault_lab import FaultLab, MakeLab, start_plane
 from support.scheduler_harness import (
     ServiceProcess,
     Spawn,
@@ -42,10 +42,6 @@ async def spawn(
     for proc in started:
         proc.kill()
     await delete_streams(nc, subject_prefix)
-
-
-#: Make the fault suite's lab: `await make_lab(database_url=..., nats_url=..., env=..., **settings)`.
-MakeLab = Callable[..., Awaitable[FaultLab]]
 
 
 @pytest.fixture

@@ -30,7 +30,8 @@ async def nats_proxy(nats_server: NatsHandle) -> AsyncIterator[TcpProxy]:
 
 async def test_a_200ms_jittered_link_changes_no_outcome(nats_proxy: TcpProxy, fault_lab: FaultLab) -> None:
     lab = fault_lab
-    nats_proxy.delay(0.2, 0.1)  # from the agent's first byte: registration, fetches, claims, renewals, reports
+    # from the agent's first byte, both ways: registration, fetches, claims, renewals, reports
+    nats_proxy.delay(0.2, 0.1, both_ways=True)
     await lab.agent("d1", "d2", nats_url=nats_proxy.url(), request_timeout_s=3).ready(timeout=60)
     tasks = [await lab.submit(lab.journal.plan(0.3, 0.3), lease_ttl_s=6) for _ in range(4)]
     views = await lab.run_all(tasks, within=60)

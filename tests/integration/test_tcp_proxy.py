@@ -44,13 +44,16 @@ async def _round_trip(port: int, data: bytes = b"ping", timeout: float = 2.0) ->
         writer.close()
 
 
-async def test_passes_bytes_and_delays_them_both_ways(echo: tuple[str, int]) -> None:
+async def test_passes_bytes_and_delays_them(echo: tuple[str, int]) -> None:
     async with TcpProxy(echo) as proxy:
         got, fast = await _round_trip(proxy.port)
         assert got == b"ping"
         proxy.delay(0.2, 0.1)
         _, slow = await _round_trip(proxy.port)
-        assert 0.2 <= slow < 1.5  # two legs of 100-300 ms each
+        assert 0.1 <= slow < 1.0  # one leg of 100-300 ms
+        proxy.delay(0.2, 0.1, both_ways=True)
+        _, slower = await _round_trip(proxy.port)
+        assert 0.2 <= slower < 1.5  # two legs
         assert fast < slow
 
 

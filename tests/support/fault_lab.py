@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,10 @@ class FaultLab(AgentLab):
         wanted = statuses or ("done", "failed", "cancelled")
         views = await asyncio.gather(*(self.wait_status(t, *wanted, within=within) for t in tasks))
         return dict(zip(tasks, views, strict=True))
+
+
+#: Make a fault lab (the chaos suite's `make_lab`): `await make_lab(database=..., nats=..., env=..., **settings)`.
+MakeLab = Callable[..., Awaitable[FaultLab]]
 
 
 def start_plane(

@@ -3,7 +3,8 @@
 Put between an agent and NATS, or between the services and Postgres (clients are given the proxy's port), it
 forwards bytes both ways until a test switches a fault on:
 
-- `delay(0.2, 0.1)`: every chunk in both directions waits 200 ± 100 ms; order is kept, as on a slow link;
+- `delay(0.2, 0.1)`: every chunk from the server waits 200 ± 100 ms, so every round trip takes that much
+  longer (`both_ways`: chunks to the server wait too); order is kept, as on a long link;
 - `blackhole()`: nothing passes either way and nothing is closed (a half-open connection: the far side is
   gone without a FIN); new connections are accepted and stay silent, as behind a partition. `heal()` then
   resets the blackholed connections, as the peer's kernel would answer their next segment with an RST;
@@ -139,6 +140,8 @@ class _Link:
         self._marked = False
         self.tasks: list[asyncio.Task[None]] = []
         self._due = {"up": 0.0, "down": 0.0}
+        self._queues: dict[str, asyncio.Queue[tuple[float, bytes]]] = {"up": asyncio.Queue(), "down": asyncio.Queue()}
+        self._writers: dict[str, asyncio.Task[None]] = {}
 
     async def run(self) -> None:
         if self.blackholed:  # a partition: the connection opens and nothing ever answers
@@ -211,16 +214,31 @@ class _Link:
             writer.write(data)
 
     async def _send(self, writer: asyncio.StreamWriter, data: bytes, direction: str) -> None:
-        delay = self.proxy.sample_delay()
-        if delay > 0:
-            now = time.monotonic()
-            due = max(self._due[direction], now + delay)  # order kept: never before the previous chunk
-            self._due[direction] = due
-            await asyncio.sleep(due - now)
-        if writer.is_closing():
+        delay = self.proxy.sample_delay(direction)
+        if delay <= 0 and self._queues[direction].empty():
+            if not writer.is_closing():
+                writer.write(data)
+                await writer.drain()
             return
-        writer.write(data)
-        await writer.drain()
+        # Delayed chunks go through a queue, so reading goes on meanwhile: delays overlap as on a long link
+        # (a latency, not a bandwidth), and order is kept (never before the previous chunk).
+        due = max(self._due[direction], time.monotonic() + delay)
+        self._due[direction] = due
+        if direction not in self._writers:
+            self._writers[direction] = asyncio.create_task(self._write_due(writer, direction))
+            self.tasks.append(self._writers[direction])
+        self._queues[direction].put_nowait((due, data))
+
+    async def _write_due(self, writer: asyncio.StreamWriter, direction: str) -> None:
+        queue = self._queues[direction]
+        with contextlib.suppress(OSError):
+            while True:
+                due, data = await queue.get()
+                await asyncio.sleep(max(0.0, due - time.monotonic()))
+                if self.blackholed or writer.is_closing():
+                    continue
+                writer.write(data)
+                await writer.drain()
 
     def abort(self, *, rst: bool = False) -> None:
         """Close both sides at once; with `rst`, the client gets an RST instead of a FIN."""
@@ -261,6 +279,7 @@ class TcpProxy:
         #: NATS messages seen from the server, by JetStream delivery count (0: not a JetStream delivery).
         self.seen: Counter[int] = Counter()
         self._delay: tuple[float, float] | None = None
+        self._delay_both_ways = False
         self._rng = random.Random(seed)
         self._links: set[_Link] = set()
         self._server: asyncio.Server | None = None
@@ -298,13 +317,14 @@ class TcpProxy:
 
     # -- faults ------------------------------------------------------------------------------------------
 
-    def delay(self, mean_s: float = 0.2, jitter_s: float = 0.1) -> None:
-        """Delay every chunk, both ways, by `mean_s` ± `jitter_s` (uniform), keeping order."""
+    def delay(self, mean_s: float = 0.2, jitter_s: float = 0.1, *, both_ways: bool = False) -> None:
+        """Delay every chunk from the server (`both_ways`: and to it) by `mean_s` ± `jitter_s`, keeping order."""
         self._delay = (mean_s, jitter_s)
+        self._delay_both_ways = both_ways
 
-    def sample_delay(self) -> float:
-        """The delay of the next chunk (0 without `delay`)."""
-        if self._delay is None:
+    def sample_delay(self, direction: str) -> float:
+        """The delay of the next chunk going `direction` (`up`: to the server; 0 without `delay`)."""
+        if self._delay is None or (direction == "up" and not self._delay_both_ways):
             return 0.0
         mean, jitter = self._delay
         return max(0.0, self._rng.uniform(mean - jitter, mean + jitter))

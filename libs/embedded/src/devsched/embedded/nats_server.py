@@ -106,8 +106,10 @@ class NatsServer(ServerProcess):
 
     def _prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        # Flags carry what changes per run; the file carries limits, which flags cannot all set.
-        self.config_path.write_text(f"max_payload: {self.max_payload}\n")
+        # Flags carry what changes per run; the file carries what flags cannot set. `sync_interval: always`:
+        # JetStream fsyncs each write before it acknowledges it (Jepsen lost acknowledged writes with the
+        # default, a sync every 2 minutes), in tests as in `devsched up`.
+        self.config_path.write_text(f"max_payload: {self.max_payload}\njetstream {{\n  sync_interval: always\n}}\n")
 
     def _command(self) -> list[str]:
         return [
