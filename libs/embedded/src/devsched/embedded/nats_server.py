@@ -70,6 +70,7 @@ class NatsServer(ServerProcess):
             it before the first start).
         host: Listen address; loopback, since nothing here is authenticated.
         max_payload: Largest message the server accepts, in bytes.
+        http_port: Port of the server's monitoring endpoints (`/varz`, `/jsz`, ...); none when None.
     """
 
     def __init__(
@@ -79,9 +80,11 @@ class NatsServer(ServerProcess):
         host: str = "127.0.0.1",
         *,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        http_port: int | None = None,
     ) -> None:
         super().__init__(data_dir, port, host)
         self.max_payload = max_payload
+        self.http_port = http_port
         self.binary = nats_server_binary()
 
     @property
@@ -112,7 +115,7 @@ class NatsServer(ServerProcess):
         self.config_path.write_text(f"max_payload: {self.max_payload}\njetstream {{\n  sync_interval: always\n}}\n")
 
     def _command(self) -> list[str]:
-        return [
+        argv = [
             str(self.binary),
             "-c", str(self.config_path),
             "-js",
@@ -120,6 +123,9 @@ class NatsServer(ServerProcess):
             "-a", self.host,
             "-p", str(self.port),
         ]  # fmt: skip
+        if self.http_port is not None:
+            argv += ["-m", str(self.http_port)]
+        return argv
 
     def _ready(self) -> bool:
         return jetstream_ready(self.host, self.port)
