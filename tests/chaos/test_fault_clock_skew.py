@@ -73,9 +73,9 @@ async def test_an_agent_an_hour_ahead_and_a_control_plane_ten_minutes_behind_cha
     assert expires <= ended < expires + timedelta(seconds=2)  # swept promptly, by the database's clock
     assert [a["status"] for a in done["attempts"]] == ["expired", "done"]
     # every time the system recorded is the true time, whatever the services' clocks say
-    stamps = [
-        v[k] for v in (*views.values(), done) for k in ("created_at", "updated_at")
-    ] + [a[k] for v in (*views.values(), done) for a in v["attempts"] for k in ("assigned_at", "ended_at")]
+    stamps = [v[k] for v in (*views.values(), done) for k in ("created_at", "updated_at")] + [
+        a[k] for v in (*views.values(), done) for a in v["attempts"] for k in ("assigned_at", "ended_at")
+    ]
     assert all(_near_now(s) for s in stamps), stamps
     events = await lab.events(renewed)
     assert all(_near_now(e["at"]) for e in events)
