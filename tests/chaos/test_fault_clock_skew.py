@@ -69,8 +69,9 @@ async def test_an_agent_an_hour_ahead_and_a_control_plane_ten_minutes_behind_cha
     assert [(v["status"], v["attempt_count"]) for v in views.values()] == [("done", 1), ("cancelled", 1)]
     first: dict[str, Any] = expired["attempts"][0]
     ended, expires = at(first["ended_at"]), at(first["expires_at"])
-    assert paused_at < expires <= paused_at + timedelta(seconds=ttl)  # renewed before the pause, never after
-    assert expires <= ended < expires + timedelta(seconds=2)  # swept promptly, by the database's clock
+    # renewed before the pause (a renewal already on its way may land just after it), never later
+    assert paused_at < expires <= paused_at + timedelta(seconds=ttl + 1)
+    assert expires <= ended < expires + timedelta(seconds=5)  # swept promptly, by the database's clock
     assert [a["status"] for a in done["attempts"]] == ["expired", "done"]
     # every time the system recorded is the true time, whatever the services' clocks say
     stamps = [v[k] for v in (*views.values(), done) for k in ("created_at", "updated_at")] + [
