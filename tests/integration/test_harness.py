@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,6 +95,16 @@ def test_both_servers_start_on_free_ports(own_nats: NatsServer, own_pg: Postgres
     assert own_nats.url == f"nats://127.0.0.1:{own_nats.port}"
     assert own_pg.url("x") == f"postgresql+asyncpg://postgres@127.0.0.1:{own_pg.port}/x"
     assert own_pg.dsn() == f"postgresql://postgres@127.0.0.1:{own_pg.port}/postgres"
+
+
+def test_jetstream_syncs_every_write_before_acknowledging_it(tmp_path: Path) -> None:
+    # The server of the tests and of `devsched up`: `sync_interval: always` (Jepsen lost acknowledged writes
+    # with the default), as the server itself reports it.
+    with NatsServer(tmp_path / "nats", http_port=free_port()) as server:
+        assert server.http_port is not None
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/varz", timeout=5) as reply:
+            config = json.load(reply)["jetstream"]["config"]
+    assert config["sync_always"] is True
 
 
 async def test_jetstream_answers(nc: NatsClient, subject_prefix: str) -> None:

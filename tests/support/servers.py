@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import signal
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -39,6 +40,14 @@ class ServerHandle(Protocol):
     def restart(self) -> object: ...
 
     def kill(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def signal(self, sig: signal.Signals) -> None: ...
+
+    def wait_exit(self, timeout: float) -> None: ...
 
 
 class NatsHandle(ServerHandle, Protocol):
@@ -80,6 +89,18 @@ class ExternalNats:
     def kill(self) -> NoReturn:
         _unsupported("killing NATS")
 
+    def pause(self) -> NoReturn:
+        _unsupported("pausing NATS")
+
+    def resume(self) -> None:
+        """Nothing to do: it was never paused."""
+
+    def signal(self, sig: signal.Signals) -> NoReturn:
+        _unsupported(f"signalling NATS ({sig.name})")
+
+    def wait_exit(self, timeout: float) -> NoReturn:
+        _unsupported("waiting for NATS to exit")
+
 
 class ExternalPostgres:
     """A Postgres server given by `DEVSCHED_TEST_DATABASE_URL`; its database is the admin database."""
@@ -111,6 +132,18 @@ class ExternalPostgres:
 
     def kill(self) -> NoReturn:
         _unsupported("killing Postgres")
+
+    def pause(self) -> NoReturn:
+        _unsupported("pausing Postgres")
+
+    def resume(self) -> None:
+        """Nothing to do: it was never paused."""
+
+    def signal(self, sig: signal.Signals) -> NoReturn:
+        _unsupported(f"signalling Postgres ({sig.name})")
+
+    def wait_exit(self, timeout: float) -> NoReturn:
+        _unsupported("waiting for Postgres to exit")
 
 
 def docker_available() -> bool:

@@ -7,6 +7,8 @@ import shutil
 import socket
 import sys
 import sysconfig
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from devsched.embedded.server import ServerProcess
@@ -58,6 +60,16 @@ def jetstream_ready(host: str, port: int) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class ClusterSpec:
+    """A server's place in a NATS cluster: the cluster's name, its route port, the routes to its peers."""
+
+    name: str
+    server_name: str
+    port: int
+    routes: Sequence[str] = field(default_factory=tuple)
+
+
 class NatsServer(ServerProcess):
     """A nats-server with JetStream whose store lives in `data_dir/jetstream`.
 
@@ -70,6 +82,8 @@ class NatsServer(ServerProcess):
             it before the first start).
         host: Listen address; loopback, since nothing here is authenticated.
         max_payload: Largest message the server accepts, in bytes.
+        http_port: Port of the server's monitoring endpoints (`/varz`, `/jsz`, ...); none when None.
+        cluster: Its place in a cluster (`NatsCluster` makes them); a server of its own when None.
     """
 
     def __init__(
@@ -79,9 +93,13 @@ class NatsServer(ServerProcess):
         host: str = "127.0.0.1",
         *,
         max_payload: int = DEFAULT_MAX_PAYLOAD,
+        http_port: int | None = None,
+        cluster: ClusterSpec | None = None,
     ) -> None:
         super().__init__(data_dir, port, host)
         self.max_payload = max_payload
+        self.http_port = http_port
+        self.cluster = cluster
         self.binary = nats_server_binary()
 
     @property
@@ -106,11 +124,24 @@ class NatsServer(ServerProcess):
 
     def _prepare(self) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        # Flags carry what changes per run; the file carries limits, which flags cannot all set.
-        self.config_path.write_text(f"max_payload: {self.max_payload}\n")
+        # Flags carry what changes per run; the file carries what flags cannot set. `sync_interval: always`:
+        # JetStream fsyncs each write before it acknowledges it (Jepsen lost acknowledged writes with the
+        # default, a sync every 2 minutes), in tests as in `devsched up`.
+        lines = [f"max_payload: {self.max_payload}", "jetstream {", "  sync_interval: always", "}"]
+        if self.cluster is not None:
+            routes = ", ".join(self.cluster.routes)
+            lines += [
+                f"server_name: {self.cluster.server_name}",
+                "cluster {",
+                f"  name: {self.cluster.name}",
+                f"  listen: {self.host}:{self.cluster.port}",
+                f"  routes: [{routes}]",
+                "}",
+            ]
+        self.config_path.write_text("\n".join(lines) + "\n")
 
     def _command(self) -> list[str]:
-        return [
+        argv = [
             str(self.binary),
             "-c", str(self.config_path),
             "-js",
@@ -118,6 +149,9 @@ class NatsServer(ServerProcess):
             "-a", self.host,
             "-p", str(self.port),
         ]  # fmt: skip
+        if self.http_port is not None:
+            argv += ["-m", str(self.http_port)]
+        return argv
 
     def _ready(self) -> bool:
         return jetstream_ready(self.host, self.port)

@@ -142,6 +142,34 @@ class ServerProcess(ABC):
             self._child.kill()
             self._after_stop()
 
+    def pause(self) -> None:
+        """SIGSTOP the server and every process it started: a frozen machine whose connections stay open."""
+        if self._child is not None:
+            self._child.pause()
+
+    def resume(self) -> None:
+        """SIGCONT what `pause()` stopped."""
+        if self._child is not None:
+            self._child.resume()
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the server's main process, by its pid (Postgres: SIGQUIT is an immediate shutdown)."""
+        if self._child is not None:
+            self._child.signal(sig)
+
+    def wait_exit(self, timeout: float) -> None:
+        """Wait until the server, and every process it started, has exited on its own (after `signal`).
+
+        Raises:
+            EmbeddedServerError: it still runs after `timeout` seconds.
+        """
+        if self._child is None:
+            return
+        if not self._child.wait(timeout):
+            raise EmbeddedServerError(f"{self} still runs {timeout:.0f}s after it was told to exit")
+        self._child.stop()  # reaps it and waits for what it started
+        self._after_stop()
+
     def restart(self) -> Self:
         """Stop cleanly and start again on the same port with the same data."""
         self.stop()

@@ -23,6 +23,7 @@ from devsched.core.matching import matches, plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
 from devsched.store.clock import Clock
+from devsched.store.faults import point
 from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
@@ -154,6 +155,7 @@ async def assign(
         _INSERT_RESERVATIONS,
         {k: cols[k] for k in ("task_ids", "attempts", "device_ids", "now")},
     )
+    point("assign.after_reserve")
     seqs = {
         r.task_id: r.event_seq
         for r in (

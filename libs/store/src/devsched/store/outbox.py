@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import AttemptAssigned, DomainEvent, StepProgress, TaskEvent
 from devsched.core.status import EventKind, TaskStatus
+from devsched.store.faults import point
 from devsched.store.views import OutboxMessage
 
 #: Trace headers (W3C traceparent) of the request being handled; stored with every event it causes so
@@ -183,6 +184,7 @@ async def relay(conn: AsyncConnection, now: datetime, publish: PublishBatch, lim
         return Published(())
     batch = [OutboxMessage(id=r.id, event=_event(r.kind, r.data), headers=r.headers) for r in rows]
     outcome = await publish(batch)
+    point("relay.after_publish")
     stray = set(outcome.ids) - {m.id for m in batch}
     if stray:
         raise ValueError(f"acknowledged outbox messages that were not claimed: {sorted(stray)}")

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from devsched.core.events import TaskEvent
 from devsched.core.expiry import decide_expiry, is_expired
 from devsched.store.clock import Clock
+from devsched.store.faults import point
 from devsched.store.outbox import Outbox
 from devsched.store.rows import TASK_COLUMNS, task_record
 from devsched.store.statuses import IN_FLIGHT
@@ -98,6 +99,7 @@ async def sweep_expired(
         ).scalars()
     )
     expired = [t for t in expired if t.task_id in ended]
+    point("sweep.after_expire")
     decisions = {t.task_id: decide_expiry(t) for t in expired}
     ended_rows = await conn.execute(
         _END_TASKS,
