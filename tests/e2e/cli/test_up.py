@@ -96,6 +96,39 @@ def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tm
     assert not [pid for pid in child_pids(second.stdout) if alive(pid)]
 
 
+def server_options(data: Path) -> tuple[str, str]:
+    """How `up` last started its servers: Postgres's command line (postmaster.opts) and the NATS config."""
+    pg_dirs = [data / "postgres"]
+    if os.geteuid() == 0:
+        pg_dirs.append(relocated_data_dir(data / "postgres"))
+    opts = [p for d in pg_dirs if d.exists() for p in d.rglob("postmaster.opts")]
+    assert len(opts) == 1, opts
+    return opts[0].read_text(), (data / "nats" / "nats.conf").read_text()
+
+
+@pytest.mark.usefixtures("relocated_data")
+def test_up_keeps_acknowledged_work_durable_unless_fast(tmp_path: Path) -> None:
+    # An acknowledged task must survive a crash of the machine: every commit and every JetStream write is
+    # synced before it is acknowledged. `--fast` is the throwaway mode that gives that up, and says so.
+    data = tmp_path / ".devsched"
+    argv = ("up", "--exit-when-done", "--no-demo", "--nats-port", "0", "--hosts", "1", "--no-live")
+
+    durable = run_devsched(*argv, cwd=tmp_path, env=clean_env(COLUMNS="200"), timeout=150)
+    assert durable.returncode == 0, f"stdout:\n{durable.stdout}\nstderr:\n{durable.stderr}\n{logs(data)}"
+    assert "(fsync on)" in durable.stdout
+    postgres, nats = server_options(data)
+    assert '"fsync=on"' in postgres
+    assert '"synchronous_commit=on"' in postgres
+    assert "sync_interval: always" in nats
+
+    fast = run_devsched(*argv, "--fast", cwd=tmp_path, env=clean_env(COLUMNS="200"), timeout=150)
+    assert fast.returncode == 0, f"stdout:\n{fast.stdout}\nstderr:\n{fast.stderr}\n{logs(data)}"
+    assert "fsync off: --fast" in fast.stdout
+    postgres, nats = server_options(data)
+    assert '"fsync=off"' in postgres
+    assert "sync_interval" not in nats
+
+
 def test_a_second_up_on_a_running_data_dir_refuses(tmp_path: Path) -> None:
     data = tmp_path / ".devsched"
     data.mkdir()

@@ -38,6 +38,14 @@ def up(
             "ended as expected, 1 otherwise (or after --demo-timeout)."
         ),
     ] = False,
+    fast: Annotated[
+        bool,
+        typer.Option(
+            "--fast",
+            help="A throwaway run: Postgres without fsync and JetStream without sync on every write "
+            "(an OS crash may lose acknowledged work). By default both are durable.",
+        ),
+    ] = False,
     demo_timeout: Annotated[
         float, typer.Option(min=1, help="With --exit-when-done: give up after this many seconds.")
     ] = 120.0,
@@ -91,6 +99,7 @@ def up(
         demo_timeout_s=demo_timeout,
         log_level=log_level.upper(),
         live=live,
+        fast=fast,
     )
     raise typer.Exit(run_up(options))
 

@@ -85,6 +85,9 @@ class UpOptions:
     demo_timeout_s: float = 120.0
     log_level: str = "INFO"
     live: bool | None = None
+    #: Throwaway run: Postgres without fsync and JetStream with its default sync; an OS crash may lose
+    #: acknowledged work. By default both sync every acknowledged write, as a deployment does.
+    fast: bool = False
 
 
 def _installed(module: str) -> bool:
@@ -208,7 +211,7 @@ class Up:
             if port is not None and not _port_free(port):
                 self.say(f"port {port} is busy: the embedded NATS takes a free port instead")
                 port = None
-            nats = NatsServer(self.layout.nats_dir, port=port)
+            nats = NatsServer(self.layout.nats_dir, port=port, sync_always=not o.fast)
             self.say(f"starting NATS (JetStream) on port {nats.port}, data in {self.layout.nats_dir}")
             servers.callback(self._stop_server, "NATS", nats.stop)
             nats.start()
@@ -216,19 +219,26 @@ class Up:
         database_url = o.database_url
         if database_url is None:
             from devsched.embedded import PostgresServer
+            from devsched.embedded.postgres_server import DURABLE_SETTINGS, FAST_SETTINGS
 
             pg_port: int | None = o.postgres_port or None
             if pg_port is not None and not _port_free(pg_port):
                 self.say(f"port {pg_port} is busy: the embedded Postgres takes a free port instead")
                 pg_port = None
-            postgres = PostgresServer(self.layout.postgres_dir, port=pg_port)
+            postgres = PostgresServer(
+                self.layout.postgres_dir, port=pg_port, settings=FAST_SETTINGS if o.fast else DURABLE_SETTINGS
+            )
             if postgres.requested_data_dir is not None:
                 self.say(
                     f"PostgreSQL data lives in {postgres.data_dir}: its account cannot reach "
                     f"{postgres.requested_data_dir} (a private directory, left as it is)"
                 )
             first = not (postgres.pgdata / "PG_VERSION").exists()
-            self.say(f"starting PostgreSQL on port {postgres.port}" + (" (first run: initdb)" if first else ""))
+            durability = "fsync off: --fast, an OS crash may lose work" if o.fast else "fsync on"
+            self.say(
+                f"starting PostgreSQL on port {postgres.port} ({durability})"
+                + (" (first run: initdb)" if first else "")
+            )
             servers.callback(self._stop_server, "PostgreSQL", postgres.stop)
             postgres.start()
             asyncio.run(_ensure_database(postgres.dsn(), DATABASE_NAME, self.roles))

@@ -84,6 +84,8 @@ class NatsServer(ServerProcess):
         max_payload: Largest message the server accepts, in bytes.
         http_port: Port of the server's monitoring endpoints (`/varz`, `/jsz`, ...); none when None.
         cluster: Its place in a cluster (`NatsCluster` makes them); a server of its own when None.
+        sync_always: JetStream's `sync_interval: always` (each write fsync'd before its ack); False leaves
+            nats-server's default (a sync every 2 minutes), for throwaway runs only.
     """
 
     def __init__(
@@ -95,9 +97,11 @@ class NatsServer(ServerProcess):
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         http_port: int | None = None,
         cluster: ClusterSpec | None = None,
+        sync_always: bool = True,
     ) -> None:
         super().__init__(data_dir, port, host)
         self.max_payload = max_payload
+        self.sync_always = sync_always
         self.http_port = http_port
         self.cluster = cluster
         self.binary = nats_server_binary()
@@ -126,8 +130,10 @@ class NatsServer(ServerProcess):
         self.store_dir.mkdir(parents=True, exist_ok=True)
         # Flags carry what changes per run; the file carries what flags cannot set. `sync_interval: always`:
         # JetStream fsyncs each write before it acknowledges it (Jepsen lost acknowledged writes with the
-        # default, a sync every 2 minutes), in tests as in `devsched up`.
-        lines = [f"max_payload: {self.max_payload}", "jetstream {", "  sync_interval: always", "}"]
+        # default, a sync every 2 minutes), in tests as in `devsched up` (unless `up --fast`).
+        lines = [f"max_payload: {self.max_payload}"]
+        if self.sync_always:
+            lines += ["jetstream {", "  sync_interval: always", "}"]
         if self.cluster is not None:
             routes = ", ".join(self.cluster.routes)
             lines += [

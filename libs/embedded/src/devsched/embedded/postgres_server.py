@@ -34,6 +34,16 @@ FAST_SETTINGS: Mapping[str, str] = {
     "shared_buffers": "128MB",
 }
 
+#: Settings for data worth keeping (`devsched up` unless `--fast`, the benchmark): every commit that was
+#: acknowledged survives a crash of the OS, as on a deployment.
+DURABLE_SETTINGS: Mapping[str, str] = {
+    "fsync": "on",
+    "synchronous_commit": "on",
+    "full_page_writes": "on",
+    "max_connections": "200",
+    "shared_buffers": "128MB",
+}
+
 #: System account that runs the server when we are root (Postgres refuses to run as root).
 SYSTEM_USER = "devsched-pg"
 

@@ -21,6 +21,7 @@ from devsched.devstack.layout import Layout, SimDevice, SimHost
 from devsched.devstack.processes import Child, python_module, stop_all
 from devsched.devstack.stack import _ensure_database
 from devsched.embedded import NatsServer, PostgresServer
+from devsched.embedded.postgres_server import DURABLE_SETTINGS
 from devsched.store.roles import DatabaseRoles, role_url
 
 #: Subject prefix of the bench's deployment.
@@ -30,13 +31,9 @@ DATABASE = "devsched"
 FLOOR_DATABASE = "bench_floor"
 PEER_DATABASE = "bench_peer"
 
-#: Durable Postgres: what a deployment runs (FAST_SETTINGS of the test harness turn fsync off).
-DURABLE_SETTINGS: Mapping[str, str] = {
-    "fsync": "on",
-    "synchronous_commit": "on",
-    "full_page_writes": "on",
-    "max_connections": "200",
-    "shared_buffers": "128MB",
+#: Durable Postgres, as a deployment runs it, with the statistics the profiles read.
+BENCH_SETTINGS: Mapping[str, str] = {
+    **DURABLE_SETTINGS,
     "shared_preload_libraries": "pg_stat_statements",
     "pg_stat_statements.max": "5000",
     "pg_stat_statements.track": "top",
@@ -48,20 +45,6 @@ SCHEDULER_ENV: Mapping[str, str] = {
     "DEVSCHED_HOST_RATE_PER_S": "1000000",
     "DEVSCHED_HOST_BURST": "100000",
 }
-
-
-class DurableNats(NatsServer):
-    """The embedded nats-server, with `jetstream { sync_interval: always }` when `sync_always`."""
-
-    def __init__(self, data_dir: Path, *, sync_always: bool) -> None:
-        super().__init__(data_dir)
-        self.sync_always = sync_always
-
-    def _prepare(self) -> None:
-        super()._prepare()
-        if self.sync_always:
-            with self.config_path.open("a") as config:
-                config.write("jetstream {\n  sync_interval: always\n}\n")
 
 
 class BenchStack:
@@ -77,8 +60,8 @@ class BenchStack:
         self.data_dir = data_dir.absolute()
         self.layout = Layout(self.data_dir)
         self.roles = DatabaseRoles()
-        self.nats = DurableNats(self.layout.nats_dir, sync_always=sync_always)
-        self.postgres = PostgresServer(self.layout.postgres_dir, settings=DURABLE_SETTINGS)
+        self.nats = NatsServer(self.layout.nats_dir, sync_always=sync_always)
+        self.postgres = PostgresServer(self.layout.postgres_dir, settings=BENCH_SETTINGS)
         self.scheduler_env = {**SCHEDULER_ENV, **(scheduler_env or {})}
         self.scheduler: Child | None = None
         self.sweeper: Child | None = None
