@@ -117,7 +117,7 @@ _PROGRESS = Sql(
     """
 )
 
-_CLAIM_EVENT = insert_event("ext, moved", at="ext.dispatched_at", seq="moved.event_seq", device_id="ext.device_id")
+_CLAIM_EVENT = insert_event("ext, moved", at="moved.updated_at", seq="moved.event_seq", device_id="ext.device_id")
 _CLAIM = Sql(
     f"""
     WITH {_LOCKED},
@@ -128,14 +128,13 @@ _CLAIM = Sql(
                                  ELSE a.dispatched_at END
         FROM t, seen
         WHERE {_LOCKED_ATTEMPT} AND {_granted()}
-        RETURNING a.task_id, a.device_id, a.expires_at, a.dispatched_at, t.lease_ttl_s,
+        RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s,
                   t.status IN {sql_list(DISPATCHING)} AS dispatch, {_CANCEL_REQUESTED} AS cancel_requested
     ),
     moved AS (
-        UPDATE tasks SET status = {entering(Trigger.CLAIM)}, updated_at = ext.dispatched_at,
-                         event_seq = tasks.event_seq + 1
+        UPDATE tasks SET status = {entering(Trigger.CLAIM)}, updated_at = {NOW}, event_seq = tasks.event_seq + 1
         FROM ext WHERE tasks.task_id = ext.task_id AND ext.dispatch AND tasks.status IN {leaving(Trigger.CLAIM)}
-        RETURNING tasks.event_seq
+        RETURNING tasks.event_seq, tasks.updated_at
     ),
     event AS ({_CLAIM_EVENT})
     SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.dispatch FROM ext
