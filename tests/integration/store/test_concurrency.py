@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import text
@@ -12,6 +13,7 @@ from sqlalchemy import text
 from devsched.core.errors import LeaseExpired
 from devsched.core.status import AttemptStatus, Outcome, TaskStatus
 from devsched.store import DeviceSpec, ManualClock, NewTask, Store
+from support.polling import eventually
 from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -150,3 +152,111 @@ async def test_cancel_racing_report_ends_in_one_terminal_state(lab: Lab, stores:
         view = await lab.store.get_task(lease.task_id)
         assert view.status is TaskStatus.DONE  # the report wins: a late request on a terminal task is a no-op
         assert not view.cancel_requested
+
+
+async def test_renewal_racing_the_sweeper_is_renewed_or_swept_never_both(
+    lab: Lab, stores: Callable[..., Store], clock: ManualClock
+) -> None:
+    """The renewer's clock says live, the sweeper's expired: the attempt row decides, as with a report."""
+    n = 30
+    await lab.store.register_host("h1", [DeviceSpec(f"d{i}") for i in range(n)])
+    for _ in range(n):
+        await lab.store.submit(NewTask(plan=PLAN, max_attempts=2))
+    leases = [ref(m) for m in await lab.store.assign(limit=100)]
+    early, late = ManualClock(clock.advance(29)), ManualClock(clock.current)
+    late.advance(2)
+    renewer, sweeper = stores(early), stores(late)
+    await lab.alive()
+
+    async def renew(lease: object) -> str:
+        try:
+            await renewer.renew(lease)  # type: ignore[arg-type]
+        except LeaseExpired:
+            return "rejected"
+        return "renewed"
+
+    async def sweep() -> list[object]:
+        out: list[object] = []
+        for _ in range(10):
+            out += await sweeper.sweep_expired(limit=5)
+        return out
+
+    outcomes, swept = await asyncio.gather(asyncio.gather(*(renew(x) for x in leases)), sweep())
+    swept_ids = {e.task_id for e in swept}  # type: ignore[attr-defined]
+    for lease, outcome in zip(leases, outcomes, strict=True):
+        view = await lab.store.get_task(lease.task_id)
+        (attempt,) = view.attempts
+        if outcome == "renewed":
+            assert lease.task_id not in swept_ids
+            assert attempt.status is AttemptStatus.ACTIVE
+            assert attempt.expires_at == early.current + timedelta(seconds=30)
+        else:
+            assert lease.task_id in swept_ids
+            assert attempt.status is AttemptStatus.EXPIRED
+    assert set(outcomes) <= {"renewed", "rejected"}
+
+
+async def test_claims_and_new_steps_racing_cancels_number_every_event_once(
+    lab: Lab, stores: Callable[..., Store]
+) -> None:
+    """Claims, renewals at a new step and cancellations of the same tasks from other sessions, at once."""
+    n = 20
+    await lab.store.register_host("h1", [DeviceSpec(f"d{i}") for i in range(n)])
+    for _ in range(n):
+        await lab.store.submit(NewTask(plan=PLAN))
+    leases = [ref(m) for m in await lab.store.assign(limit=100)]
+    hosts, cancellers = stores(), stores()
+
+    async def run(lease: object) -> None:
+        await hosts.claim(lease)  # type: ignore[arg-type]
+        for index in range(3):
+            await hosts.renew(lease, {"step": f"s{index}", "index": index, "of": 3})  # type: ignore[arg-type]
+
+    await asyncio.gather(*(run(x) for x in leases), *(cancellers.request_cancel(x.task_id) for x in leases))
+    async with lab.store.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT data->>'task_id' AS task_id, array_agg((data->>'seq')::int ORDER BY id) AS seqs,"
+                    " array_agg(data->>'kind' ORDER BY id) AS kinds"
+                    " FROM outbox WHERE kind = 'task_event' GROUP BY 1"
+                )
+            )
+        ).all()
+        counters = dict((await conn.execute(text("SELECT task_id::text, event_seq FROM tasks"))).all())
+    for row in rows:
+        assert sorted(row.seqs) == list(range(1, counters[row.task_id] + 1)), "each number taken exactly once"
+        kinds = Counter(row.kinds)
+        assert kinds["dispatched"] == 1
+        assert kinds["cancel_requested"] == 1
+        assert kinds["progress"] == 3
+    for lease in leases:
+        assert (await hosts.renew(lease, {"step": "s2", "index": 2, "of": 3})).cancel_requested
+
+
+async def test_a_claim_that_waited_for_a_cancellation_sees_it(lab: Lab) -> None:
+    """A one-statement claim blocked by a cancellation holding the task row must not answer from its snapshot."""
+    await lab.host("h1", "d1")
+    lease = await lab.assign_one(await lab.submit())
+    async with lab.store.engine.connect() as canceller:
+        tx = await canceller.begin()  # as request_cancel does it, held open
+        await canceller.execute(text("SELECT 1 FROM tasks WHERE task_id = :id FOR UPDATE"), {"id": lease.task_id})
+        await canceller.execute(
+            text("INSERT INTO cancel_requests (task_id, attempt, requested_at) VALUES (:id, 1, now())"),
+            {"id": lease.task_id},
+        )
+        await canceller.execute(
+            text("UPDATE tasks SET event_seq = event_seq + 1 WHERE task_id = :id"), {"id": lease.task_id}
+        )
+        claim = asyncio.ensure_future(lab.store.claim(lease))
+
+        async def waiting() -> bool:
+            async with lab.store.engine.connect() as conn:
+                query = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                return bool((await conn.execute(text(query))).scalar_one())
+
+        await eventually(waiting, message="the claim waits for the task row")
+        await tx.commit()
+    grant = await claim
+    assert grant.cancel_requested
+    assert grant.dispatch

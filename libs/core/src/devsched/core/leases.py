@@ -8,10 +8,18 @@ A release is a report that gives the attempt back instead of ending the task, an
 the same way, with one difference: the repeat of a release is recognised (a duplicate) even once a newer
 attempt exists, because a released task is requeued at once and may be assigned again before the host's
 retry of a release whose reply it lost.
+
+A request is granted when none applies: the named attempt is the task's current one, of the asking host,
+with the lease id named; the attempt is `LIVE_ATTEMPT` and `now` is before its expiry; the task is not
+in `ENDED_TASK` (and, for a report, can take the report's transition; for a `cancelled` report, a
+cancellation was requested on the attempt). The store renders exactly this as the compare-and-set of its
+one-statement path (`devsched.store.grants`) from the constants below, and falls back to these
+functions to name the conflict when that statement matches nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -24,9 +32,16 @@ from devsched.core.errors import (
     OutcomeConflict,
     TaskTerminal,
 )
-from devsched.core.lifecycle import Trigger, next_status
+from devsched.core.lifecycle import Trigger, next_status, sources
 from devsched.core.records import AttemptRecord, LeaseRef, TaskRecord
 from devsched.core.status import RECORDED, TERMINAL, AttemptStatus, Outcome, TaskReason, TaskStatus
+
+#: The one attempt status in which a lease may still be used (claimed, renewed, reported).
+LIVE_ATTEMPT = AttemptStatus.ACTIVE
+#: Task statuses in which no lease may be used any more (`task_terminal`).
+ENDED_TASK: frozenset[TaskStatus] = TERMINAL
+#: Task statuses a claim moves to dispatched; a claim in any other live status is answered as a renewal.
+DISPATCHING: frozenset[TaskStatus] = sources(Trigger.CLAIM)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,11 +77,14 @@ class ReportDecision:
     attempt_status: AttemptStatus
 
 
-_REPORT_TRIGGER = {
+#: The transition each reported outcome makes.
+REPORT_TRIGGER: Mapping[Outcome, Trigger] = {
     Outcome.DONE: Trigger.REPORT_DONE,
     Outcome.FAILED: Trigger.REPORT_FAILED,
     Outcome.CANCELLED: Trigger.REPORT_CANCELLED,
 }
+#: Outcomes a host may report only when a cancellation was requested on the attempt.
+NEEDS_CANCEL_REQUEST: frozenset[Outcome] = frozenset({Outcome.CANCELLED})
 
 
 def _check_identity(task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef) -> AttemptRecord:
@@ -80,9 +98,9 @@ def _check_identity(task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef
 
 def _check_live(task: TaskRecord, attempt: AttemptRecord, now: datetime) -> None:
     """Terminal, then expired: may the lease still be used at `now`?"""
-    if task.status in TERMINAL:
+    if task.status in ENDED_TASK:
         raise TaskTerminal(status=task.status.value)
-    if attempt.status is not AttemptStatus.ACTIVE or now >= attempt.expires_at:
+    if attempt.status is not LIVE_ATTEMPT or now >= attempt.expires_at:
         raise LeaseExpired(expires_at=attempt.expires_at.isoformat())
 
 
@@ -114,7 +132,7 @@ def decide_claim(task: TaskRecord, named: AttemptRecord | None, ref: LeaseRef, n
     """
     attempt = _check_identity(task, named, ref)
     _check_live(task, attempt, now)
-    dispatch = task.status is TaskStatus.ASSIGNED
+    dispatch = task.status in DISPATCHING
     if dispatch:
         next_status(task.status, Trigger.CLAIM)
     return _extend(task, now, dispatch=dispatch)
@@ -142,10 +160,10 @@ def decide_report(
         if attempt.status is outcome.attempt_status:
             return ReportDecision(ReportKind.DUPLICATE, task.status, attempt.status)
         raise OutcomeConflict(recorded=attempt.status.value, reported=outcome.value)
-    if outcome is Outcome.CANCELLED and not cancel_requested_for_attempt:
+    if outcome in NEEDS_CANCEL_REQUEST and not cancel_requested_for_attempt:
         raise CancelNotRequested()
     _check_live(task, attempt, now)
-    status = next_status(task.status, _REPORT_TRIGGER[outcome])
+    status = next_status(task.status, REPORT_TRIGGER[outcome])
     return ReportDecision(ReportKind.ACCEPT, status, outcome.attempt_status)
 
 

@@ -102,8 +102,11 @@ def make_engine(
 ) -> AsyncEngine:
     """An asyncpg engine for `url` (`postgresql+asyncpg://...`).
 
-    No `pool_pre_ping` (a round trip per checkout): the Transactor instead retries an operation whose
-    connection turns out dead on its first statement, before anything can have been applied. libpq's
+    At most `pool_size + max_overflow` connections, and each one opened is kept: SQLAlchemy's QueuePool
+    would close an overflow connection as soon as it is returned to a full pool, so a steady load above
+    `pool_size` would open and close a connection per request (a TCP and TLS handshake, a server process,
+    every statement prepared again). No `pool_pre_ping` (a round trip per checkout): the Transactor instead
+    retries an operation whose connection turns out dead before anything can have been applied. libpq's
     `sslmode`/`sslrootcert`/`sslcert`/`sslkey` in the URL become asyncpg's TLS context (`ssl_connect_arg`).
 
     Raises:
@@ -114,8 +117,8 @@ def make_engine(
     extra: dict[str, Any] = {} if tls is None else {"ssl": tls}
     return create_async_engine(
         bare,
-        pool_size=pool_size,
-        max_overflow=max_overflow,
+        pool_size=pool_size + max_overflow,
+        max_overflow=0,
         pool_recycle=1800,
         connect_args={
             **extra,

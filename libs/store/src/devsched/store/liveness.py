@@ -9,6 +9,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import DevschedError, NotFound
+from devsched.store.clock import CLOCK_PARAM, NOW
 
 #: Heartbeats a host may miss before it counts as offline (ARCHITECTURE.md: "3 missed make a host offline").
 MISSED_HEARTBEATS = 3
@@ -27,25 +28,28 @@ def host_online(hosts: str = "h") -> str:
 
 
 #: Liveness is written at most once a second per host: renewals of many devices of one host would
-#: otherwise all queue on the host row.
+#: otherwise all queue on the host row. An UPDATE for statements that read the clock inline (`NOW`) and
+#: need the host as `:host_id`; as a CTE its row lock comes first (see `devsched.store.grants`).
+TOUCH = f"""
+    UPDATE hosts SET last_seen_at = {NOW}
+    WHERE host_id = :host_id AND last_seen_at < {NOW} - interval '1 second'
+"""
+
 _TOUCH = text(
-    """
-    WITH touched AS (
-        UPDATE hosts SET last_seen_at = :now
-        WHERE host_id = :host_id AND last_seen_at < CAST(:now AS timestamptz) - interval '1 second'
-    )
+    f"""
+    WITH touched AS ({TOUCH})
     SELECT 1 FROM hosts WHERE host_id = :host_id
     """
 )
 
 
-async def touch_host(conn: AsyncConnection, host_id: str, now: datetime) -> None:
-    """Record a sign of life of `host_id`.
+async def touch_host(conn: AsyncConnection, host_id: str, now: datetime | None) -> None:
+    """Record a sign of life of `host_id` at `now` (None: the database clock).
 
     Raises:
         NotFound: the host never registered.
     """
-    if (await conn.execute(_TOUCH, {"host_id": host_id, "now": now})).first() is None:
+    if (await conn.execute(_TOUCH, {"host_id": host_id, CLOCK_PARAM: now})).first() is None:
         raise NotFound(f"host {host_id} is not registered; register first", host_id=host_id)
 
 

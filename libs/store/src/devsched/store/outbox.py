@@ -117,6 +117,15 @@ _INSERT = text(
 )
 
 
+def event_row(event: DomainEvent, trace: Mapping[str, str] | None = None) -> tuple[str, str, str]:
+    """`(kind, data, headers)` of `event` as JSON text, as `Outbox.add` queues them.
+
+    For a statement that inserts its event row itself (`devsched.store.inline`); `trace` as in `add`.
+    """
+    kind, data = _row(event)
+    return kind, json.dumps(data), json.dumps(dict(current_trace() if trace is None else trace))
+
+
 class Outbox:
     """Collects the domain events of one transaction and writes them in one statement."""
 
@@ -129,9 +138,7 @@ class Outbox:
         `trace` is the task's own trace context, for events no request caused (assignment, expiry); by
         default the current request's.
         """
-        kind, data = _row(event)
-        headers = dict(current_trace() if trace is None else trace)
-        self._rows.append((kind, json.dumps(data), json.dumps(headers)))
+        self._rows.append(event_row(event, trace))
 
     async def flush(self, conn: AsyncConnection, now: datetime) -> None:
         """Write the queued events in the caller's transaction."""

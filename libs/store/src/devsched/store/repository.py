@@ -17,8 +17,9 @@ from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
-from devsched.store import assignment, hosts, leasing, outbox, queries, releasing, sweeping, tasks
+from devsched.store import assignment, grants, hosts, leasing, outbox, queries, releasing, sweeping, tasks
 from devsched.store.clock import Clock, DatabaseClock
+from devsched.store.driver import Driver
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
 from devsched.store.transaction import Transactor
@@ -89,10 +90,10 @@ class Store:
         """Queue a task (or return the existing one for a repeated idempotency key)."""
         task_id = new_task_id()
 
-        async def op(conn: AsyncConnection, now: datetime) -> Submitted:
-            return await tasks.submit(conn, now, outbox.Outbox(), new, task_id)
+        async def op(db: Driver) -> Submitted:
+            return await tasks.submit(db, self.clock, new, task_id)
 
-        return await self._tx.run(op, name="submit")
+        return await self._tx.statements(op, name="submit")
 
     async def request_cancel(self, task_id: uuid.UUID, reason: str | None = None) -> CancelReceipt:
         """Cancel a queued task now, or record a cancellation request against an in-flight one."""
@@ -172,22 +173,35 @@ class Store:
 
     # -- leases ------------------------------------------------------------------------------
 
+    # A lease request is first tried as one statement that applies it only if it is granted
+    # (`grants`); when that matches nothing, the locked path (`leasing`) names the conflict.
+
     async def claim(self, ref: LeaseRef) -> Extension:
         """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
+
+        async def granted(db: Driver) -> Extension | None:
+            return await grants.claim(db, self.clock, ref)
 
         async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
             return await leasing.extend(conn, now, outbox.Outbox(), ref, claim=True, clock=self.clock)
 
+        if (grant := await self._tx.statements(granted, name="claim")) is not None:
+            return grant
         return _unwrap(await self._tx.run(op, name="claim"))
 
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
+
+        async def granted(db: Driver) -> Extension | None:
+            return await grants.renew(db, self.clock, ref, progress)
 
         async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
             return await leasing.extend(
                 conn, now, outbox.Outbox(), ref, claim=False, clock=self.clock, progress=progress
             )
 
+        if (grant := await self._tx.statements(granted, name="renew")) is not None:
+            return grant
         return _unwrap(await self._tx.run(op, name="renew"))
 
     async def report(
@@ -200,9 +214,14 @@ class Store:
     ) -> ReportReceipt:
         """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
 
+        async def granted(db: Driver) -> ReportReceipt | None:
+            return await grants.report(db, self.clock, ref, outcome, reason, result)
+
         async def op(conn: AsyncConnection, now: datetime) -> ReportReceipt | Rejected:
             return await leasing.report(conn, now, outbox.Outbox(), ref, outcome, reason, result, self.clock)
 
+        if (receipt := await self._tx.statements(granted, name="report")) is not None:
+            return receipt
         return _unwrap(await self._tx.run(op, name="report"))
 
     async def release(

@@ -13,53 +13,66 @@ from devsched.core.cancellation import CancelKind, decide_cancel
 from devsched.core.events import TaskEvent
 from devsched.core.lifecycle import Trigger
 from devsched.core.status import EventKind, TaskReason, TaskStatus
+from devsched.store.clock import CLOCK_PARAM, NOW, Clock
+from devsched.store.driver import Driver, Sql
+from devsched.store.inline import PLACEHOLDER_TIME, event_params, insert_event
 from devsched.store.outbox import Outbox, current_trace
 from devsched.store.rows import bump_seq, lock_task
 from devsched.store.statuses import entering, leaving
 from devsched.store.views import CancelReceipt, NewTask, Submitted
 
-_INSERT = text(
+#: One statement: the task, its `submitted` event, and on a repeated idempotency key (or a repeat of this
+#: very statement whose answer was lost: the same task id) the task that exists instead.
+_SUBMIT = Sql(
     f"""
-    INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
-                       selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq,
-                       trace_headers)
-    VALUES (:task_id, :name, {entering(Trigger.SUBMIT)}, :priority, :max_attempts, :lease_ttl_s,
-            CAST(:labels AS jsonb), :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, :now, :now, 1,
-            CAST(:trace AS jsonb))
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING task_id
+    WITH c AS MATERIALIZED (SELECT {NOW} AS now),
+    ins AS (
+        INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
+                           selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq,
+                           trace_headers)
+        SELECT :task_id, :name, {entering(Trigger.SUBMIT)}, :priority, :max_attempts, :lease_ttl_s,
+               CAST(:labels AS jsonb), :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, c.now, c.now,
+               1, CAST(:trace AS jsonb)
+        FROM c
+        ON CONFLICT DO NOTHING
+        RETURNING task_id, status, created_at
+    ),
+    event AS ({insert_event("ins", at="ins.created_at")})
+    SELECT task_id, status FROM ins
+    UNION ALL
+    SELECT task_id, status FROM tasks
+    WHERE (idempotency_key = :key OR task_id = :task_id) AND NOT EXISTS (SELECT FROM ins)
     """
 )
-_BY_KEY = text("SELECT task_id, status FROM tasks WHERE idempotency_key = :key")
+#: The task of a key whose first submit committed after `_SUBMIT`'s snapshot was taken (it waited for it).
+_BY_KEY = Sql("SELECT task_id, status FROM tasks WHERE idempotency_key = :key")
 
 
-async def submit(conn: AsyncConnection, now: datetime, outbox: Outbox, new: NewTask, task_id: uuid.UUID) -> Submitted:
-    """Queue a new task, or return the one already submitted with the same idempotency key."""
-    inserted = (
-        await conn.execute(
-            _INSERT,
-            {
-                "task_id": task_id,
-                "name": new.name,
-                "priority": new.priority,
-                "max_attempts": new.max_attempts,
-                "lease_ttl_s": new.lease_ttl_s,
-                "labels": json.dumps(dict(new.selector.labels)),
-                "device_id": new.selector.device_id,
-                "plan": json.dumps(dict(new.plan)),
-                "metadata": json.dumps(dict(new.metadata)),
-                "key": new.idempotency_key,
-                "now": now,
-                "trace": json.dumps(dict(current_trace())),
-            },
-        )
-    ).scalar_one_or_none()
-    if inserted is None:
-        row = (await conn.execute(_BY_KEY, {"key": new.idempotency_key})).one()
-        return Submitted(row.task_id, TaskStatus(row.status), created=False)
-    outbox.add(TaskEvent(kind=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=now))
-    await outbox.flush(conn, now)
-    return Submitted(task_id, TaskStatus.QUEUED, created=True)
+async def submit(db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID) -> Submitted:
+    """Queue a new task as `task_id`, or return the one already submitted with the same idempotency key.
+
+    One statement, run without a transaction around it (`Transactor.statements`).
+    """
+    event = TaskEvent(kind=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME)
+    params = {
+        "task_id": task_id,
+        "name": new.name,
+        "priority": new.priority,
+        "max_attempts": new.max_attempts,
+        "lease_ttl_s": new.lease_ttl_s,
+        "labels": json.dumps(dict(new.selector.labels)),
+        "device_id": new.selector.device_id,
+        "plan": json.dumps(dict(new.plan)),
+        "metadata": json.dumps(dict(new.metadata)),
+        "key": new.idempotency_key,
+        "trace": json.dumps(dict(current_trace())),
+        CLOCK_PARAM: clock.bound(),
+        **event_params(event),
+    }
+    row = await db.row(_SUBMIT, params) or await db.row(_BY_KEY, {"key": new.idempotency_key})
+    if row is None:
+        raise AssertionError(f"submit of {task_id} found neither its task nor the one of its key")
+    return Submitted(row["task_id"], TaskStatus(row["status"]), created=row["task_id"] == task_id)
 
 
 _CANCEL_QUEUED = text(

@@ -8,14 +8,19 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
 
+import asyncpg  # type: ignore[import-untyped]
 import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, Unavailable
 from devsched.store.clock import Clock
+from devsched.store.driver import Driver
 
 T = TypeVar("T")
 Operation = Callable[[AsyncConnection, datetime], Awaitable[T]]
+#: An operation of statements that each commit on their own (no transaction around them), run through the
+#: driver; they read the clock inline (`devsched.store.clock.NOW`).
+Statements = Callable[[Driver], Awaitable[T]]
 
 log = logging.getLogger("devsched.store")
 
@@ -60,14 +65,28 @@ class Transactor:
         self._attempts = attempts
 
     async def run(self, op: Operation[T], *, name: str) -> T:
-        """Run `op` to completion even if the caller is cancelled meanwhile.
+        """Run `op` in one transaction to completion even if the caller is cancelled meanwhile.
 
         A `CancelledError` delivered inside `execute` can hand a broken connection back to the pool
         (SQLAlchemy issues 6592, 6652, 8145). The transaction therefore runs in its own task, shielded;
         a cancelled caller waits for it to commit or roll back (bounded by the statement timeout) and
         then sees the cancellation.
         """
-        task = asyncio.ensure_future(self._with_retries(op, name))
+        return await self._shielded(self._with_retries(self._transaction(op), name))
+
+    async def statements(self, op: Statements[T], *, name: str) -> T:
+        """Run `op` on a pooled connection through the driver, without a transaction around it.
+
+        For operations that are one statement (or several, each whole by itself): BEGIN, COMMIT and a
+        read of the clock would be three more round trips (`devsched.store.driver` says why the driver).
+        Each statement of `op` must be safe to run again: a lost connection runs `op` again (a renewal
+        extends again, a report finds itself recorded, a submit finds its own task id). Errors, other
+        retries and cancellation as in `run`.
+        """
+        return await self._shielded(self._with_retries(self._autocommitted(op), name))
+
+    async def _shielded(self, work: Awaitable[T]) -> T:
+        task = asyncio.ensure_future(work)
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -76,10 +95,46 @@ class Transactor:
                 task.exception()  # retrieved, so it is not logged as never retrieved
             raise
 
-    async def _with_retries(self, op: Operation[T], name: str) -> T:
+    def _transaction(self, op: Operation[T]) -> Callable[[], Awaitable[T]]:
+        async def once() -> T:
+            started = False
+            try:
+                async with self._engine.begin() as conn:
+                    now = await self._clock.now(conn)
+                    started = True
+                    return await op(conn, now)
+            except sqlalchemy.exc.DBAPIError as exc:
+                if exc.connection_invalidated and not started:
+                    # a pooled connection that died (database restart): nothing ran, so run again on a new one
+                    raise _Retry("stale pooled connection") from exc
+                raise
+
+        return once
+
+    def _autocommitted(self, op: Statements[T]) -> Callable[[], Awaitable[T]]:
+        async def once() -> T:
+            pooled = await self._engine.raw_connection()
+            driver = Driver(pooled.driver_connection)
+            try:
+                return await op(driver)
+            except BaseException as exc:
+                if driver.closed or isinstance(exc, OSError):
+                    pooled.invalidate(exc if isinstance(exc, Exception) else None)
+                    if isinstance(exc, Exception):
+                        # a pooled connection that died (database restart), or a statement whose answer
+                        # was lost: `op` may run again (see `statements`)
+                        raise _Retry("connection lost") from exc
+                raise
+            finally:
+                if pooled.is_valid:
+                    pooled.close()
+
+        return once
+
+    async def _with_retries(self, once: Callable[[], Awaitable[T]], name: str) -> T:
         for attempt in range(1, self._attempts + 1):
             try:
-                return await self._once(op)
+                return await self._translated(once)
             except _Retry as retry:
                 if attempt == self._attempts:
                     raise Unavailable(f"{name}: gave up after {attempt} conflicting attempts") from retry
@@ -87,23 +142,18 @@ class Transactor:
                 await asyncio.sleep(0.005 * attempt)
         raise AssertionError("unreachable")
 
-    async def _once(self, op: Operation[T]) -> T:
-        started = False
+    async def _translated(self, once: Callable[[], Awaitable[T]]) -> T:
         try:
-            async with self._engine.begin() as conn:
-                now = await self._clock.now(conn)
-                started = True
-                return await op(conn, now)
+            return await once()
         except DevschedError:
             raise
         except sqlalchemy.exc.DBAPIError as exc:
-            if exc.connection_invalidated and not started:
-                # a pooled connection that died (database restart): nothing ran, so run again on a new one
-                raise _Retry("stale pooled connection") from exc
-            raise _translate(exc) from exc
+            raise _translate(*_pg_details(exc), lost=exc.connection_invalidated, orig=exc.orig) from exc
+        except asyncpg.PostgresError as exc:
+            raise _translate(exc.sqlstate, exc.constraint_name, lost=False, orig=exc) from exc
         except (OSError, TimeoutError, sqlalchemy.exc.TimeoutError) as exc:
             raise Unavailable(f"database unreachable: {exc.__class__.__name__}") from exc
-        except sqlalchemy.exc.SQLAlchemyError as exc:
+        except (sqlalchemy.exc.SQLAlchemyError, asyncpg.InterfaceError) as exc:
             log.exception("unexpected database error")
             raise Internal() from exc
 
@@ -112,13 +162,13 @@ class _Retry(Exception):
     """The transaction lost a benign race; run it again."""
 
 
-def _translate(exc: sqlalchemy.exc.DBAPIError) -> Exception:
-    state, constraint = _pg_details(exc)
+def _translate(state: str | None, constraint: str | None, *, lost: bool, orig: object) -> Exception:
+    """The error for a driver error with this sqlstate and constraint (`lost`: its connection died)."""
     if state in _RETRY_STATES or (state == "23505" and constraint in _RETRY_CONSTRAINTS):
         return _Retry(f"{state} {constraint or ''}".strip())
-    if exc.connection_invalidated or state in _UNAVAILABLE_STATES or state is None:
-        return Unavailable(f"database unavailable ({state or exc.orig.__class__.__name__})")
+    if lost or state in _UNAVAILABLE_STATES or state is None:
+        return Unavailable(f"database unavailable ({state or orig.__class__.__name__})")
     if state in ("23514", "22001", "22003", "22P02", "23502"):
         return InvalidRequest(f"rejected by the database: {state}", constraint=constraint)
-    log.error("database error %s on constraint %s: %s", state, constraint, exc.orig)
+    log.error("database error %s on constraint %s: %s", state, constraint, orig)
     return Internal()

@@ -1,0 +1,248 @@
+"""Granted lease requests in one statement each: renew, claim and report without a transaction around them.
+
+Nearly every lease request is granted: a live lease renewed by its own host. Each function here runs one
+statement that applies the request only where core would grant it (`devsched.core.leases`, whose
+conditions `_granted` renders from core's constants), records the host's sign of life and writes the
+request's event, and returns what was granted; None when the statement matched nothing. The caller then
+runs the locked path (`devsched.store.leasing`), where core's `decide_*` name the conflict. One statement
+is one round trip, where the locked path takes eight to ten; `tests/integration/store/test_grants.py`
+checks that the two agree on generated states.
+
+Concurrency. A renewal without a new step takes no task lock: it changes only the attempt's expiry, with a
+compare-and-set on the attempt row, and every writer that ends a lease compares-and-sets that row too
+(the sweeper re-checks the expiry, a report the status and lease): whichever writes first, the other's
+conditions are evaluated again on the row it waited for, with the clock read again (`NOW`). Its
+`cancel_requested` is as of the statement's start; a cancellation committed while it ran is on the next
+renewal, which the cancellation's nudge makes immediate.
+
+A claim, a renewal with a new step and a report change the task row and write an event. They lock the
+task row first, in the locked path's order (host, task, attempt), and apply only if the task row they
+locked is the version their snapshot holds (`xmin`). Every writer of a lease's state, of a cancellation
+request or of progress also updates the task row (it takes an event number), so an unchanged task row
+means nothing the statement read from its snapshot changed before it held the lock; otherwise nothing
+is applied and the locked path runs, with statements that see the current rows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from devsched.core.events import StepProgress, TaskEvent
+from devsched.core.leases import (
+    DISPATCHING,
+    ENDED_TASK,
+    LIVE_ATTEMPT,
+    NEEDS_CANCEL_REQUEST,
+    REPORT_TRIGGER,
+    Extension,
+)
+from devsched.core.lifecycle import Trigger
+from devsched.core.records import LeaseRef
+from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.store.clock import CLOCK_PARAM, NOW, Clock
+from devsched.store.driver import Driver, Row, Sql
+from devsched.store.inline import PLACEHOLDER_SEQ, PLACEHOLDER_TIME, event_params, insert_event
+from devsched.store.liveness import TOUCH
+from devsched.store.statuses import entering, leaving, sql_list
+from devsched.store.views import ReportReceipt
+
+
+def _granted() -> str:
+    """SQL over the named attempt `a` (`a.attempt = :attempt`) and its task `t`: none of core's conflicts.
+
+    `_check_identity`: the attempt is the asking host's, the task's current one, with the lease named;
+    `_check_live`: the task has not ended, the attempt is live and `NOW` is before its expiry.
+    """
+    return f"""
+        a.host_id = :host_id AND a.lease_id = :lease_id AND a.attempt = t.attempt_count
+        AND t.status NOT IN {sql_list(ENDED_TASK)}
+        AND a.status = '{LIVE_ATTEMPT.value}' AND {NOW} < a.expires_at
+    """
+
+
+#: Whether a cancellation was requested on the attempt `a`.
+_CANCEL_REQUESTED = "EXISTS (SELECT 1 FROM cancel_requests c WHERE c.task_id = a.task_id AND c.attempt = a.attempt)"
+
+#: Referenced from the first row a statement reads, so the host row is locked before the task and attempt
+#: rows (as in the locked path); a data-modifying CTE nobody references would run after the main query.
+_AFTER_TOUCH = "(SELECT count(*) FROM touched) >= 0"
+
+_EXTEND = f"{NOW} + make_interval(secs => t.lease_ttl_s)"
+
+_RENEW = Sql(
+    f"""
+    WITH touched AS ({TOUCH} RETURNING 1)
+    UPDATE attempts a SET expires_at = {_EXTEND}
+    FROM tasks t
+    WHERE a.task_id = :task_id AND a.attempt = :attempt AND t.task_id = a.task_id AND {_AFTER_TOUCH}
+      AND {_granted()}
+      AND (CAST(:progress AS jsonb) IS NULL OR a.progress = CAST(:progress AS jsonb))
+    RETURNING a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested
+    """
+)
+
+#: The task row locked first, and `seen`, its version in the statement's snapshot (see the module doc).
+_LOCKED = f"""
+    touched AS ({TOUCH} RETURNING 1),
+    seen AS (SELECT xmin AS version FROM tasks WHERE task_id = :task_id),
+    t AS MATERIALIZED (
+        SELECT task_id, status, attempt_count, lease_ttl_s, xmin AS version FROM tasks
+        WHERE task_id = :task_id AND {_AFTER_TOUCH}
+        FOR UPDATE
+    )
+"""
+_LOCKED_ATTEMPT = "a.task_id = t.task_id AND a.attempt = :attempt AND t.version = seen.version"
+
+_PROGRESS_EVENT = insert_event(
+    "ext, moved", at="moved.updated_at", seq="moved.event_seq", device_id="ext.device_id", status="moved.status"
+)
+_PROGRESS = Sql(
+    f"""
+    WITH {_LOCKED},
+    ext AS (
+        UPDATE attempts a SET expires_at = {_EXTEND}, progress = CAST(:progress AS jsonb)
+        FROM t, seen
+        WHERE {_LOCKED_ATTEMPT} AND {_granted()} AND a.progress IS DISTINCT FROM CAST(:progress AS jsonb)
+        RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested
+    ),
+    moved AS (
+        UPDATE tasks SET event_seq = tasks.event_seq + 1, updated_at = {NOW}
+        FROM ext WHERE tasks.task_id = ext.task_id
+        RETURNING tasks.event_seq, tasks.status, tasks.updated_at
+    ),
+    event AS ({_PROGRESS_EVENT})
+    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested FROM ext
+    """
+)
+
+_CLAIM_EVENT = insert_event("ext, moved", at="moved.updated_at", seq="moved.event_seq", device_id="ext.device_id")
+_CLAIM = Sql(
+    f"""
+    WITH {_LOCKED},
+    ext AS (
+        UPDATE attempts a
+        SET expires_at = {_EXTEND},
+            dispatched_at = CASE WHEN t.status IN {sql_list(DISPATCHING)} THEN COALESCE(a.dispatched_at, {NOW})
+                                 ELSE a.dispatched_at END
+        FROM t, seen
+        WHERE {_LOCKED_ATTEMPT} AND {_granted()}
+        RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s,
+                  t.status IN {sql_list(DISPATCHING)} AS dispatch, {_CANCEL_REQUESTED} AS cancel_requested
+    ),
+    moved AS (
+        UPDATE tasks SET status = {entering(Trigger.CLAIM)}, updated_at = {NOW}, event_seq = tasks.event_seq + 1
+        FROM ext WHERE tasks.task_id = ext.task_id AND ext.dispatch AND tasks.status IN {leaving(Trigger.CLAIM)}
+        RETURNING tasks.event_seq, tasks.updated_at
+    ),
+    event AS ({_CLAIM_EVENT})
+    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.dispatch FROM ext
+    """
+)
+
+
+_REPORT_EVENT = insert_event(
+    "ended, finished", at="ended.ended_at", seq="finished.event_seq", device_id="ended.device_id"
+)
+
+
+def _report_sql(outcome: Outcome) -> str:
+    trigger = REPORT_TRIGGER[outcome]
+    status = outcome.attempt_status.value
+    needs_request = f"AND {_CANCEL_REQUESTED}" if outcome in NEEDS_CANCEL_REQUEST else ""
+    return f"""
+    WITH {_LOCKED},
+    ended AS (
+        UPDATE attempts a
+        SET status = '{status}', end_reason = '{status}', ended_at = {NOW}, report_reason = :reason,
+            result = CAST(:result AS jsonb)
+        FROM t, seen
+        WHERE {_LOCKED_ATTEMPT} AND {_granted()} AND t.status IN {leaving(trigger)} {needs_request}
+        RETURNING a.task_id, a.device_id, a.ended_at
+    ),
+    finished AS (
+        UPDATE tasks SET status = {entering(trigger)}, reason = :reason, result = CAST(:result AS jsonb),
+                         updated_at = ended.ended_at, event_seq = tasks.event_seq + 1
+        FROM ended WHERE tasks.task_id = ended.task_id
+        RETURNING tasks.event_seq
+    ),
+    event AS ({_REPORT_EVENT})
+    SELECT ended.ended_at FROM ended
+    """
+
+
+_REPORT = {outcome: Sql(_report_sql(outcome)) for outcome in Outcome}
+
+
+def _params(ref: LeaseRef, clock: Clock, **extra: Any) -> dict[str, Any]:
+    return {
+        "host_id": ref.host_id,
+        "task_id": ref.task_id,
+        "attempt": ref.attempt,
+        "lease_id": ref.lease_id,
+        CLOCK_PARAM: clock.bound(),
+        **extra,
+    }
+
+
+def _template(ref: LeaseRef, kind: EventKind, status: TaskStatus, **fields: Any) -> TaskEvent:
+    """The request's event with what the statement fills in (seq, at, device) left as placeholders."""
+    return TaskEvent(
+        kind=kind, task_id=ref.task_id, seq=PLACEHOLDER_SEQ, status=status, at=PLACEHOLDER_TIME, attempt=ref.attempt,
+        host_id=ref.host_id, **fields,
+    )  # fmt: skip
+
+
+def _extension(row: Row | None) -> Extension | None:
+    if row is None:
+        return None
+    dispatch = bool(row.get("dispatch", False))  # only a claim's statement says
+    return Extension(row["expires_at"], row["lease_ttl_s"], row["cancel_requested"], dispatch=dispatch)
+
+
+async def renew(db: Driver, clock: Clock, ref: LeaseRef, progress: Mapping[str, Any] | None) -> Extension | None:
+    """Extend a live lease by its ttl from the clock, if core grants it; None if not."""
+    encoded = json.dumps(dict(progress)) if progress is not None else None
+    row = await db.row(_RENEW, _params(ref, clock, progress=encoded))
+    if row is None and progress is not None:
+        return await _renew_with_progress(db, clock, ref, progress, encoded)
+    return _extension(row)
+
+
+async def _renew_with_progress(
+    db: Driver, clock: Clock, ref: LeaseRef, progress: Mapping[str, Any], encoded: str | None
+) -> Extension | None:
+    """A renewal at a new step: the attempt keeps it, and the task gets a `progress` event."""
+    step = StepProgress(step=progress["step"], index=progress["index"], of=progress["of"])
+    # the status is the task's, filled in by the statement
+    event = _template(ref, EventKind.PROGRESS, TaskStatus.DISPATCHED, progress=step)
+    return _extension(await db.row(_PROGRESS, _params(ref, clock, progress=encoded, **event_params(event))))
+
+
+async def claim(db: Driver, clock: Clock, ref: LeaseRef) -> Extension | None:
+    """Start an assigned attempt (a `dispatched` event), or extend a dispatched one, if core grants it."""
+    event = _template(ref, EventKind.DISPATCHED, TaskStatus.DISPATCHED)
+    return _extension(await db.row(_CLAIM, _params(ref, clock, **event_params(event))))
+
+
+async def report(
+    db: Driver,
+    clock: Clock,
+    ref: LeaseRef,
+    outcome: Outcome,
+    reason: str | None,
+    result: Mapping[str, Any] | None,
+) -> ReportReceipt | None:
+    """Record the outcome of a live lease and end its task, if core grants it (a repeat never is)."""
+    status = outcome.task_status
+    event = _template(ref, EventKind(status.value), status, reason=reason)
+    params = _params(
+        ref,
+        clock,
+        reason=reason,
+        result=json.dumps(dict(result)) if result is not None else None,
+        **event_params(event),
+    )
+    row = await db.row(_REPORT[outcome], params)
+    return None if row is None else ReportReceipt(ref.task_id, ref.attempt, status, row["ended_at"], False)
