@@ -37,6 +37,9 @@ from typing import Self
 _CHUNK = 65536
 #: How asyncpg ends a transaction: a simple query.
 _COMMIT = re.compile(rb"COMMIT;")
+_BEGIN = re.compile(rb"BEGIN[ ;]")
+#: The extended protocol's Execute of the unnamed portal, any row limit (how asyncpg runs a prepared statement).
+_EXECUTE = re.compile(rb"E\x00\x00\x00\x09\x00.{4}", re.DOTALL)
 _ROLLBACK = re.compile(rb"ROLLBACK;")
 
 
@@ -138,6 +141,7 @@ class _Link:
         #: Nothing from the server passes (its replies are lost); set by `mute_after_commit`.
         self.muted = False
         self._marked = False
+        self._in_transaction = False
         self.tasks: list[asyncio.Task[None]] = []
         self._due = {"up": 0.0, "down": 0.0}
         self._queues: dict[str, asyncio.Queue[tuple[float, bytes]]] = {"up": asyncio.Queue(), "down": asyncio.Queue()}
@@ -183,17 +187,34 @@ class _Link:
             self.abort()
 
     def _watch_commit(self, data: bytes) -> None:
-        """Mute this connection at the COMMIT of a transaction that carried the armed marker (once)."""
+        """Mute this connection where a change carrying the armed marker commits (once).
+
+        In a transaction that is its COMMIT; a statement outside one (the store's one-statement path)
+        commits by itself, so the connection is muted before that statement's Execute goes on (asyncpg
+        prepares a statement, with its text, in a round trip of its own before it executes it).
+        """
         proxy = self.proxy
         assert proxy.commit_marker is not None
+        if _BEGIN.search(data):
+            self._in_transaction = True
         if proxy.commit_marker.search(data):
             self._marked = True
+        if self._marked and not self._in_transaction and _EXECUTE.search(data):
+            # prepared first (its text passed with the marker), executed now: it commits by itself
+            self._mute_commit()
+            return
         if _ROLLBACK.search(data):
-            self._marked = False
-        elif self._marked and _COMMIT.search(data):
-            self.muted = True  # before the COMMIT goes on: its reply must not get through
-            proxy.commit_marker = None
-            proxy.counts["muted_commits"] += 1
+            self._marked = self._in_transaction = False
+        elif _COMMIT.search(data):
+            if self._marked:
+                self._mute_commit()
+            self._in_transaction = False
+
+    def _mute_commit(self) -> None:
+        self.muted = True  # before the commit goes on: its reply must not get through
+        self.proxy.commit_marker = None
+        self.proxy.counts["muted_commits"] += 1
+        self._marked = self._in_transaction = False
 
     async def _route(self, frame: Frame, writer: asyncio.StreamWriter) -> None:
         proxy = self.proxy
