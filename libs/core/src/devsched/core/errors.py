@@ -108,7 +108,12 @@ class TooManyRequests(DevschedError):
 
 
 class Unavailable(DevschedError):
-    """The database is unreachable; nothing changed, and the request may be retried."""
+    """The database is unreachable; the request may be retried.
+
+    Nothing changed, unless `details.outcome` is `unknown`: the connection was lost while the change was
+    committing, so it may have been applied. A repeat (a submit with the same idempotency key, a report or
+    release, which are idempotent) finds out.
+    """
 
     code = "unavailable"
     status = 503

@@ -39,6 +39,8 @@ _RETRY_CONSTRAINTS = frozenset(
         "devices_pkey",
     }
 )
+#: The connection itself failed (or the server shut down): after a COMMIT was sent, its outcome is unknown.
+_CONNECTION_STATES = frozenset({"57P01", "57P02", "57P03", "08000", "08003", "08006"})
 #: Query cancelled by statement_timeout, lock_timeout, or the server going away: nothing was applied.
 _UNAVAILABLE_STATES = frozenset({"57014", "55P03", "57P01", "57P02", "57P03", "53300", "08000", "08003", "08006"})
 
@@ -97,14 +99,24 @@ class Transactor:
 
     def _transaction(self, op: Operation[T]) -> Callable[[], Awaitable[T]]:
         async def once() -> T:
-            started = False
+            started = committing = False
             try:
                 async with self._engine.begin() as conn:
                     now = await self._clock.now(conn)
                     started = True
-                    return await op(conn, now)
-            except sqlalchemy.exc.DBAPIError as exc:
-                if exc.connection_invalidated and not started:
+                    result = await op(conn, now)
+                    committing = True
+                return result
+            except (sqlalchemy.exc.DBAPIError, OSError) as exc:
+                if committing and _lost(exc):
+                    # The COMMIT went out and its answer did not come back: the change may or may not be
+                    # in the database, and nothing here can tell. Say so instead of "nothing changed".
+                    raise Unavailable(
+                        "the connection to the database was lost while committing: the change may have been "
+                        "applied; repeat the request (with the same idempotency key) to find out",
+                        outcome="unknown",
+                    ) from exc
+                if isinstance(exc, sqlalchemy.exc.DBAPIError) and exc.connection_invalidated and not started:
                     # a pooled connection that died (database restart): nothing ran, so run again on a new one
                     raise _Retry("stale pooled connection") from exc
                 raise
@@ -123,7 +135,7 @@ class Transactor:
                     if isinstance(exc, Exception):
                         # a pooled connection that died (database restart), or a statement whose answer
                         # was lost: `op` may run again (see `statements`)
-                        raise _Retry("connection lost") from exc
+                        raise _Retry("connection lost", ambiguous=True) from exc
                 raise
             finally:
                 if pooled.is_valid:
@@ -137,6 +149,12 @@ class Transactor:
                 return await self._translated(once)
             except _Retry as retry:
                 if attempt == self._attempts:
+                    if retry.ambiguous:  # the last statement sent may have been applied
+                        raise Unavailable(
+                            f"{name}: the connection to the database was lost {attempt} times; the change may "
+                            "have been applied",
+                            outcome="unknown",
+                        ) from retry
                     raise Unavailable(f"{name}: gave up after {attempt} conflicting attempts") from retry
                 log.debug("retrying %s after %s", name, retry)
                 await asyncio.sleep(0.005 * attempt)
@@ -159,7 +177,25 @@ class Transactor:
 
 
 class _Retry(Exception):
-    """The transaction lost a benign race; run it again."""
+    """The transaction lost a benign race; run it again.
+
+    `ambiguous`: what was sent may have been applied (a statement whose answer was lost), so giving up
+    must not claim that nothing changed.
+    """
+
+    def __init__(self, why: str, *, ambiguous: bool = False) -> None:
+        super().__init__(why)
+        self.ambiguous = ambiguous
+
+
+def _lost(exc: BaseException) -> bool:
+    """Whether `exc` says the connection went away (rather than the server refusing the COMMIT)."""
+    if isinstance(exc, OSError):
+        return True
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        state, _ = _pg_details(exc)
+        return exc.connection_invalidated or state is None or state in _CONNECTION_STATES
+    return False
 
 
 def _translate(state: str | None, constraint: str | None, *, lost: bool, orig: object) -> Exception:
