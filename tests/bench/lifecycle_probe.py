@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +199,8 @@ class Driver:
         self.body = json.dumps({"selector": {"labels": label}, "plan": {"steps": [STEP]}}).encode()
         self.replied: dict[str, float] = {}
         self.done: dict[str, float] = {}
+        #: Wall-clock times, to place the services' log lines between submit reply and `done`.
+        self.wall: dict[str, tuple[float, float]] = {}
         self.waiters: dict[str, asyncio.Future[float]] = {}
         self.finished = asyncio.Queue[str]()
 
@@ -210,6 +214,7 @@ class Driver:
             if task_id in self.done:
                 return
             self.done[task_id] = time.perf_counter()
+            self.wall[task_id] = (self.wall.get(task_id, (0.0, 0.0))[0], time.time())
             if event["event"] != "done":
                 print("task ended", event, file=sys.stderr)
             self.finished.put_nowait(task_id)
@@ -220,6 +225,7 @@ class Driver:
             raise RuntimeError(f"submit refused: {reply.headers} {reply.data!r}")
         task_id = str(json.loads(reply.data)["task_id"])
         self.replied[task_id] = time.perf_counter()
+        self.wall[task_id] = (time.time(), 0.0)
         return task_id
 
     async def run(self, concurrency: int, total: int) -> None:
@@ -293,6 +299,7 @@ async def measure(lab: Lab, args: argparse.Namespace) -> None:
                 f"  p90 {_ms(lat, 0.9):.1f} ms  min {1000 * min(lat):.1f} ms",
                 flush=True,
             )
+            _breakdown(lab, driver, list(driver.wall)[-len(lat) :])
     finally:
         await conn.close()
         await nc.close()
@@ -309,6 +316,39 @@ def _profile(lab: Lab, args: argparse.Namespace, c: int) -> subprocess.Popen[byt
     spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     return spy
+
+
+#: Log lines that mark a task's way from the submit reply to its `done` event: (process, msg).
+MILESTONES = [
+    ("scheduler", "submitted"),
+    ("scheduler", "assigned"),
+    ("scheduler", "claimed"),
+    ("agent", "attempt claimed"),
+    ("agent", "step started"),
+    ("agent", "step ended"),
+    ("agent", "attempt ended"),
+    ("scheduler", "reported"),
+    ("agent", "report recorded"),
+]
+
+
+def _breakdown(lab: Lab, driver: Driver, task_ids: list[str]) -> None:
+    """Median time of each milestone after the submit reply (log lines carry wall-clock times)."""
+    lines = {"scheduler": lab.scheduler.log_lines(), "agent": lab.agent.log_lines()}
+    wanted = set(task_ids)
+    seen: dict[tuple[str, str], list[float]] = {m: [] for m in MILESTONES}
+    for process, logged in lines.items():
+        for line in logged:
+            key = (process, line.get("msg", ""))
+            task_id = line.get("task_id") or (line.get("spool_key") or "").split(".")[0]
+            if key in seen and task_id in wanted:
+                ts = datetime.fromisoformat(line["ts"].replace("Z", "+00:00")).timestamp()
+                seen[key].append(1000 * (ts - driver.wall[task_id][0]))
+    done = [1000 * (driver.wall[t][1] - driver.wall[t][0]) for t in task_ids]
+    for (process, msg), values in seen.items():
+        if values:
+            print(f"   {process:9} {msg!r:24} p50 {statistics.median(values):6.1f} ms after the submit reply")
+    print(f"   {'driver':9} {'done event':24} p50 {statistics.median(done):6.1f} ms")
 
 
 async def _wait_done(driver: Driver, task_id: str) -> None:

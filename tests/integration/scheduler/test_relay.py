@@ -3,7 +3,6 @@ in batches later, and the pass over the table for what nobody is publishing."""
 
 from __future__ import annotations
 
-
 from collections.abc import AsyncIterator, Callable
 
 import pytest

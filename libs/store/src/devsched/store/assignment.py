@@ -18,6 +18,7 @@ device (the loser's transaction runs again).
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import dataclass
@@ -39,12 +40,15 @@ from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
 from devsched.store.statuses import entering, leaving
 
-#: Queued tasks a submit or a report looks at; a longer queue is the loop's to match.
-HEAD = 32
+#: Queued tasks a submit or a report looks at, from the head of the queue; a longer queue is the loop's.
+HEAD = 256
 #: Free devices a submit looks at for its task.
 _SUBMIT_DEVICES = 8
 #: Rounds of choosing again when another assigner locked a chosen device or task first.
 _ROUNDS = 3
+#: Label sets up to this size are matched by looking selectors up among their subsets (2^n of them);
+#: wider ones by containment, row by row.
+_SUBSET_LABELS = 5
 
 _QUEUED = leaving(Trigger.ASSIGN)
 
@@ -78,39 +82,69 @@ _FREE_RELEASED = _free_devices(
     "d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)"
 )
 
-#: The head of the queue, unlocked: matched here, locked once chosen.
-_HEAD = text(
+#: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
+_MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
+                         AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
+
+#: In order, the queued tasks among the first `:scan` of the queue that one of the given devices could
+#: take (at most `:limit`), and how many queued tasks were looked at (`seen`, on every row; one row of
+#: nulls but `seen` when none matches). Unlocked: the chosen ones are locked by `_LOCK`.
+_HEAD_MATCHING = text(
+    f"""
+    WITH f(device_id, labels) AS (
+        SELECT * FROM unnest(CAST(:device_ids AS text[]), CAST(:device_labels AS jsonb[]))
+    ),
+    head AS (
+        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
+        FROM tasks t WHERE t.status IN {_QUEUED}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :scan
+    )
+    SELECT c.seen, m.task_id, m.selector_labels, m.selector_device_id
+    FROM (SELECT count(*) AS seen FROM head) c
+    LEFT JOIN LATERAL (
+        SELECT t.* FROM head t WHERE {_MATCHES_F}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :limit
+    ) m ON true
+    ORDER BY m.priority DESC, m.created_at, m.task_id
+    """
+)
+
+#: In order, queued tasks that some free device could take: unpinned selectors are looked up among the
+#: subsets of the free devices' label sets (a hashed lookup, so a deep queue of tasks nothing matches
+#: costs one pass over it, not one per device), or found contained in a wide label set; pinned ones are
+#: checked against their device. Nothing but the chosen rows reaches the scheduler.
+_CANDIDATES = text(
     f"""
     SELECT t.task_id, t.selector_labels, t.selector_device_id
     FROM tasks t
     WHERE t.status IN {_QUEUED}
+      AND ((t.selector_device_id IS NULL
+            AND (t.selector_labels = ANY(CAST(:subsets AS jsonb[]))
+                 OR t.selector_labels <@ ANY(CAST(:wide AS jsonb[]))))
+           OR (t.selector_device_id = ANY(CAST(:device_ids AS text[]))
+               AND EXISTS (SELECT 1 FROM devices d
+                           WHERE d.device_id = t.selector_device_id AND d.labels @> t.selector_labels)))
     ORDER BY t.priority DESC, t.created_at, t.task_id
     LIMIT :limit
     """
 )
 
-#: Queued tasks, in order, whose selector some of the free devices satisfy: the matching happens in the
-#: database over the distinct selectors, so a deep queue costs the scheduler no memory.
-_CANDIDATES = text(
-    f"""
-    WITH free(device_id, labels) AS (
-        SELECT * FROM unnest(CAST(:device_ids AS text[]), CAST(:device_labels AS jsonb[]))
-    ),
-    usable AS (
-        SELECT s.labels, s.device_id
-        FROM (SELECT DISTINCT selector_labels AS labels, COALESCE(selector_device_id, '') AS device_id
-              FROM tasks WHERE status IN {_QUEUED}) s
-        WHERE EXISTS (SELECT 1 FROM free f
-                      WHERE f.labels @> s.labels AND (s.device_id = '' OR s.device_id = f.device_id))
-    )
-    SELECT t.task_id, t.selector_labels, t.selector_device_id
-    FROM tasks t
-    WHERE t.status IN {_QUEUED}
-      AND (t.selector_labels, COALESCE(t.selector_device_id, '')) IN (SELECT labels, device_id FROM usable)
-    ORDER BY t.priority DESC, t.created_at, t.task_id
-    LIMIT :limit
-    """
-)
+
+def _label_keys(free: list[DeviceRecord]) -> tuple[list[str], list[str]]:
+    """(every subset of each narrow label set, each wide label set), as JSON, without repeats."""
+    subsets: set[str] = set()
+    wide: set[str] = set()
+    for labels in {tuple(sorted(d.labels.items())) for d in free}:
+        if len(labels) > _SUBSET_LABELS:
+            wide.add(json.dumps(dict(labels)))
+            continue
+        for n in range(len(labels) + 1):
+            for subset in itertools.combinations(labels, n):
+                subsets.add(json.dumps(dict(subset)))
+    return sorted(subsets), sorted(wide)
+
 
 #: The chosen devices and tasks, locked; those another transaction holds (or took meanwhile) are left out.
 #: Busy is checked again, as of this statement: a device another assigner took since it was read is skipped
@@ -287,34 +321,31 @@ async def assign(
     free = [_device(r) for r in (await conn.execute(_ALL_FREE, {"now": now, "limit": device_limit})).all()]
     if not free:
         return Outcome([], settled=True)
-    rows = (
-        await conn.execute(
-            _CANDIDATES,
-            {
-                "device_ids": [d.device_id for d in free],
-                "device_labels": [json.dumps(dict(d.labels)) for d in free],
-                "limit": limit,
-            },
-        )
-    ).all()
+    subsets, wide = _label_keys(free)
+    params = {"subsets": subsets, "wide": wide, "device_ids": [d.device_id for d in free], "limit": limit}
+    rows = (await conn.execute(_CANDIDATES, params)).all()
     chosen, complete = await _choose(conn, [_queued(r) for r in rows], free)
     assigned = await _apply(conn, outbox, chosen, clock)
     # a full batch may leave more to do; so may tasks another assigner held
     return Outcome(assigned, settled=complete and len(assigned) < limit)
 
 
-async def _head(conn: AsyncConnection) -> list[QueuedTask]:
-    return [_queued(r) for r in (await conn.execute(_HEAD, {"limit": HEAD})).all()]
-
-
 async def _assign_head(
-    conn: AsyncConnection, outbox: Outbox, head: list[QueuedTask], free: list[DeviceRecord], clock: Clock
+    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], clock: Clock
 ) -> tuple[list[AttemptAssigned], bool]:
-    """`head` (the first `HEAD` queued tasks) onto `free`; second, whether a pass could find no more for them."""
-    chosen, complete = await _choose(conn, head, free)
+    """Tasks from the head of the queue onto `free`; second, whether a pass could find no more for them."""
+    params = {
+        "device_ids": [d.device_id for d in free],
+        "device_labels": [json.dumps(dict(d.labels)) for d in free],
+        "scan": HEAD,
+        "limit": 4 * len(free),  # room to choose again when another assigner holds some
+    }
+    rows = (await conn.execute(_HEAD_MATCHING, params)).all()
+    queued = [_queued(r) for r in rows if r.task_id is not None]
+    chosen, complete = await _choose(conn, queued, free)
     assigned = await _apply(conn, outbox, chosen, clock)
     every_device_used = len(assigned) == len(free)
-    whole_queue_seen = len(head) < HEAD
+    whole_queue_seen = rows[0].seen < HEAD
     return assigned, complete and (every_device_used or whole_queue_seen)
 
 
@@ -335,7 +366,7 @@ async def assign_submitted(
     free = [_device(r) for r in (await conn.execute(_FREE_FOR_SELECTOR, params)).all()]
     if not free:
         return Outcome([], settled=True)
-    assigned, settled = await _assign_head(conn, outbox, await _head(conn), free, clock)
+    assigned, settled = await _assign_head(conn, outbox, free, clock)
     placed = any(m.task_id == task_id for m in assigned)
     return Outcome(assigned, settled=settled and (placed or len(free) < _SUBMIT_DEVICES))
 
@@ -348,12 +379,9 @@ async def assign_released(
     The device is free at once (the attempt just ended in this transaction); a drained one, or one whose
     host is offline, is left alone.
     """
-    head = await _head(conn)
-    if not head:
-        return Outcome([], settled=True)  # nothing waits: the device stays free
     params = {"now": now, "task_id": task_id, "attempt": attempt, "limit": 1}
     free = [_device(r) for r in (await conn.execute(_FREE_RELEASED, params)).all()]
     if not free:
         return Outcome([], settled=True)
-    assigned, settled = await _assign_head(conn, outbox, head, free, clock)
+    assigned, settled = await _assign_head(conn, outbox, free, clock)
     return Outcome(assigned, settled=settled)
