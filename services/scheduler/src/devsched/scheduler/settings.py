@@ -45,7 +45,7 @@ class SchedulerSettings(ServiceSettings):
     relay_tick_s: Seconds = 1.0
     """Period of the relay's pass over the table, for messages no process published at once (the sweeper's
     wake it sooner)."""
-    relay_mark_delay_s: Seconds = 0.5
+    relay_mark_delay_s: Seconds = 1.0
     """How long messages published at once wait to be marked sent, so that one transaction marks many; a
     crash meanwhile publishes them again, and the duplicate window drops the copies."""
     relay_grace_s: Seconds = 3.0
