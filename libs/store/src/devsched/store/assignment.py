@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,6 +54,15 @@ _SUBSET_LABELS = 5
 _QUEUED = leaving(Trigger.ASSIGN)
 
 
+#: A device (aliased `d`, its host `h`) that may take work at `:now`: registered, in service, out of its
+#: grace, on an online host, idle.
+_FREE = f"""
+    d.registered AND NOT d.drained
+    AND (d.available_after IS NULL OR d.available_after <= :now)
+    AND {host_online("h")}
+    AND NOT {device_busy("d")}"""
+
+
 def _free_devices(match: str) -> TextClause:
     """Free devices (registered, in service, out of their grace, on an online host, idle) matching `match`.
 
@@ -63,11 +73,7 @@ def _free_devices(match: str) -> TextClause:
         f"""
         SELECT d.device_id, d.host_id, d.labels
         FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE d.registered AND NOT d.drained
-          AND (d.available_after IS NULL OR d.available_after <= :now)
-          AND {host_online("h")}
-          AND NOT {device_busy("d")}
-          AND {match}
+        WHERE {_FREE} AND {match}
         ORDER BY d.updated_at, d.device_id
         LIMIT :limit
         """
@@ -78,13 +84,26 @@ _ALL_FREE = _free_devices("true")
 _FREE_FOR_SELECTOR = _free_devices(
     "d.labels @> CAST(:labels AS jsonb) AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)"
 )
-_FREE_RELEASED = _free_devices(
-    "d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)"
-)
 
 #: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
 _MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
                          AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
+
+_HEAD = f"""
+    head AS (
+        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
+        FROM tasks t WHERE t.status IN {_QUEUED}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :scan
+    )"""
+
+_MATCHING = f"""
+    LEFT JOIN LATERAL (
+        SELECT t.* FROM head t WHERE {_MATCHES_F}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :limit
+    ) m ON true
+    ORDER BY m.priority DESC, m.created_at, m.task_id"""
 
 #: In order, the queued tasks among the first `:scan` of the queue that one of the given devices could
 #: take (at most `:limit`), and how many queued tasks were looked at (`seen`, on every row; one row of
@@ -94,20 +113,29 @@ _HEAD_MATCHING = text(
     WITH f(device_id, labels) AS (
         SELECT * FROM unnest(CAST(:device_ids AS text[]), CAST(:device_labels AS jsonb[]))
     ),
-    head AS (
-        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
-        FROM tasks t WHERE t.status IN {_QUEUED}
-        ORDER BY t.priority DESC, t.created_at, t.task_id
-        LIMIT :scan
-    )
+    {_HEAD}
     SELECT c.seen, m.task_id, m.selector_labels, m.selector_device_id
     FROM (SELECT count(*) AS seen FROM head) c
-    LEFT JOIN LATERAL (
-        SELECT t.* FROM head t WHERE {_MATCHES_F}
-        ORDER BY t.priority DESC, t.created_at, t.task_id
-        LIMIT :limit
-    ) m ON true
-    ORDER BY m.priority DESC, m.created_at, m.task_id
+    {_MATCHING}
+    """
+)
+
+#: `_HEAD_MATCHING` for the device attempt `:attempt` of `:task_id` held, if it is free (its columns on
+#: every row, nulls when it is not): what a report needs, in one statement.
+_RELEASED_MATCHING = text(
+    f"""
+    WITH f AS (
+        SELECT d.device_id, d.host_id, d.labels
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE {_FREE}
+          AND d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)
+    ),
+    {_HEAD}
+    SELECT c.seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
+           m.task_id, m.selector_labels, m.selector_device_id
+    FROM (SELECT count(*) AS seen FROM head) c
+    LEFT JOIN f fd ON true
+    {_MATCHING}
     """
 )
 
@@ -331,16 +359,9 @@ async def assign(
 
 
 async def _assign_head(
-    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], clock: Clock
+    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], rows: Sequence[Any], clock: Clock
 ) -> tuple[list[AttemptAssigned], bool]:
-    """Tasks from the head of the queue onto `free`; second, whether a pass could find no more for them."""
-    params = {
-        "device_ids": [d.device_id for d in free],
-        "device_labels": [json.dumps(dict(d.labels)) for d in free],
-        "scan": HEAD,
-        "limit": 4 * len(free),  # room to choose again when another assigner holds some
-    }
-    rows = (await conn.execute(_HEAD_MATCHING, params)).all()
+    """The tasks of `rows` (`_HEAD_MATCHING`'s) onto `free`; second, whether a pass could find no more."""
     queued = [_queued(r) for r in rows if r.task_id is not None]
     chosen, complete = await _choose(conn, queued, free)
     assigned = await _apply(conn, outbox, chosen, clock)
@@ -366,7 +387,14 @@ async def assign_submitted(
     free = [_device(r) for r in (await conn.execute(_FREE_FOR_SELECTOR, params)).all()]
     if not free:
         return Outcome([], settled=True)
-    assigned, settled = await _assign_head(conn, outbox, free, clock)
+    matching = {
+        "device_ids": [d.device_id for d in free],
+        "device_labels": [json.dumps(dict(d.labels)) for d in free],
+        "scan": HEAD,
+        "limit": 4 * len(free),  # room to choose again when another assigner holds some
+    }
+    rows = (await conn.execute(_HEAD_MATCHING, matching)).all()
+    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
     placed = any(m.task_id == task_id for m in assigned)
     return Outcome(assigned, settled=settled and (placed or len(free) < _SUBMIT_DEVICES))
 
@@ -379,9 +407,11 @@ async def assign_released(
     The device is free at once (the attempt just ended in this transaction); a drained one, or one whose
     host is offline, is left alone.
     """
-    params = {"now": now, "task_id": task_id, "attempt": attempt, "limit": 1}
-    free = [_device(r) for r in (await conn.execute(_FREE_RELEASED, params)).all()]
-    if not free:
-        return Outcome([], settled=True)
-    assigned, settled = await _assign_head(conn, outbox, free, clock)
+    params = {"now": now, "task_id": task_id, "attempt": attempt, "scan": HEAD, "limit": 4}
+    rows = (await conn.execute(_RELEASED_MATCHING, params)).all()
+    if rows[0].free_device_id is None or (rows[0].task_id is None and rows[0].seen < HEAD):
+        return Outcome([], settled=True)  # the device may not take work, or nothing waits that it could run
+    r = rows[0]
+    free = [DeviceRecord(r.free_device_id, r.free_host_id, r.free_labels)]
+    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
     return Outcome(assigned, settled=settled)
