@@ -65,6 +65,48 @@ async def test_scheduler_killed_between_commit_and_publish_delivers_after_restar
         await store.close()
 
 
+async def test_scheduler_killed_after_publishing_before_marking_republishes_once(
+    spawn: Spawn, nc: NatsClient, subject_prefix: str, database_url: str, make_host: Callable[..., TestHost]
+) -> None:
+    # A replica publishes its commits at once and marks them later: one killed in between leaves messages
+    # that are in the streams but unsent in the table. They are published again, and stored once.
+    doomed = spawn("scheduler", relay_mark_delay_s=3600, relay_tick_s=3600)
+    await doomed.wait_logged("serving")
+    host = make_host()
+    await host.register("d1", "d2")
+    ids = [await submit(nc, subject_prefix) for _ in range(3)]
+    got = await host.assignments(2)  # published at once: no relay pass ran
+    assert {a.task_id for a in got} <= set(ids)
+    js = nc.jetstream()
+    events_stream = f"{subject_prefix.upper()}_EVENTS"
+
+    async def all_events_published() -> bool:
+        return len(await stream_messages(js, events_stream)) == 5
+
+    await eventually(all_events_published, message="3 submitted + 2 assigned published at once")
+    store = Store.connect(database_url)
+    try:
+        assert await store.unsent_count() == 7, "published, never marked"
+        doomed.kill()  # SIGKILL: the marks never happen
+
+        survivor = spawn("scheduler")
+        await survivor.wait_logged("serving")
+        await eventually(lambda: _unsent_zero(store), message="outbox relayed again after the restart")
+        events = await stream_messages(js, events_stream)
+        assert sorted(json.loads(m.data)["event"] for m in events) == [
+            "assigned",
+            "assigned",
+            "submitted",
+            "submitted",
+            "submitted",
+        ], "the copies were dropped by message id"
+        assert len({m.headers["Nats-Msg-Id"] for m in events if m.headers}) == 5
+        assert await host.no_assignment(0.3), "no assignment twice"
+        assert survivor.logged("already in the stream (republished after a crash)")
+    finally:
+        await store.close()
+
+
 async def _unsent_zero(store: Store) -> bool:
     return await store.unsent_count() == 0
 

@@ -16,7 +16,7 @@ import pytest
 
 from support.agent_e2e import AgentLab, AgentProcess, at, noop, shell, touch
 from support.polling import eventually
-from support.scheduler_harness import ErrorReply, call, request_with_reply
+from support.scheduler_harness import ErrorReply, request_with_reply
 
 pytestmark = pytest.mark.e2e
 
@@ -39,13 +39,27 @@ def attempts_without_gaps(view: dict[str, Any]) -> None:
     assert view["releases"] == len(numbers) - 1
 
 
-async def running_on(lab: AgentLab, agent: AgentProcess) -> None:
-    """Wait until a device of `agent` runs an attempt."""
-    names = [d["device_id"] for d in agent.devices]
+async def running_on(lab: AgentLab, agent: AgentProcess, tasks: list[str]) -> None:
+    """Wait until a device of `agent` runs (has claimed) an attempt of one of `tasks`, in its first steps.
+
+    A reserved device is not enough: a report hands its device to the next task in its own transaction,
+    and an agent stopped before that assignment reached it has nothing to give back; nor is an attempt in
+    its last steps, which may end within the agent's shutdown grace.
+    """
+    names = {d["device_id"] for d in agent.devices}
+
+    def early(view: dict[str, Any]) -> bool:
+        attempt = view["attempts"][-1] if view["attempts"] else None
+        if view["status"] != "dispatched" or attempt is None or attempt["device_id"] not in names:
+            return False
+        progress = attempt["progress"]
+        return progress is None or int(progress["index"]) <= 2
 
     async def busy() -> bool:
-        listed = await call(lab.nc, f"{lab.prefix}.api.hosts.list", {})
-        return any(d["device_id"] in names and d["state"] == "reserved" for h in listed["hosts"] for d in h["devices"])
+        for task_id in tasks:
+            if early(await lab.task(task_id)):
+                return True
+        return False
 
     await eventually(busy, timeout=60, message=f"an attempt runs on {agent.host_id}")
 
@@ -71,7 +85,7 @@ async def test_a_rolling_restart_of_every_agent_ends_every_task_done(lab: AgentL
     plan = multi_step(lab, "t", steps=5, seconds=0.8)
     tasks = [await lab.submit(plan, max_attempts=1, lease_ttl_s=10) for _ in range(15)]
     for agent in agents:  # one at a time, as a DaemonSet rollout does, each while it runs an attempt
-        await running_on(lab, agent)
+        await running_on(lab, agent, tasks)
         assert await agent.terminate() == 0
         await agent.start().ready()
     views = [await lab.wait_status(t, *TERMINAL, within=180) for t in tasks]

@@ -6,6 +6,7 @@ from devsched.store.outbox import PublishBatch, Published
 from devsched.store.repository import Store
 from devsched.store.views import (
     CancelReceipt,
+    Committed,
     DeviceSpec,
     ExpiredLease,
     NewTask,
@@ -18,6 +19,7 @@ from devsched.store.views import (
 __all__ = [
     "CancelReceipt",
     "Clock",
+    "Committed",
     "DatabaseClock",
     "DatabaseTimeouts",
     "DeviceSpec",

@@ -1,25 +1,38 @@
-"""Batched assignment: queued tasks, by priority then age, onto free matching devices of online hosts.
+"""Assignment: queued tasks, by priority then age, onto free matching devices of online hosts.
 
-Safe with any number of concurrent schedulers: free devices and queued tasks are locked with SKIP
-LOCKED, so two assigners never wait on each other, and the partial unique index on active reservations
-is the last word if two ever pick one device (the loser's transaction runs again).
+Two ways in, one way of applying a plan:
+
+- `assign`, the assignment loop's batched pass over every free device;
+- `assign_submitted` and `assign_released`, inside the transaction of a submit or a report: the new task
+  onto a free device, or the device a report just freed to the best queued task, so that the common case
+  (a device waiting for work, work waiting for a device) costs no transaction of its own. They read a
+  bounded head of the queue and say whether they were conclusive; when they were not (a longer queue,
+  rows another assigner holds), the caller leaves the rest to the loop's pass.
+
+Safe with any number of concurrent assigners: free devices and queued tasks are read without locks,
+matched, and only the chosen ones locked with SKIP LOCKED (a pair another assigner took meanwhile is
+dropped and the rest matched again), so assigners never wait on each other and one that finds nothing
+holds nothing; the partial unique index on active reservations is the last word if two ever pick one
+device (the loser's transaction runs again).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import text
+from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.ids import new_lease_id
 from devsched.core.lifecycle import Trigger
-from devsched.core.matching import matches, plan_assignments
+from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
 from devsched.store.clock import Clock
@@ -29,143 +42,290 @@ from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
 from devsched.store.statuses import entering, leaving
 
-_SELECTORS = text(
-    f"SELECT DISTINCT selector_labels, selector_device_id FROM tasks WHERE status IN {leaving(Trigger.ASSIGN)}"
+#: Queued tasks a submit or a report looks at, from the head of the queue; a longer queue is the loop's.
+HEAD = 256
+#: Free devices a submit looks at for its task.
+_SUBMIT_DEVICES = 8
+#: Rounds of choosing again when another assigner locked a chosen device or task first.
+_ROUNDS = 3
+#: Label sets up to this size are matched by looking selectors up among their subsets (2^n of them);
+#: wider ones by containment, row by row.
+_SUBSET_LABELS = 5
+
+_QUEUED = leaving(Trigger.ASSIGN)
+
+
+#: A device (aliased `d`, its host `h`) that may take work at `:now`: registered, in service, out of its
+#: grace, on an online host, idle.
+_FREE = f"""
+    d.registered AND NOT d.drained
+    AND (d.available_after IS NULL OR d.available_after <= :now)
+    AND {host_online("h")}
+    AND NOT {device_busy("d")}"""
+
+
+def _free_devices(match: str) -> TextClause:
+    """Free devices (registered, in service, out of their grace, on an online host, idle) matching `match`.
+
+    Read without locks: only the devices a plan chooses are locked (`_LOCK`), so a pass that finds nothing
+    to do holds nothing that a concurrent submit or report would have to skip.
+    """
+    return text(
+        f"""
+        SELECT d.device_id, d.host_id, d.labels
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE {_FREE} AND {match}
+        ORDER BY d.updated_at, d.device_id
+        LIMIT :limit
+        """
+    )
+
+
+_ALL_FREE = _free_devices("true")
+_FREE_FOR_SELECTOR = _free_devices(
+    "d.labels @> CAST(:labels AS jsonb) AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)"
 )
 
-_FREE_DEVICES = text(
+#: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
+_MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
+                         AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
+
+_HEAD = f"""
+    head AS (
+        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
+        FROM tasks t WHERE t.status IN {_QUEUED}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :scan
+    )"""
+
+_MATCHING = f"""
+    LEFT JOIN LATERAL (
+        SELECT t.* FROM head t WHERE {_MATCHES_F}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :limit
+    ) m ON true
+    ORDER BY m.priority DESC, m.created_at, m.task_id"""
+
+#: In order, the queued tasks among the first `:scan` of the queue that one of the given devices could
+#: take (at most `:limit`), and how many queued tasks were looked at (`seen`, on every row; one row of
+#: nulls but `seen` when none matches). Unlocked: the chosen ones are locked by `_LOCK`.
+_HEAD_MATCHING = text(
     f"""
-    SELECT d.device_id, d.host_id, d.labels
-    FROM devices d JOIN hosts h ON h.host_id = d.host_id
-    WHERE d.registered AND NOT d.drained
-      AND (d.available_after IS NULL OR d.available_after <= :now)
-      AND {host_online("h")}
-      AND NOT {device_busy("d")}
-    ORDER BY d.updated_at, d.device_id
-    LIMIT :limit
-    FOR UPDATE OF d SKIP LOCKED
+    WITH f(device_id, labels) AS (
+        SELECT * FROM unnest(CAST(:device_ids AS text[]), CAST(:device_labels AS jsonb[]))
+    ),
+    {_HEAD}
+    SELECT c.seen, m.task_id, m.selector_labels, m.selector_device_id
+    FROM (SELECT count(*) AS seen FROM head) c
+    {_MATCHING}
     """
 )
 
-_QUEUED = text(
+#: `_HEAD_MATCHING` for the device attempt `:attempt` of `:task_id` held, if it is free (its columns on
+#: every row, nulls when it is not): what a report needs, in one statement.
+_RELEASED_MATCHING = text(
     f"""
-    SELECT t.task_id, t.selector_labels, t.selector_device_id, t.lease_ttl_s, t.attempt_count, t.plan,
-           t.trace_headers
+    WITH f AS (
+        SELECT d.device_id, d.host_id, d.labels
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE {_FREE}
+          AND d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)
+    ),
+    {_HEAD}
+    SELECT c.seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
+           m.task_id, m.selector_labels, m.selector_device_id
+    FROM (SELECT count(*) AS seen FROM head) c
+    LEFT JOIN f fd ON true
+    {_MATCHING}
+    """
+)
+
+#: In order, queued tasks that some free device could take: unpinned selectors are looked up among the
+#: subsets of the free devices' label sets (a hashed lookup, so a deep queue of tasks nothing matches
+#: costs one pass over it, not one per device), or found contained in a wide label set; pinned ones are
+#: checked against their device. Nothing but the chosen rows reaches the scheduler.
+_CANDIDATES = text(
+    f"""
+    SELECT t.task_id, t.selector_labels, t.selector_device_id
     FROM tasks t
-    WHERE t.status IN {leaving(Trigger.ASSIGN)}
-      AND (t.selector_labels, COALESCE(t.selector_device_id, '')) IN (
-          SELECT l, d FROM unnest(CAST(:labels AS jsonb[]), CAST(:device_ids AS text[])) AS u(l, d))
+    WHERE t.status IN {_QUEUED}
+      AND ((t.selector_device_id IS NULL
+            AND (t.selector_labels = ANY(CAST(:subsets AS jsonb[]))
+                 OR t.selector_labels <@ ANY(CAST(:wide AS jsonb[]))))
+           OR (t.selector_device_id = ANY(CAST(:device_ids AS text[]))
+               AND EXISTS (SELECT 1 FROM devices d
+                           WHERE d.device_id = t.selector_device_id AND d.labels @> t.selector_labels)))
     ORDER BY t.priority DESC, t.created_at, t.task_id
     LIMIT :limit
-    FOR UPDATE OF t SKIP LOCKED
     """
 )
 
-_INSERT_ATTEMPTS = text(
-    """
-    INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
-    SELECT t, a, l, h, d, 'active', :now, e
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[]), CAST(:lease_ids AS uuid[]),
-                CAST(:host_ids AS text[]), CAST(:device_ids AS text[]), CAST(:expires AS timestamptz[]))
-         AS u(t, a, l, h, d, e)
-    """
-)
 
-_INSERT_RESERVATIONS = text(
-    """
-    INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
-    SELECT t, a, d, 'active', :now
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[]), CAST(:device_ids AS text[])) AS u(t, a, d)
-    """
-)
+def _label_keys(free: list[DeviceRecord]) -> tuple[list[str], list[str]]:
+    """(every subset of each narrow label set, each wide label set), as JSON, without repeats."""
+    subsets: set[str] = set()
+    wide: set[str] = set()
+    for labels in {tuple(sorted(d.labels.items())) for d in free}:
+        if len(labels) > _SUBSET_LABELS:
+            wide.add(json.dumps(dict(labels)))
+            continue
+        for n in range(len(labels) + 1):
+            for subset in itertools.combinations(labels, n):
+                subsets.add(json.dumps(dict(subset)))
+    return sorted(subsets), sorted(wide)
 
-_MARK_ASSIGNED = text(
+
+#: The chosen devices and tasks, locked; those another transaction holds (or took meanwhile) are left out.
+#: Busy is checked again, as of this statement: a device another assigner took since it was read is skipped
+#: here rather than failing the insert of its reservation (and the whole transaction) later.
+_LOCK = text(
     f"""
+    WITH d AS (
+        SELECT d.device_id FROM devices d
+        WHERE d.device_id = ANY(CAST(:device_ids AS text[])) AND d.registered AND NOT d.drained
+          AND NOT {device_busy("d")}
+        FOR UPDATE OF d SKIP LOCKED
+    ),
+    t AS (
+        SELECT task_id, lease_ttl_s, attempt_count, plan, trace_headers FROM tasks
+        WHERE task_id = ANY(CAST(:task_ids AS uuid[])) AND status IN {_QUEUED}
+        FOR UPDATE SKIP LOCKED
+    )
+    SELECT d.device_id, NULL::uuid AS task_id, NULL::int AS lease_ttl_s, NULL::int AS attempt_count,
+           NULL::jsonb AS plan, NULL::jsonb AS trace_headers
+    FROM d
+    UNION ALL
+    SELECT NULL, t.task_id, t.lease_ttl_s, t.attempt_count, t.plan, t.trace_headers FROM t
+    """
+)
+
+#: The new attempts, their reservations and the tasks' move to `assigned`, in one statement (the foreign
+#: keys are checked at its end, when the attempts exist).
+_APPLY = text(
+    f"""
+    WITH u AS (
+        SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[]), CAST(:lease_ids AS uuid[]),
+                             CAST(:host_ids AS text[]), CAST(:device_ids AS text[]),
+                             CAST(:expires AS timestamptz[])) AS u(t, a, l, h, d, e)
+    ),
+    new_attempts AS (
+        INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
+        SELECT t, a, l, h, d, 'active', :now, e FROM u
+    ),
+    new_reservations AS (
+        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
+        SELECT t, a, d, 'active', :now FROM u
+    )
     UPDATE tasks t
     SET status = {entering(Trigger.ASSIGN)}, attempt_count = u.a, updated_at = :now, event_seq = t.event_seq + 1
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[])) AS u(id, a)
-    WHERE t.task_id = u.id AND t.status IN {leaving(Trigger.ASSIGN)} AND t.attempt_count = u.a - 1
+    FROM u
+    WHERE t.task_id = u.t AND t.status IN {_QUEUED} AND t.attempt_count = u.a - 1
     RETURNING t.task_id, t.event_seq
     """
 )
 
 
-def _selector(labels: Mapping[str, str], device_id: str | None) -> Selector:
-    return Selector(labels=labels, device_id=device_id)
+def _device(row: Any) -> DeviceRecord:
+    return DeviceRecord(row.device_id, row.host_id, row.labels)
 
 
-async def assign(
-    conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_limit: int, clock: Clock
+def _queued(row: Any) -> QueuedTask:
+    return QueuedTask(row.task_id, Selector(labels=row.selector_labels, device_id=row.selector_device_id))
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an assignment did: the new attempts, and whether it was the last word.
+
+    `settled` is False when an assignment pass may still find work this one did not take: devices or
+    tasks it could not lock, a queue longer than it looked at, free devices it did not look at.
+    """
+
+    assigned: list[AttemptAssigned]
+    settled: bool
+
+
+async def _choose(
+    conn: AsyncConnection, queued: list[QueuedTask], free: list[DeviceRecord]
+) -> tuple[list[tuple[QueuedTask, DeviceRecord, Any]], bool]:
+    """Plan, then lock the chosen devices and tasks; plan again without those another assigner took first.
+
+    Returns the locked (task, device, task row) triples, and whether every device and task it chose could
+    be locked.
+    """
+    chosen: list[tuple[QueuedTask, DeviceRecord, Any]] = []
+    held_devices: set[str] = set()
+    held_tasks: dict[uuid.UUID, Any] = {}
+    complete = True
+    for _ in range(_ROUNDS):
+        plan = plan_assignments(queued, free)
+        if not plan:
+            break
+        devices = [d.device_id for _, d in plan if d.device_id not in held_devices]
+        tasks = [t.task_id for t, _ in plan if t.task_id not in held_tasks]
+        for row in (await conn.execute(_LOCK, {"device_ids": devices, "task_ids": tasks})).all():
+            if row.device_id is not None:
+                held_devices.add(row.device_id)
+            else:
+                held_tasks[row.task_id] = row
+        paired = [(t, d) for t, d in plan if d.device_id in held_devices and t.task_id in held_tasks]
+        chosen += [(t, d, held_tasks[t.task_id]) for t, d in paired]
+        if len(paired) == len(plan):
+            break
+        complete = False
+        # what is chosen is done; what another transaction holds is out; the rest is planned again
+        lost_devices = {d.device_id for _, d in plan if d.device_id not in held_devices}
+        lost_tasks = {t.task_id for t, _ in plan if t.task_id not in held_tasks}
+        used = {d.device_id for _, d in paired}
+        placed = {t.task_id for t, _ in paired}
+        queued = [t for t in queued if t.task_id not in lost_tasks and t.task_id not in placed]
+        free = [d for d in free if d.device_id not in lost_devices and d.device_id not in used]
+    return chosen, complete
+
+
+async def _apply(
+    conn: AsyncConnection, outbox: Outbox, chosen: list[tuple[QueuedTask, DeviceRecord, Any]], clock: Clock
 ) -> list[AttemptAssigned]:
-    """Assign up to `limit` queued tasks; returns the new attempts (also written to the outbox).
+    """Create the chosen attempts and reservations, move the tasks to `assigned`, record the events.
 
     The attempts' `assigned_at` and expiry come from the clock read after the device and task locks, so
     a device's new attempt never starts before the end its previous one recorded.
     """
-    selectors = (await conn.execute(_SELECTORS)).all()
-    if not selectors:
-        return []
-    free = [
-        DeviceRecord(r.device_id, r.host_id, r.labels)
-        for r in (await conn.execute(_FREE_DEVICES, {"now": now, "limit": device_limit})).all()
-    ]
-    usable = [s for s in selectors if any(matches(_selector(s.selector_labels, s.selector_device_id), d) for d in free)]
-    if not usable:
-        return []
-    rows = (
-        await conn.execute(
-            _QUEUED,
-            {
-                "labels": [json.dumps(s.selector_labels) for s in usable],
-                "device_ids": [s.selector_device_id or "" for s in usable],
-                "limit": limit,
-            },
-        )
-    ).all()
-    by_id: dict[uuid.UUID, Any] = {r.task_id: r for r in rows}
-    queued = [QueuedTask(r.task_id, _selector(r.selector_labels, r.selector_device_id)) for r in rows]
-    plan = plan_assignments(queued, free)
-    if not plan:
+    if not chosen:
         return []
     now = await clock.now(conn)
     messages = [
         AttemptAssigned(
             task_id=task.task_id,
-            attempt=by_id[task.task_id].attempt_count + 1,
+            attempt=row.attempt_count + 1,
             lease_id=new_lease_id(),
             host_id=device.host_id,
             device_id=device.device_id,
-            plan=by_id[task.task_id].plan,
-            ttl_s=by_id[task.task_id].lease_ttl_s,
-            expires_at=now + timedelta(seconds=by_id[task.task_id].lease_ttl_s),
+            plan=row.plan,
+            ttl_s=row.lease_ttl_s,
+            expires_at=now + timedelta(seconds=row.lease_ttl_s),
         )
-        for task, device in plan
+        for task, device, row in chosen
     ]
-    cols = {
-        "task_ids": [m.task_id for m in messages],
-        "attempts": [m.attempt for m in messages],
-        "lease_ids": [m.lease_id for m in messages],
-        "host_ids": [m.host_id for m in messages],
-        "device_ids": [m.device_id for m in messages],
-        "expires": [m.expires_at for m in messages],
-        "now": now,
-    }
-    await conn.execute(_INSERT_ATTEMPTS, cols)
-    await conn.execute(
-        _INSERT_RESERVATIONS,
-        {k: cols[k] for k in ("task_ids", "attempts", "device_ids", "now")},
+    result = await conn.execute(
+        _APPLY,
+        {
+            "task_ids": [m.task_id for m in messages],
+            "attempts": [m.attempt for m in messages],
+            "lease_ids": [m.lease_id for m in messages],
+            "host_ids": [m.host_id for m in messages],
+            "device_ids": [m.device_id for m in messages],
+            "expires": [m.expires_at for m in messages],
+            "now": now,
+        },
     )
-    point("assign.after_reserve")
-    seqs = {
-        r.task_id: r.event_seq
-        for r in (
-            await conn.execute(_MARK_ASSIGNED, {"task_ids": cols["task_ids"], "attempts": cols["attempts"], "now": now})
-        ).all()
-    }
+    point("assign.after_reserve")  # the reservations are written, not yet committed
+    seqs = {r.task_id: r.event_seq for r in result.all()}
     if len(seqs) != len(messages):  # a task moved under our lock: impossible unless the schema changed
         raise RuntimeError("assignment lost a task it had locked")
+    traces = {task.task_id: row.trace_headers for task, _, row in chosen}
     for m in messages:
-        trace = by_id[m.task_id].trace_headers
+        trace = traces[m.task_id]
         outbox.add(
             TaskEvent(
                 kind=EventKind.ASSIGNED,
@@ -182,3 +342,78 @@ async def assign(
         outbox.add(m, trace=trace)
     await outbox.flush(conn, now)
     return messages
+
+
+async def assign(
+    conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_limit: int, clock: Clock
+) -> Outcome:
+    """The loop's pass: up to `limit` queued tasks onto any of up to `device_limit` free devices."""
+    free = [_device(r) for r in (await conn.execute(_ALL_FREE, {"now": now, "limit": device_limit})).all()]
+    if not free:
+        return Outcome([], settled=True)
+    subsets, wide = _label_keys(free)
+    params = {"subsets": subsets, "wide": wide, "device_ids": [d.device_id for d in free], "limit": limit}
+    rows = (await conn.execute(_CANDIDATES, params)).all()
+    chosen, complete = await _choose(conn, [_queued(r) for r in rows], free)
+    assigned = await _apply(conn, outbox, chosen, clock)
+    # a full batch may leave more to do; so may tasks another assigner held
+    return Outcome(assigned, settled=complete and len(assigned) < limit)
+
+
+async def _assign_head(
+    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], rows: Sequence[Any], clock: Clock
+) -> tuple[list[AttemptAssigned], bool]:
+    """The tasks of `rows` (`_HEAD_MATCHING`'s) onto `free`; second, whether a pass could find no more."""
+    queued = [_queued(r) for r in rows if r.task_id is not None]
+    chosen, complete = await _choose(conn, queued, free)
+    assigned = await _apply(conn, outbox, chosen, clock)
+    every_device_used = len(assigned) == len(free)
+    whole_queue_seen = rows[0].seen < HEAD
+    return assigned, complete and (every_device_used or whole_queue_seen)
+
+
+async def assign_submitted(
+    conn: AsyncConnection, now: datetime, outbox: Outbox, task_id: uuid.UUID, selector: Selector, clock: Clock
+) -> Outcome:
+    """In a submit's transaction: the new task (or a task ahead of it) onto a free device it could use.
+
+    Only devices the new task could use are looked at; a task ahead of it in the queue that matches one
+    of them takes it first, as the loop would have done.
+    """
+    params = {
+        "now": now,
+        "labels": json.dumps(dict(selector.labels)),
+        "device_id": selector.device_id,
+        "limit": _SUBMIT_DEVICES,
+    }
+    free = [_device(r) for r in (await conn.execute(_FREE_FOR_SELECTOR, params)).all()]
+    if not free:
+        return Outcome([], settled=True)
+    matching = {
+        "device_ids": [d.device_id for d in free],
+        "device_labels": [json.dumps(dict(d.labels)) for d in free],
+        "scan": HEAD,
+        "limit": 4 * len(free),  # room to choose again when another assigner holds some
+    }
+    rows = (await conn.execute(_HEAD_MATCHING, matching)).all()
+    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
+    placed = any(m.task_id == task_id for m in assigned)
+    return Outcome(assigned, settled=settled and (placed or len(free) < _SUBMIT_DEVICES))
+
+
+async def assign_released(
+    conn: AsyncConnection, now: datetime, outbox: Outbox, task_id: uuid.UUID, attempt: int, clock: Clock
+) -> Outcome:
+    """In a report's transaction: the device that attempt `attempt` of `task_id` held, to the best queued task.
+
+    The device is free at once (the attempt just ended in this transaction); a drained one, or one whose
+    host is offline, is left alone.
+    """
+    params = {"now": now, "task_id": task_id, "attempt": attempt, "scan": HEAD, "limit": 4}
+    rows = (await conn.execute(_RELEASED_MATCHING, params)).all()
+    if rows[0].free_device_id is None or (rows[0].task_id is None and rows[0].seen < HEAD):
+        return Outcome([], settled=True)  # the device may not take work, or nothing waits that it could run
+    r = rows[0]
+    free = [DeviceRecord(r.free_device_id, r.free_host_id, r.free_labels)]
+    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
+    return Outcome(assigned, settled=settled)

@@ -16,6 +16,7 @@ from typing import Any, TypeAlias
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy import TextClause, text
 from sqlalchemy.dialects.postgresql.asyncpg import dialect as asyncpg_dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 _DIALECT = asyncpg_dialect()  # type: ignore[no-untyped-call]
 
@@ -55,3 +56,17 @@ class Driver:
     def closed(self) -> bool:
         """Whether the connection is gone (the server closed it, or the network)."""
         return bool(self._connection.is_closed())
+
+
+async def in_transaction(conn: AsyncConnection) -> Driver:
+    """A driver over the connection of `conn`'s transaction, so its statements are part of that transaction.
+
+    For a one-statement operation that shares a transaction with more work (a submit or report that also
+    assigns, `Store.assign_inline`). SQLAlchemy begins the transaction with its first statement; one that
+    ran none yet (a test's clock reads no time) is made to begin it first.
+    """
+    raw = (await conn.get_raw_connection()).driver_connection
+    assert raw is not None, "a connection of an open transaction"
+    if not raw.is_in_transaction():
+        await conn.execute(text("SELECT 1"))
+    return Driver(raw)

@@ -19,7 +19,7 @@ FAULT_POINT_ENV = "DEVSCHED_FAULT_POINT"
 POINTS = {
     "assign.after_reserve": "assignment: attempts and reservations inserted, the transaction not committed",
     "sweep.after_expire": "lease sweep: a batch of attempts marked expired, their tasks not yet decided",
-    "relay.after_publish": "outbox relay: a batch published to JetStream, not yet marked sent",
+    "relay.after_publish": "outbox relay: a batch published to JetStream (at once or from the table), not marked sent",
 }
 
 _ARMED = os.environ.get(FAULT_POINT_ENV) or None

@@ -43,10 +43,11 @@ from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Row, Sql
-from devsched.store.inline import PLACEHOLDER_SEQ, PLACEHOLDER_TIME, event_params, insert_event
+from devsched.store.inline import INSERTED, PLACEHOLDER_SEQ, PLACEHOLDER_TIME, event_params, insert_event
 from devsched.store.liveness import TOUCH
+from devsched.store.outbox import inserted
 from devsched.store.statuses import entering, leaving, sql_list
-from devsched.store.views import ReportReceipt
+from devsched.store.views import OutboxMessage, ReportReceipt
 
 
 def _granted() -> str:
@@ -113,7 +114,7 @@ _PROGRESS = Sql(
         RETURNING tasks.event_seq, tasks.status, tasks.updated_at
     ),
     event AS ({_PROGRESS_EVENT})
-    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested FROM ext
+    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, {INSERTED} AS inserted FROM ext
     """
 )
 
@@ -137,7 +138,7 @@ _CLAIM = Sql(
         RETURNING tasks.event_seq, tasks.updated_at
     ),
     event AS ({_CLAIM_EVENT})
-    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.dispatch FROM ext
+    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.dispatch, {INSERTED} AS inserted FROM ext
     """
 )
 
@@ -168,7 +169,7 @@ def _report_sql(outcome: Outcome) -> str:
         RETURNING tasks.event_seq
     ),
     event AS ({_REPORT_EVENT})
-    SELECT ended.ended_at FROM ended
+    SELECT ended.ended_at, {INSERTED} AS inserted FROM ended
     """
 
 
@@ -194,36 +195,59 @@ def _template(ref: LeaseRef, kind: EventKind, status: TaskStatus, **fields: Any)
     )  # fmt: skip
 
 
-def _extension(row: Row | None) -> Extension | None:
+def _collect(row: Row | None, written: list[OutboxMessage] | None) -> None:
+    """Add the outbox messages the statement of `row` inserted to `written` (when given)."""
+    if row is not None and written is not None:
+        written += inserted(row.get("inserted"))
+
+
+def _extension(row: Row | None, written: list[OutboxMessage] | None) -> Extension | None:
+    _collect(row, written)
     if row is None:
         return None
     dispatch = bool(row.get("dispatch", False))  # only a claim's statement says
     return Extension(row["expires_at"], row["lease_ttl_s"], row["cancel_requested"], dispatch=dispatch)
 
 
-async def renew(db: Driver, clock: Clock, ref: LeaseRef, progress: Mapping[str, Any] | None) -> Extension | None:
-    """Extend a live lease by its ttl from the clock, if core grants it; None if not."""
+async def renew(
+    db: Driver,
+    clock: Clock,
+    ref: LeaseRef,
+    progress: Mapping[str, Any] | None,
+    written: list[OutboxMessage] | None = None,
+) -> Extension | None:
+    """Extend a live lease by its ttl from the clock, if core grants it; None if not.
+
+    `written`, here and below, receives the outbox messages the statement inserted (to publish them).
+    """
     encoded = json.dumps(dict(progress)) if progress is not None else None
     row = await db.row(_RENEW, _params(ref, clock, progress=encoded))
     if row is None and progress is not None:
-        return await _renew_with_progress(db, clock, ref, progress, encoded)
-    return _extension(row)
+        return await _renew_with_progress(db, clock, ref, progress, encoded, written)
+    return _extension(row, written)
 
 
 async def _renew_with_progress(
-    db: Driver, clock: Clock, ref: LeaseRef, progress: Mapping[str, Any], encoded: str | None
+    db: Driver,
+    clock: Clock,
+    ref: LeaseRef,
+    progress: Mapping[str, Any],
+    encoded: str | None,
+    written: list[OutboxMessage] | None,
 ) -> Extension | None:
     """A renewal at a new step: the attempt keeps it, and the task gets a `progress` event."""
     step = StepProgress(step=progress["step"], index=progress["index"], of=progress["of"])
     # the status is the task's, filled in by the statement
     event = _template(ref, EventKind.PROGRESS, TaskStatus.DISPATCHED, progress=step)
-    return _extension(await db.row(_PROGRESS, _params(ref, clock, progress=encoded, **event_params(event))))
+    return _extension(await db.row(_PROGRESS, _params(ref, clock, progress=encoded, **event_params(event))), written)
 
 
-async def claim(db: Driver, clock: Clock, ref: LeaseRef) -> Extension | None:
+async def claim(
+    db: Driver, clock: Clock, ref: LeaseRef, written: list[OutboxMessage] | None = None
+) -> Extension | None:
     """Start an assigned attempt (a `dispatched` event), or extend a dispatched one, if core grants it."""
     event = _template(ref, EventKind.DISPATCHED, TaskStatus.DISPATCHED)
-    return _extension(await db.row(_CLAIM, _params(ref, clock, **event_params(event))))
+    return _extension(await db.row(_CLAIM, _params(ref, clock, **event_params(event))), written)
 
 
 async def report(
@@ -233,6 +257,7 @@ async def report(
     outcome: Outcome,
     reason: str | None,
     result: Mapping[str, Any] | None,
+    written: list[OutboxMessage] | None = None,
 ) -> ReportReceipt | None:
     """Record the outcome of a live lease and end its task, if core grants it (a repeat never is)."""
     status = outcome.task_status
@@ -245,4 +270,5 @@ async def report(
         **event_params(event),
     )
     row = await db.row(_REPORT[outcome], params)
+    _collect(row, written)
     return None if row is None else ReportReceipt(ref.task_id, ref.attempt, status, row["ended_at"], False)

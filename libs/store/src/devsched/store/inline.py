@@ -4,7 +4,8 @@ An operation done in a single statement (submit, and the lease requests of `devs
 inserts its outbox row in that statement, so it commits with the change, as every event does. The row
 is rendered by the outbox (`event_row`) from what is known before the statement runs; the statement
 fills in what only it knows: the time it read from the clock, the task's event number, the attempt's
-device, the task's status.
+device, the task's status. The statement returns the rows it inserted (`INSERTED`), so they are
+published right after the commit like every other operation's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,14 @@ def insert_event(source: str, *, at: str, **fields: str) -> str:
         SELECT :event_kind, CAST(:event_data AS jsonb) || jsonb_build_object({filled}),
                CAST(:event_headers AS jsonb), {at}
         FROM {source}
+        RETURNING id, kind, data, headers
     """
+
+
+#: SQL: the rows the CTE `event` (an `insert_event`) wrote, as JSON text for `devsched.store.outbox.inserted`,
+#: so the committed messages can be published at once (`Store.on_commit`); NULL when it wrote none.
+INSERTED = """(SELECT CAST(json_agg(json_build_object('id', id, 'kind', kind, 'data', data, 'headers', headers)
+                                ORDER BY id) AS text) FROM event)"""
 
 
 def event_params(template: TaskEvent) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """The transactional outbox: domain events written with the change that caused them, published after commit.
 
-Nothing is published for a change that rolled back, and nothing committed is lost: the relay claims
-unsent rows with SKIP LOCKED (never by a high-water mark: ids commit out of order), hands them to the
-publisher, and marks the ones it acknowledged; a crash in between publishes them again, and JetStream's
-duplicate window drops the copies by message id.
+Nothing is published for a change that rolled back, and nothing committed is lost. The process that
+committed a change may publish its rows at once (the Store hands them over after the commit, see
+`Committed`) and mark them sent later, many in one transaction. The relay claims the unsent rows nobody
+is publishing with SKIP LOCKED (never by a high-water mark: ids commit out of order), hands them to the
+publisher, and marks the ones it acknowledged. A crash anywhere in between publishes them again, and
+JetStream's duplicate window drops the copies by message id.
 
 The rows hold `devsched.core.events` values (a `kind` and the value's fields as JSON), never wire
 messages: subjects, message ids and encodings are the protocol's, decided by whoever publishes.
@@ -108,13 +110,16 @@ def _event(kind: str, data: Mapping[str, Any]) -> DomainEvent:
 
 # -- writing ---------------------------------------------------------------------------------------------
 
-_INSERT = text(
-    """
+#: Rows go in, in the order given (so the ids the sequence hands out ascend in that order).
+_INSERT = """
     INSERT INTO outbox (kind, data, headers, created_at)
     SELECT k, d::jsonb, h::jsonb, :now
-    FROM unnest(CAST(:kinds AS text[]), CAST(:data AS text[]), CAST(:headers AS text[])) AS u(k, d, h)
-    """
-)
+    FROM unnest(CAST(:kinds AS text[]), CAST(:data AS text[]), CAST(:headers AS text[])) WITH ORDINALITY
+         AS u(k, d, h, n)
+    ORDER BY n
+"""
+_INSERT_QUIETLY = text(_INSERT)
+_INSERT_RETURNING = text(_INSERT + " RETURNING id")
 
 
 def event_row(event: DomainEvent, trace: Mapping[str, str] | None = None) -> tuple[str, str, str]:
@@ -126,11 +131,33 @@ def event_row(event: DomainEvent, trace: Mapping[str, str] | None = None) -> tup
     return kind, json.dumps(data), json.dumps(dict(current_trace() if trace is None else trace))
 
 
-class Outbox:
-    """Collects the domain events of one transaction and writes them in one statement."""
+def inserted(rows: str | None) -> list[OutboxMessage]:
+    """The messages a statement inserted itself, from its `devsched.store.inline.INSERTED` column."""
+    if not rows:
+        return []
+    return [
+        OutboxMessage(id=r["id"], event=_event(r["kind"], r["data"]), headers=r["headers"]) for r in json.loads(rows)
+    ]
 
-    def __init__(self) -> None:
+
+class Outbox:
+    """Collects the domain events of one transaction and writes them in one statement.
+
+    Args:
+        defer: `flush` only notes the time, and the owner of the transaction calls `write` at its end: an
+            operation made of several (a submit that also assigns) then writes all its events at once.
+        returning: read back the ids of the rows written (`written`), for a publisher that publishes
+            them right after the commit (the sweeper's role may insert rows but not read them).
+    """
+
+    def __init__(self, *, defer: bool = False, returning: bool = False) -> None:
+        self._defer = defer
+        self._returning = returning
         self._rows: list[tuple[str, str, str]] = []
+        self._pending: list[tuple[DomainEvent, Mapping[str, str]]] = []
+        self._now: datetime | None = None
+        #: The messages written so far, with their ids (when `returning`).
+        self.written: list[OutboxMessage] = []
 
     def add(self, event: DomainEvent, *, trace: Mapping[str, str] | None = None) -> None:
         """Queue `event` with its trace context.
@@ -138,15 +165,31 @@ class Outbox:
         `trace` is the task's own trace context, for events no request caused (assignment, expiry); by
         default the current request's.
         """
-        self._rows.append(event_row(event, trace))
+        headers = dict(current_trace() if trace is None else trace)
+        self._rows.append(event_row(event, headers))
+        self._pending.append((event, headers))
 
     async def flush(self, conn: AsyncConnection, now: datetime) -> None:
-        """Write the queued events in the caller's transaction."""
+        """Write the queued events in the caller's transaction (a deferring outbox writes them in `write`)."""
+        self._now = now if self._now is None else max(self._now, now)
+        if not self._defer:
+            await self.write(conn, now)
+
+    async def write(self, conn: AsyncConnection, now: datetime) -> None:
+        """Write the queued events now, stamped with the latest time given to `flush` (else `now`)."""
         if not self._rows:
             return
         kinds, data, headers = (list(col) for col in zip(*self._rows, strict=True))
-        await conn.execute(_INSERT, {"kinds": kinds, "data": data, "headers": headers, "now": now})
+        params = {"kinds": kinds, "data": data, "headers": headers, "now": self._now or now}
+        if self._returning:
+            ids = sorted((await conn.execute(_INSERT_RETURNING, params)).scalars())
+            self.written += [
+                OutboxMessage(id=i, event=e, headers=h) for i, (e, h) in zip(ids, self._pending, strict=True)
+            ]
+        else:
+            await conn.execute(_INSERT_QUIETLY, params)
         self._rows.clear()
+        self._pending.clear()
 
 
 # -- relaying ----------------------------------------------------------------------------------------------
@@ -167,26 +210,46 @@ class Published:
 #: Publishes a batch of claimed messages and says which were acknowledged; must not raise (see `Published`).
 PublishBatch = Callable[[Sequence[OutboxMessage]], Awaitable[Published]]
 
+#: Marks what was published already (by the caller, right after those rows' commits), then claims what
+#: nobody is publishing: unsent, not the caller's own in flight, and (on a routine pass) old enough that
+#: whoever wrote it would have published and marked it by now.
 _CLAIM = text(
     """
+    WITH marked AS (
+        UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:mark AS bigint[])) AND sent_at IS NULL
+    )
     SELECT id, kind, data, headers FROM outbox
-    WHERE sent_at IS NULL ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
+    WHERE sent_at IS NULL AND NOT (id = ANY(CAST(:skip AS bigint[])))
+      AND (CAST(:before AS timestamptz) IS NULL OR created_at <= :before)
+    ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     """
 )
-_MARK = text("UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:ids AS bigint[]))")
+_MARK = text("UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:ids AS bigint[])) AND sent_at IS NULL")
 
 
-async def relay(conn: AsyncConnection, now: datetime, publish: PublishBatch, limit: int) -> Published:
-    """Claim up to `limit` unsent messages in id order, publish them, and mark the acknowledged ones.
+async def relay(
+    conn: AsyncConnection,
+    now: datetime,
+    publish: PublishBatch,
+    limit: int,
+    *,
+    mark: Sequence[int] = (),
+    skip: Sequence[int] = (),
+    before: datetime | None = None,
+) -> Published:
+    """Mark `mark` sent; claim up to `limit` other unsent messages in id order, publish them, mark those acked.
 
-    The rows stay locked until the caller's transaction ends, so no other relay publishes them meanwhile.
-    The publisher's error is returned rather than raised, so that the marks of the messages it did publish
+    `mark` are messages the caller published already; `skip` those it is publishing now; `before`, if
+    given, leaves alone messages created after it (their writer is still publishing them). The claimed
+    rows stay locked until the caller's transaction ends, so no other relay publishes them meanwhile. The
+    publisher's error is returned rather than raised, so that the marks of the messages it did publish
     commit (the rest are tried again by the next pass).
 
     Raises:
         ValueError: the publisher acknowledged a message it was not given.
     """
-    rows = (await conn.execute(_CLAIM, {"limit": limit})).all()
+    params = {"now": now, "mark": list(mark), "skip": sorted({*mark, *skip}), "before": before, "limit": limit}
+    rows = (await conn.execute(_CLAIM, params)).all()
     if not rows:
         return Published(())
     batch = [OutboxMessage(id=r.id, event=_event(r.kind, r.data), headers=r.headers) for r in rows]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
-from collections.abc import Mapping, Sequence
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -19,21 +20,42 @@ from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
 from devsched.store import assignment, grants, hosts, leasing, outbox, queries, releasing, sweeping, tasks
 from devsched.store.clock import Clock, DatabaseClock
-from devsched.store.driver import Driver
+from devsched.store.driver import Driver, in_transaction
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
 from devsched.store.transaction import Transactor
 from devsched.store.views import (
     CancelReceipt,
+    Committed,
     DeviceSpec,
     ExpiredLease,
     NewTask,
+    OutboxMessage,
     ReleaseReceipt,
     ReportReceipt,
     Submitted,
 )
 
 T = TypeVar("T")
+
+log = logging.getLogger("devsched.store")
+
+#: Told, right after each commit of a writing operation, what it leaves to do; must not raise.
+CommitHook = Callable[[Committed], None]
+
+
+class _Changes:
+    """One try of a writing operation: its outbox, and whether it leaves work for an assignment pass."""
+
+    def __init__(self, *, returning: bool, assignable: bool) -> None:
+        self.outbox = outbox.Outbox(defer=True, returning=returning)
+        self.assignable = assignable
+        #: Messages a statement of the operation inserted itself (`devsched.store.inline`).
+        self.inline: list[OutboxMessage] = []
+
+
+#: A writing operation: runs in the transaction, records its events in `changes.outbox`.
+_Write = Callable[[AsyncConnection, datetime, _Changes], Awaitable[T]]
 
 
 def _unwrap(value: T | Rejected) -> T:
@@ -51,6 +73,12 @@ class Store:
         heartbeat_interval_s: the interval hosts are told to heartbeat at; 3 missed make a host offline.
         device_grace_s: how long a device whose lease expired stays out of use; default its task's ttl.
         max_releases: how many times a task may be released and requeued; the next release fails it.
+        assign_inline: a submit places its task on a free device, and a report hands the device it frees
+            to the next queued task, in their own transactions (what the scheduler does); otherwise only
+            `assign` assigns.
+
+    `on_commit`, when set, is told after every commit of a writing operation which outbox messages it
+    wrote (to publish them at once) and whether it leaves work for an assignment pass.
     """
 
     def __init__(
@@ -61,6 +89,7 @@ class Store:
         heartbeat_interval_s: float = 5.0,
         device_grace_s: float | None = None,
         max_releases: int = MAX_RELEASES_DEFAULT,
+        assign_inline: bool = False,
     ) -> None:
         if heartbeat_interval_s < 0.5:
             # liveness is written at most once a second and a host is offline after 3 intervals
@@ -72,6 +101,8 @@ class Store:
         if max_releases < 0:
             raise ValueError(f"max_releases must be at least 0, not {max_releases}")
         self.max_releases = max_releases
+        self.assign_inline = assign_inline
+        self.on_commit: CommitHook | None = None
         self._tx = Transactor(engine, self.clock)
 
     @classmethod
@@ -84,24 +115,71 @@ class Store:
         """Close every pooled connection."""
         await self.engine.dispose()
 
+    async def _write(self, name: str, op: _Write[T], *, assignable: bool) -> T:
+        """Run a writing operation in one transaction; its events are written at its end, in one statement.
+
+        After the commit (only then: a transaction that rolled back published nothing), `on_commit` hears
+        of the messages written and of whether an assignment pass may find work (`assignable`, the
+        default the operation may change).
+        """
+        tries: list[_Changes] = []
+
+        async def run(conn: AsyncConnection, now: datetime) -> T:
+            changes = _Changes(returning=self.on_commit is not None, assignable=assignable)
+            tries[:] = [changes]  # a retried transaction starts over: only the last try committed
+            result = await op(conn, now, changes)
+            await changes.outbox.write(conn, now)
+            return result
+
+        result = await self._tx.run(run, name=name)
+        if tries:
+            self._committed(name, [*tries[0].inline, *tries[0].outbox.written], assignable=tries[0].assignable)
+        return result
+
+    def _committed(self, name: str, messages: Sequence[OutboxMessage], *, assignable: bool) -> None:
+        """Tell `on_commit` what a committed operation wrote and whether it leaves assignable work."""
+        hook = self.on_commit
+        if hook is None or not (messages or assignable):
+            return
+        try:
+            hook(Committed(name, tuple(sorted(messages, key=lambda m: m.id)), assignable))
+        except Exception:  # the change is committed; the relay publishes what the hook could not take
+            log.exception("commit hook failed", extra={"operation": name})
+
     # -- users -------------------------------------------------------------------------------
 
     async def submit(self, new: NewTask) -> Submitted:
         """Queue a task (or return the existing one for a repeated idempotency key)."""
         task_id = new_task_id()
 
-        async def op(db: Driver) -> Submitted:
-            return await tasks.submit(db, self.clock, new, task_id)
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Submitted:
+            db = await in_transaction(conn)
+            done = await tasks.submit(db, self.clock, new, task_id, changes.inline)
+            if done.created:
+                changes.assignable = True
+                placed = await assignment.assign_submitted(conn, now, changes.outbox, task_id, new.selector, self.clock)
+                changes.assignable = not placed.settled
+            return done
 
-        return await self._tx.statements(op, name="submit")
+        written: list[OutboxMessage] = []
+
+        async def alone(db: Driver) -> Submitted:
+            written.clear()  # a statement run again starts over
+            return await tasks.submit(db, self.clock, new, task_id, written)
+
+        if self.assign_inline:  # one transaction: the submit's one statement, then the assignment
+            return await self._write("submit", op, assignable=False)
+        done = await self._tx.statements(alone, name="submit")
+        self._committed("submit", written, assignable=done.created)
+        return done
 
     async def request_cancel(self, task_id: uuid.UUID, reason: str | None = None) -> CancelReceipt:
         """Cancel a queued task now, or record a cancellation request against an in-flight one."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> CancelReceipt:
-            return await tasks.request_cancel(conn, now, outbox.Outbox(), task_id, reason)
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> CancelReceipt:
+            return await tasks.request_cancel(conn, now, changes.outbox, task_id, reason)
 
-        return await self._tx.run(op, name="cancel")
+        return await self._write("cancel", op, assignable=False)
 
     async def get_task(self, task_id: uuid.UUID) -> TaskView:
         """The task with its attempts and, while queued, why it waits."""
@@ -132,10 +210,10 @@ class Store:
                 f"host id {host_id!r} is not a token", errors=[{"path": "host_id", "message": "not a token"}]
             )
 
-        async def op(conn: AsyncConnection, now: datetime) -> None:
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> None:
             await hosts.register_host(conn, now, host_id, devices, agent_version, self.heartbeat_interval_s)
 
-        await self._tx.run(op, name="register")
+        await self._write("register", op, assignable=True)
         return self.heartbeat_interval_s
 
     async def heartbeat(self, host_id: str) -> float:
@@ -158,18 +236,18 @@ class Store:
     async def drain_device(self, device_id: str, drained: bool, reason: str | None = None) -> DeviceView:
         """Take a device out of service, or return it."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> DeviceView:
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> DeviceView:
             return await hosts.drain_device(conn, now, device_id, drained, reason)
 
-        return await self._tx.run(op, name="drain")
+        return await self._write("drain", op, assignable=not drained)
 
     async def drain_host(self, host_id: str, drained: bool, reason: str | None = None) -> HostView:
         """Take every device the host lists out of service, or return them all; the host after the change."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> HostView:
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> HostView:
             return await hosts.drain_host(conn, now, host_id, drained, reason)
 
-        return await self._tx.run(op, name="drain_host")
+        return await self._write("drain_host", op, assignable=not drained)
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -178,31 +256,37 @@ class Store:
 
     async def claim(self, ref: LeaseRef) -> Extension:
         """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
+        written: list[OutboxMessage] = []
 
         async def granted(db: Driver) -> Extension | None:
-            return await grants.claim(db, self.clock, ref)
+            written.clear()  # a statement run again starts over
+            return await grants.claim(db, self.clock, ref, written)
 
-        async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
-            return await leasing.extend(conn, now, outbox.Outbox(), ref, claim=True, clock=self.clock)
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
+            return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock)
 
         if (grant := await self._tx.statements(granted, name="claim")) is not None:
+            self._committed("claim", written, assignable=False)
             return grant
-        return _unwrap(await self._tx.run(op, name="claim"))
+        return _unwrap(await self._write("claim", op, assignable=False))
 
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
+        written: list[OutboxMessage] = []
 
         async def granted(db: Driver) -> Extension | None:
-            return await grants.renew(db, self.clock, ref, progress)
+            written.clear()  # a statement run again starts over
+            return await grants.renew(db, self.clock, ref, progress, written)
 
-        async def op(conn: AsyncConnection, now: datetime) -> Extension | Rejected:
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
             return await leasing.extend(
-                conn, now, outbox.Outbox(), ref, claim=False, clock=self.clock, progress=progress
+                conn, now, changes.outbox, ref, claim=False, clock=self.clock, progress=progress
             )
 
         if (grant := await self._tx.statements(granted, name="renew")) is not None:
+            self._committed("renew", written, assignable=False)
             return grant
-        return _unwrap(await self._tx.run(op, name="renew"))
+        return _unwrap(await self._write("renew", op, assignable=False))
 
     async def report(
         self,
@@ -214,15 +298,33 @@ class Store:
     ) -> ReportReceipt:
         """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
 
-        async def granted(db: Driver) -> ReportReceipt | None:
-            return await grants.report(db, self.clock, ref, outcome, reason, result)
-
-        async def op(conn: AsyncConnection, now: datetime) -> ReportReceipt | Rejected:
-            return await leasing.report(conn, now, outbox.Outbox(), ref, outcome, reason, result, self.clock)
-
-        if (receipt := await self._tx.statements(granted, name="report")) is not None:
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ReportReceipt | Rejected:
+            receipt: ReportReceipt | Rejected | None = None
+            if self.assign_inline:  # the grant's one statement, in the transaction that also assigns
+                db = await in_transaction(conn)
+                receipt = await grants.report(db, self.clock, ref, outcome, reason, result, changes.inline)
+            if receipt is None:
+                receipt = await leasing.report(conn, now, changes.outbox, ref, outcome, reason, result, self.clock)
+            if isinstance(receipt, ReportReceipt) and not receipt.duplicate:
+                changes.assignable = True  # the device is free
+                if self.assign_inline:
+                    placed = await assignment.assign_released(
+                        conn, now, changes.outbox, ref.task_id, ref.attempt, self.clock
+                    )
+                    changes.assignable = not placed.settled
             return receipt
-        return _unwrap(await self._tx.run(op, name="report"))
+
+        written: list[OutboxMessage] = []
+
+        async def granted(db: Driver) -> ReportReceipt | None:
+            written.clear()  # a statement run again starts over
+            return await grants.report(db, self.clock, ref, outcome, reason, result, written)
+
+        # with `assign_inline`, the grant's statement runs in the transaction that assigns (`op`)
+        if not self.assign_inline and (done := await self._tx.statements(granted, name="report")) is not None:
+            self._committed("report", written, assignable=True)
+            return done
+        return _unwrap(await self._write("report", op, assignable=False))
 
     async def release(
         self,
@@ -237,47 +339,65 @@ class Store:
         released `max_releases` times; an identical repeat returns the first answer.
         """
 
-        async def op(conn: AsyncConnection, now: datetime) -> ReleaseReceipt | Rejected:
-            return await releasing.release(
-                conn, now, outbox.Outbox(), ref, reason, result, self.clock, max_releases=self.max_releases
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ReleaseReceipt | Rejected:
+            receipt = await releasing.release(
+                conn, now, changes.outbox, ref, reason, result, self.clock, max_releases=self.max_releases
             )
+            # the device is free and the task may be queued again: the assignment loop takes both
+            changes.assignable = isinstance(receipt, ReleaseReceipt) and not receipt.duplicate
+            return receipt
 
-        return _unwrap(await self._tx.run(op, name="release"))
+        return _unwrap(await self._write("release", op, assignable=False))
 
     # -- scheduler and sweeper ---------------------------------------------------------------
 
     async def assign(self, *, limit: int = 200, device_limit: int = 2000) -> list[AttemptAssigned]:
         """Assign up to `limit` queued tasks to free matching devices; returns the new attempts."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> list[AttemptAssigned]:
-            return await assignment.assign(
-                conn, now, outbox.Outbox(), limit=limit, device_limit=device_limit, clock=self.clock
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> list[AttemptAssigned]:
+            done = await assignment.assign(
+                conn, now, changes.outbox, limit=limit, device_limit=device_limit, clock=self.clock
             )
+            changes.assignable = not done.settled
+            return done.assigned
 
-        return await self._tx.run(op, name="assign")
+        return await self._write("assign", op, assignable=False)
 
     async def sweep_expired(self, *, limit: int = 500) -> list[ExpiredLease]:
         """End up to `limit` expired leases: requeue, fail (`lease_expired`) or cancel their tasks."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> list[ExpiredLease]:
-            return await sweeping.sweep_expired(
-                conn, now, outbox.Outbox(), limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> list[ExpiredLease]:
+            expired = await sweeping.sweep_expired(
+                conn, now, changes.outbox, limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
             )
+            changes.assignable = bool(expired)  # requeued tasks, and devices free once their grace ends
+            return expired
 
-        return await self._tx.run(op, name="sweep")
+        return await self._write("sweep", op, assignable=False)
 
-    async def relay_outbox(self, publish: outbox.PublishBatch, *, limit: int = 200) -> int:
+    async def relay_outbox(
+        self,
+        publish: outbox.PublishBatch,
+        *,
+        limit: int = 200,
+        mark: Sequence[int] = (),
+        skip: Sequence[int] = (),
+        older_than_s: float | None = None,
+    ) -> int:
         """Hand up to `limit` unsent outbox messages, in order, to `publish`; returns how many it published.
 
-        One transaction: the batch stays claimed (other relays skip it) while `publish` runs, and the
-        messages it acknowledged are marked sent when it returns.
+        One transaction: first `mark` (messages the caller published itself) are marked sent; then a
+        batch of the others is claimed (other relays skip it) while `publish` runs, and the messages it
+        acknowledged are marked sent when it returns. `skip` are messages the caller is publishing now;
+        with `older_than_s`, messages younger than that are left to whoever wrote them.
 
         Raises:
             Exception: the error that stopped `publish`, after the messages it did publish were marked.
         """
 
         async def op(conn: AsyncConnection, now: datetime) -> outbox.Published:
-            return await outbox.relay(conn, now, publish, limit)
+            before = None if older_than_s is None else now - timedelta(seconds=older_than_s)
+            return await outbox.relay(conn, now, publish, limit, mark=mark, skip=skip, before=before)
 
         outcome = await self._tx.run(op, name="relay")
         if outcome.error is not None:

@@ -15,11 +15,11 @@ from devsched.core.lifecycle import Trigger
 from devsched.core.status import EventKind, TaskReason, TaskStatus
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
-from devsched.store.inline import PLACEHOLDER_TIME, event_params, insert_event
-from devsched.store.outbox import Outbox, current_trace
+from devsched.store.inline import INSERTED, PLACEHOLDER_TIME, event_params, insert_event
+from devsched.store.outbox import Outbox, current_trace, inserted
 from devsched.store.rows import bump_seq, lock_task
 from devsched.store.statuses import entering, leaving
-from devsched.store.views import CancelReceipt, NewTask, Submitted
+from devsched.store.views import CancelReceipt, NewTask, OutboxMessage, Submitted
 
 #: One statement: the task, its `submitted` event, and on a repeated idempotency key (or a repeat of this
 #: very statement whose answer was lost: the same task id) the task that exists instead.
@@ -38,9 +38,9 @@ _SUBMIT = Sql(
         RETURNING task_id, status, created_at
     ),
     event AS ({insert_event("ins", at="ins.created_at")})
-    SELECT task_id, status FROM ins
+    SELECT task_id, status, {INSERTED} AS inserted FROM ins
     UNION ALL
-    SELECT task_id, status FROM tasks
+    SELECT task_id, status, NULL FROM tasks
     WHERE (idempotency_key = :key OR task_id = :task_id) AND NOT EXISTS (SELECT FROM ins)
     """
 )
@@ -48,10 +48,14 @@ _SUBMIT = Sql(
 _BY_KEY = Sql("SELECT task_id, status FROM tasks WHERE idempotency_key = :key")
 
 
-async def submit(db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID) -> Submitted:
+async def submit(
+    db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID, written: list[OutboxMessage] | None = None
+) -> Submitted:
     """Queue a new task as `task_id`, or return the one already submitted with the same idempotency key.
 
-    One statement, run without a transaction around it (`Transactor.statements`).
+    One statement, run without a transaction around it (`Transactor.statements`) or as the first of a
+    transaction that also assigns (`Store.assign_inline`). `written` receives the `submitted` event's
+    outbox message, to publish it once committed.
     """
     event = TaskEvent(kind=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME)
     params = {
@@ -72,6 +76,8 @@ async def submit(db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID) -> 
     row = await db.row(_SUBMIT, params) or await db.row(_BY_KEY, {"key": new.idempotency_key})
     if row is None:
         raise AssertionError(f"submit of {task_id} found neither its task nor the one of its key")
+    if written is not None:
+        written += inserted(row.get("inserted"))
     return Submitted(row["task_id"], TaskStatus(row["status"]), created=row["task_id"] == task_id)
 
 

@@ -97,3 +97,17 @@ class OutboxMessage:
     id: int
     event: DomainEvent
     headers: Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """What a committed operation leaves its process to do (`Store.on_commit`).
+
+    `messages` are the outbox rows it wrote, to publish now (the relay would otherwise find them later);
+    `assignable` says that an assignment pass may find work the operation did not take itself (it queued
+    a task or freed a device, and could not place it).
+    """
+
+    operation: str
+    messages: tuple[OutboxMessage, ...]
+    assignable: bool

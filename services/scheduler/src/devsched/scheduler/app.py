@@ -26,7 +26,7 @@ from devsched.scheduler.relay import Relay
 from devsched.scheduler.service import Dispatcher, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import Backoff, close_nats, connect_nats, flush_subscriptions, sleep_or_stop, wake_subject
-from devsched.store import Store
+from devsched.store import Committed, Store
 
 log = logging.getLogger("devsched.scheduler")
 
@@ -67,8 +67,11 @@ class Scheduler:
 
     async def _wake_from(self, nc: Client) -> None:
         async def on_wake(_: Msg) -> None:
-            self.assign_wakeup.set()
-            self.relay_wakeup.set()
+            # the sweeper committed: requeued tasks to assign, its outbox rows to publish
+            if self.assigner is not None:
+                self.assigner.hint()
+            if self.relay is not None:
+                self.relay.request_full_pass()
 
         await nc.subscribe(wake_subject(self.subjects.prefix), cb=on_wake)
 
@@ -83,6 +86,7 @@ class Scheduler:
                 max_releases=s.max_releases,
                 pool_size=s.db_pool_size,
                 max_overflow=s.db_pool_size,
+                assign_inline=s.assign_inline,
             )
             stack.push_async_callback(store.close)
             nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
@@ -92,15 +96,26 @@ class Scheduler:
                 return
 
             loops: list[WorkLoop] = []
-            self.assigner = Assigner(store, self.relay_wakeup, batch=s.assign_batch)
-            loops.append(WorkLoop("assign", self.assigner.step, self.assign_wakeup, tick=s.assign_tick_s))
+            assigner = self.assigner = Assigner(store, self.assign_wakeup, batch=s.assign_batch, tick=s.assign_tick_s)
+            loops.append(WorkLoop("assign", assigner.step, self.assign_wakeup, tick=s.assign_tick_s))
+            relay: Relay | None = None
             if s.relay_enabled:
-                self.relay = Relay(store, js, self.subjects, s)
-                loops.append(WorkLoop("relay", self.relay.step, self.relay_wakeup, tick=s.relay_tick_s))
+                relay = self.relay = Relay(store, js, self.subjects, s, self.relay_wakeup)
+                loops.append(WorkLoop("relay", relay.step, self.relay_wakeup, tick=s.relay_tick_s))
+                relay.start()
+                stack.push_async_callback(relay.stop)
+
+            def on_commit(committed: Committed) -> None:
+                if relay is not None:
+                    relay.offer(committed)  # published at once; without a relay, the table keeps it
+                assigner.on_commit(committed)
+
+            store.on_commit = on_commit
             for loop in loops:
                 loop.start()
 
-            api = Api(store, nc, js, self.subjects, s, assign_wakeup=self.assign_wakeup, relay_wakeup=self.relay_wakeup)
+            # The relay hears of every commit from the store: a request's wake-up would only cost it a pass.
+            api = Api(store, nc, js, self.subjects, s, assign_wakeup=self.assign_wakeup, relay_wakeup=Wakeup())
             service = await start_service(
                 nc, api, self.subjects, self.dispatcher, max_payload_bytes=s.max_payload_bytes
             )
@@ -124,14 +139,16 @@ class Scheduler:
                 )
             for loop in loops:
                 await loop.stop()
+            store.on_commit = None
             if self.relay is not None:
                 await self._last_relay_pass()
             log.info("stopped")
 
     async def _last_relay_pass(self) -> None:
-        """Publish what the last requests committed, so their events do not wait for another replica."""
+        """Publish what the last requests committed, and mark it, so it does not wait for another replica."""
         assert self.relay is not None
         try:
+            await asyncio.wait_for(self.relay.stop(), timeout=self.settings.publish_timeout_s)
             await asyncio.wait_for(self.relay.step(), timeout=self.settings.publish_timeout_s)
         except Exception as exc:  # left for the next relay: nothing is lost
             log.info("final relay pass skipped: %s", type(exc).__name__)

@@ -44,7 +44,17 @@ class SchedulerSettings(ServiceSettings):
     relay_batch: int = Field(default=200, ge=1, le=5000)
     """Outbox rows published per transaction."""
     relay_tick_s: Seconds = 1.0
-    """Safety-net period of the relay (it is woken by local commits and by the sweeper)."""
+    """Period of the relay's pass over the table, for messages no process published at once (the sweeper's
+    wake it sooner)."""
+    relay_mark_delay_s: Seconds = 1.0
+    """How long messages published at once wait to be marked sent, so that one transaction marks many; a
+    crash meanwhile publishes them again, and the duplicate window drops the copies."""
+    relay_grace_s: Seconds = 3.0
+    """Age below which the relay's routine pass leaves an unsent message to the replica that wrote it (which
+    publishes it at once and marks it within `relay_mark_delay_s`)."""
+    assign_inline: bool = True
+    """A submit assigns its task to a free device, and a report the device it frees to the next queued task,
+    in their own transactions; the assignment loop's pass runs only when one may find more."""
     publish_timeout_s: Seconds = 5.0
     """Bound on one JetStream publish acknowledgement."""
     max_concurrency: int = Field(default=64, ge=1, le=10000)

@@ -1,0 +1,190 @@
+"""Assignment inside a submit's and a report's own transaction (`Store(assign_inline=True)`), and what the
+store tells its process after each commit (`on_commit`): the messages to publish, and whether a pass of the
+assignment loop may still find work."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy import text
+
+from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.store import Committed, ManualClock, NewTask, Store
+from devsched.store.assignment import HEAD
+from support.store_lab import PLAN, Lab, ref
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def inline(database_url: str, clock: ManualClock) -> AsyncIterator[tuple[Lab, list[Committed]]]:
+    """A lab whose store assigns inline, and the list its `on_commit` fills."""
+    store = Store.connect(database_url, clock=clock, assign_inline=True)
+    heard: list[Committed] = []
+    store.on_commit = heard.append
+    try:
+        yield Lab(store, clock), heard
+    finally:
+        await store.close()
+
+
+def kinds(c: Committed) -> list[str]:
+    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
+
+
+async def commits(lab: Lab) -> int:
+    async with lab.store.engine.connect() as conn:
+        stats = text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        await conn.execute(text("SELECT pg_stat_force_next_flush()"))
+        return int((await conn.execute(stats)).scalar_one())
+
+
+async def test_a_submit_with_a_free_device_is_assigned_in_its_own_transaction(
+    inline: tuple[Lab, list[Committed]],
+) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1")
+    heard.clear()
+    task_id = await lab.submit()
+    (c,) = heard
+    assert (c.operation, kinds(c), c.assignable) == ("submit", ["submitted", "assigned", "assignment"], False)
+    assert [m.event.seq for m in c.messages if isinstance(m.event, TaskEvent)] == [1, 2]
+    (assigned,) = [m.event for m in c.messages if isinstance(m.event, AttemptAssigned)]
+    assert (assigned.task_id, assigned.device_id, assigned.attempt) == (task_id, "d1", 1)
+    view = await lab.store.get_task(task_id)
+    assert view.status is TaskStatus.ASSIGNED
+    assert view.attempts[0].lease_id == assigned.lease_id
+    assert await lab.store.assign() == [], "nothing left for the loop"
+
+
+async def test_the_submit_and_its_assignment_are_one_commit(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, _ = inline
+    await lab.host("h1", "d1")
+    before = await commits(lab)
+    await lab.submit()
+    # the submit's transaction and the read of the statistics; the flush's own transaction counts too
+    assert await commits(lab) - before <= 3
+
+
+async def test_a_submit_without_a_free_device_stays_queued_and_settled(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1", platform="ios")
+    heard.clear()
+    task_id = await lab.submit(labels={"platform": "android"})
+    (c,) = heard
+    assert (kinds(c), c.assignable) == (["submitted"], False)
+    assert (await lab.store.get_task(task_id)).status is TaskStatus.QUEUED
+
+
+async def test_an_older_queued_task_takes_the_free_device_first(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
+    older = await lab.submit()  # no device yet
+    await lab.host("h1", "d1")  # a registration assigns nothing itself: it asks for a pass
+    assert heard[-1].operation == "register"
+    assert heard[-1].assignable
+    lab.clock.advance(1)
+    heard.clear()
+    newer = await lab.submit()
+    (c,) = heard
+    (assigned,) = [m.event for m in c.messages if isinstance(m.event, AttemptAssigned)]
+    assert assigned.task_id == older
+    assert c.assignable is False, "no other free device could take the new task"
+    assert (await lab.store.get_task(newer)).status is TaskStatus.QUEUED
+
+
+async def test_a_report_hands_its_device_to_the_next_task_by_priority_then_age(
+    inline: tuple[Lab, list[Committed]],
+) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1")
+    first = await lab.submit()
+    (lease,) = [ref(m.event) for m in heard[-1].messages if isinstance(m.event, AttemptAssigned)]
+    assert lease.task_id == first
+    low = await lab.submit(priority=-1)
+    lab.clock.advance(1)
+    high = await lab.submit(priority=5)
+    await lab.submit(priority=100, labels={"platform": "ios"})  # first in line, but no device matches
+    heard.clear()
+    await lab.store.report(lease, Outcome.DONE)
+    (c,) = heard
+    assert (c.operation, kinds(c), c.assignable) == ("report", ["done", "assigned", "assignment"], False)
+    (assigned,) = [m.event for m in c.messages if isinstance(m.event, AttemptAssigned)]
+    assert (assigned.task_id, assigned.device_id) == (high, "d1")
+    assert (await lab.store.get_task(low)).status is TaskStatus.QUEUED
+
+
+async def test_a_report_with_nothing_queued_leaves_the_device_free(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1")
+    await lab.submit()
+    (lease,) = [ref(m.event) for m in heard[-1].messages if isinstance(m.event, AttemptAssigned)]
+    heard.clear()
+    await lab.store.report(lease, Outcome.DONE)
+    await lab.store.report(lease, Outcome.DONE)  # a repeat: nothing changes, nothing to say
+    (c,) = heard
+    assert (kinds(c), c.assignable) == (["done"], False)
+    assert (await lab.store.list_hosts())[0].devices[0].state.value == "available"
+
+
+async def test_a_queue_longer_than_the_head_is_left_to_the_loop(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1")
+    await lab.submit()
+    (lease,) = [ref(m.event) for m in heard[-1].messages if isinstance(m.event, AttemptAssigned)]
+    for _ in range(HEAD):
+        await lab.submit(priority=10, labels={"platform": "ios"})
+    waiting = await lab.submit()
+    heard.clear()
+    await lab.store.report(lease, Outcome.DONE)
+    (c,) = heard
+    assert (kinds(c), c.assignable) == (["done"], True), "the head did not match: a pass must look further"
+    assert [m.task_id for m in await lab.store.assign()] == [waiting]
+
+
+async def test_a_device_another_transaction_holds_is_left_to_the_loop(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1")
+    heard.clear()
+    async with lab.store.engine.connect() as other:
+        await other.execute(text("SELECT 1 FROM devices WHERE device_id = 'd1' FOR UPDATE"))
+        task_id = await lab.submit()
+        await other.rollback()
+    (c,) = heard
+    assert (kinds(c), c.assignable) == (["submitted"], True)
+    assert [m.task_id for m in await lab.store.assign()] == [task_id]
+
+
+async def test_only_the_committed_try_of_a_retried_transaction_is_heard(inline: tuple[Lab, list[Committed]]) -> None:
+    """Two submits with one idempotency key race: the loser's transaction runs again and finds the winner's."""
+    lab, heard = inline
+    await lab.host("h1", "d1", "d2")
+    heard.clear()
+    a, b = await asyncio.gather(
+        lab.store.submit(NewTask(plan=PLAN, idempotency_key="k")),
+        lab.store.submit(NewTask(plan=PLAN, idempotency_key="k")),
+    )
+    assert a.task_id == b.task_id
+    assert sorted(c.operation for c in heard) == ["submit"], "the repeat wrote nothing and has nothing to say"
+    (c,) = heard
+    assert kinds(c) == ["submitted", "assigned", "assignment"]
+    async with lab.store.engine.connect() as conn:
+        rows = (await conn.execute(text("SELECT id FROM outbox ORDER BY id"))).scalars().all()
+    assert [m.id for m in c.messages] == list(rows), "the ids heard are the rows committed"
+
+
+async def test_without_assign_inline_only_the_loop_assigns(lab: Lab) -> None:
+    heard: list[Committed] = []
+    lab.store.on_commit = heard.append
+    await lab.host("h1", "d1")
+    task_id = await lab.submit()
+    assert (kinds(heard[-1]), heard[-1].assignable) == (["submitted"], True)
+    (m,) = await lab.store.assign()
+    assert m.task_id == task_id
+    assert heard[-1].operation == "assign"
+    assert kinds(heard[-1]) == ["assigned", "assignment"]
+    await lab.store.report(ref(m), Outcome.DONE)
+    assert (kinds(heard[-1]), heard[-1].assignable) == (["done"], True), "a freed device asks for a pass"
+    assert EventKind.DONE.value == "done"

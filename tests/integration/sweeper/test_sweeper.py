@@ -1,0 +1,43 @@
+"""The sweeper's pass: every expired lease ended, batch after batch, each logged once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from devsched.core.status import TaskStatus
+from devsched.store import DeviceSpec, NewTask, Store
+from devsched.sweeper.app import Sweeper, SweeperSettings
+from support.databases import service_url
+from support.store_lab import PLAN
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_sweep_ends_every_expired_lease_in_batches_and_logs_each_once(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store.connect(database_url)
+    try:
+        await store.register_host("h1", [DeviceSpec(f"d{i}") for i in range(5)])
+        ids = {(await store.submit(NewTask(plan=PLAN, lease_ttl_s=1))).task_id for _ in range(5)}
+        assigned = await store.assign()
+        assert {m.task_id for m in assigned} == ids
+        await asyncio.sleep(1.2)  # the leases run out (the database's clock)
+        sweeper = Sweeper(SweeperSettings(database_url=service_url(database_url, "sweeper"), sweep_batch=2))
+        sweeper._store = Store.connect(sweeper.settings.database_url)
+        try:
+            with caplog.at_level(logging.INFO, logger="devsched.sweeper"):
+                assert await sweeper.sweep() == 5
+                assert await sweeper.sweep() == 0
+        finally:
+            await sweeper._store.close()
+        logged = [r for r in caplog.records if r.getMessage() == "lease expired"]
+        assert sorted(str(r.task_id) for r in logged) == sorted(str(i) for i in ids)
+        assert {r.attempt for r in logged} == {1}
+        for task_id in ids:
+            assert (await store.get_task(task_id)).status is TaskStatus.QUEUED
+    finally:
+        await store.close()
