@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from devsched.embedded import ChildProcess, EmbeddedServerError, stop_all
+from devsched.embedded import ChildProcess, EmbeddedServerError, stop_all, wait_until
 from support.polling import eventually
 
 pytestmark = pytest.mark.integration
@@ -278,6 +278,8 @@ def test_paused_resumes_even_when_the_block_fails(tmp_path: Path, child_script: 
 
         def fail_while_paused() -> None:
             with child.paused():
+                # SIGSTOP takes effect asynchronously: the state turns T shortly after the signal
+                wait_until(lambda: state(pid) == "T", timeout=5, what="the child stops")
                 seen.append(state(pid))
                 raise RuntimeError
 

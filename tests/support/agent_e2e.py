@@ -331,10 +331,10 @@ class AgentLab:
         self.agents.append(agent.start(agent_env))
         return agent
 
-    async def submit(self, steps: list[dict[str, Any]], **fields: Any) -> str:
-        """Submit a plan that only this lab's devices match; the task id."""
+    async def submit(self, steps: list[dict[str, Any]], *, timeout: float = 5.0, **fields: Any) -> str:  # noqa: ASYNC109
+        """Submit a plan that only this lab's devices match; the task id (`timeout`: of the request)."""
         body = {"selector": {"labels": self.label}, "plan": {"steps": steps}, **fields}
-        return str((await call(self.nc, api(self.prefix, "tasks.submit"), body))["task_id"])
+        return str((await call(self.nc, api(self.prefix, "tasks.submit"), body, timeout=timeout))["task_id"])
 
     async def task(self, task_id: str) -> dict[str, Any]:
         """The task view (retried while a restarting server or scheduler cannot answer)."""

@@ -48,9 +48,9 @@ class FaultLab(AgentLab):
         self.journal = StepJournal(workdir / "journal")
         self.inv = Invariants(checker_url, plane.prefix, nc=nc, journal=self.journal)
 
-    async def submit(self, steps: list[dict[str, Any]], **fields: Any) -> str:
+    async def submit(self, steps: list[dict[str, Any]], *, timeout: float = 5.0, **fields: Any) -> str:  # noqa: ASYNC109
         """Submit (see `AgentLab.submit`); the task counts as acknowledged once the reply came."""
-        return self.inv.acknowledge(await super().submit(steps, **fields))
+        return self.inv.acknowledge(await super().submit(steps, timeout=timeout, **fields))
 
     def agent(
         self,
