@@ -54,7 +54,8 @@ async def test_nats_sigkilled_under_publish_load_loses_no_acknowledged_message(
         stop = asyncio.Event()
         load = asyncio.create_task(submit_until(stop))
         await eventually(lambda: len(tasks) >= 15, timeout=20, message="publish load")
-        sent_before = await _sent(database_url)
+        # Rows are published at once and marked sent in batches a moment later: kill once some are marked.
+        sent_before = await eventually(lambda: _sent(database_url), timeout=20, message="outbox rows marked sent")
         await asyncio.to_thread(nats_server.kill)  # SIGKILL: nothing flushed on the way out
         await asyncio.sleep(0.5)
         await asyncio.to_thread(nats_server.start)
