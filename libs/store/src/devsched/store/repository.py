@@ -17,7 +17,7 @@ from devsched.core.limits import LIST_LIMIT_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
-from devsched.store import assignment, grants, hosts, leasing, outbox, queries, sweeping, tasks
+from devsched.store import assignment, grants, hosts, leasing, liveness, outbox, queries, sweeping, tasks
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.driver import Driver
 from devsched.store.engine import DatabaseTimeouts, make_engine
@@ -135,10 +135,10 @@ class Store:
     async def heartbeat(self, host_id: str) -> float:
         """Record a sign of life; returns the heartbeat interval."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> None:
-            await hosts.heartbeat(conn, now, host_id)
+        async def op(db: Driver) -> None:
+            await liveness.heartbeat(db, self.clock, host_id)
 
-        await self._tx.run(op, name="heartbeat")
+        await self._tx.statements(op, name="heartbeat")
         return self.heartbeat_interval_s
 
     async def list_hosts(self) -> tuple[HostView, ...]:
