@@ -1,4 +1,9 @@
-"""The Store: one method per domain operation, each exactly one database transaction."""
+"""The Store: one method per domain operation, each applied whole.
+
+Most run in one transaction; a submit, a heartbeat and a granted claim, renewal or report are one
+statement each (`Transactor.statements`), and a lease request that statement does not grant goes on to
+the locked transaction that names the conflict.
+"""
 
 from __future__ import annotations
 
