@@ -1,6 +1,7 @@
 """devsched.service: plumbing shared by the control-plane services (never imported by libraries)."""
 
 from devsched.service.connection import Stopped, close_nats, connect_nats, flush_subscriptions, wake_subject
+from devsched.service.heap import settle_heap
 from devsched.service.lifecycle import Backoff, run, sleep_or_stop
 from devsched.service.logs import bind, configure_logging
 from devsched.service.settings import ServiceSettings, SettingsError, parse_settings, settings_from
@@ -19,6 +20,7 @@ __all__ = [
     "parse_settings",
     "run",
     "settings_from",
+    "settle_heap",
     "setup_tracing",
     "sleep_or_stop",
     "wake_subject",

@@ -1,4 +1,4 @@
-"""devsched.store: the Postgres repository; one transaction per domain operation."""
+"""devsched.store: the Postgres repository; each domain operation applied whole (a transaction, or one statement)."""
 
 from devsched.store.clock import Clock, DatabaseClock, ManualClock
 from devsched.store.engine import DatabaseTimeouts, make_engine

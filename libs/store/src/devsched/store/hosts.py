@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from devsched.core.errors import DeviceConflict, NotFound
 from devsched.core.status import AttemptStatus, DeviceState
 from devsched.core.views import DeviceView, HostView
-from devsched.store.liveness import host_online, touch_host
+from devsched.store.liveness import host_online
 from devsched.store.views import DeviceSpec
 
 
@@ -107,15 +107,6 @@ async def register_host(
             },
         )
     await conn.execute(_DROP_OTHERS, {"host_id": host_id, "ids": ids, "now": now})
-
-
-async def heartbeat(conn: AsyncConnection, now: datetime, host_id: str) -> None:
-    """Record a sign of life.
-
-    Raises:
-        NotFound: the host never registered.
-    """
-    await touch_host(conn, host_id, now)
 
 
 _DEVICE_COLUMNS = f"""

@@ -9,7 +9,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import DevschedError, NotFound
-from devsched.store.clock import CLOCK_PARAM, NOW
+from devsched.store.clock import CLOCK_PARAM, NOW, Clock
+from devsched.store.driver import Driver, Sql
 
 #: Heartbeats a host may miss before it counts as offline (ARCHITECTURE.md: "3 missed make a host offline").
 MISSED_HEARTBEATS = 3
@@ -41,6 +42,19 @@ _TOUCH = text(
     SELECT 1 FROM hosts WHERE host_id = :host_id
     """
 )
+
+
+_HEARTBEAT = Sql(_TOUCH)
+
+
+async def heartbeat(db: Driver, clock: Clock, host_id: str) -> None:
+    """Record a sign of life of `host_id`, in one statement of its own (`Transactor.statements`).
+
+    Raises:
+        NotFound: the host never registered.
+    """
+    if await db.row(_HEARTBEAT, {"host_id": host_id, CLOCK_PARAM: clock.bound()}) is None:
+        raise NotFound(f"host {host_id} is not registered; register first", host_id=host_id)
 
 
 async def touch_host(conn: AsyncConnection, host_id: str, now: datetime | None) -> None:

@@ -1,4 +1,9 @@
-"""The Store: one method per domain operation, each exactly one database transaction."""
+"""The Store: one method per domain operation, each applied whole.
+
+Most run in one transaction; a submit, a heartbeat and a granted claim, renewal or report are one
+statement each (`Transactor.statements`), and a lease request that statement does not grant goes on to
+the locked transaction that names the conflict.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,18 @@ from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
-from devsched.store import assignment, grants, hosts, leasing, outbox, queries, releasing, sweeping, tasks
+from devsched.store import (
+    assignment,
+    grants,
+    hosts,
+    leasing,
+    liveness,
+    outbox,
+    queries,
+    releasing,
+    sweeping,
+    tasks,
+)
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.driver import Driver, in_transaction
 from devsched.store.engine import DatabaseTimeouts, make_engine
@@ -219,10 +235,10 @@ class Store:
     async def heartbeat(self, host_id: str) -> float:
         """Record a sign of life; returns the heartbeat interval."""
 
-        async def op(conn: AsyncConnection, now: datetime) -> None:
-            await hosts.heartbeat(conn, now, host_id)
+        async def op(db: Driver) -> None:
+            await liveness.heartbeat(db, self.clock, host_id)
 
-        await self._tx.run(op, name="heartbeat")
+        await self._tx.statements(op, name="heartbeat")
         return self.heartbeat_interval_s
 
     async def list_hosts(self) -> tuple[HostView, ...]:

@@ -1,4 +1,7 @@
-"""One choke point for every repository call: one transaction, typed errors, safe cancellation."""
+"""One choke point for every repository call: typed errors, retries, safe cancellation.
+
+An operation runs in one transaction, or as statements that are each whole by themselves.
+"""
 
 from __future__ import annotations
 
@@ -55,10 +58,11 @@ def _pg_details(exc: sqlalchemy.exc.DBAPIError) -> tuple[str | None, str | None]
 
 
 class Transactor:
-    """Runs an operation in one transaction, translating driver errors into `DevschedError`s.
+    """Runs an operation, translating driver errors into `DevschedError`s.
 
-    `now` is read from the clock inside the transaction and handed to the operation, so every rule sees
-    one consistent time per operation.
+    In one transaction (`run`) or as statements that each commit on their own (`statements`). In a
+    transaction, `now` is read from the clock inside it and handed to the operation, so every rule
+    sees one consistent time per operation; statements read the clock themselves (`clock.NOW`).
     """
 
     def __init__(self, engine: AsyncEngine, clock: Clock, *, attempts: int = 5) -> None:
@@ -85,7 +89,7 @@ class Transactor:
         extends again, a report finds itself recorded, a submit finds its own task id). Errors, other
         retries and cancellation as in `run`.
         """
-        return await self._shielded(self._with_retries(self._autocommitted(op), name))
+        return await self._shielded(self._with_retries(self._statements(op), name))
 
     async def _shielded(self, work: Awaitable[T]) -> T:
         task = asyncio.ensure_future(work)
@@ -123,7 +127,7 @@ class Transactor:
 
         return once
 
-    def _autocommitted(self, op: Statements[T]) -> Callable[[], Awaitable[T]]:
+    def _statements(self, op: Statements[T]) -> Callable[[], Awaitable[T]]:
         async def once() -> T:
             pooled = await self._engine.raw_connection()
             driver = Driver(pooled.driver_connection)

@@ -69,7 +69,8 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
                     if err is exc:
                         raise
                     raise err from exc
-                log.debug("%s ok", name, extra={"ms": round((time.perf_counter() - started) * 1000, 2)})
+                if log.isEnabledFor(logging.DEBUG):  # not even the extra's dict on every request otherwise
+                    log.debug("%s ok", name, extra={"ms": round((time.perf_counter() - started) * 1000, 2)})
                 return reply
         finally:
             trace_headers.reset(token)

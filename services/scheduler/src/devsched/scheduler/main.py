@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from devsched.scheduler.app import Scheduler
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service import Stopped, configure_logging, parse_settings, run, setup_tracing
+from devsched.service import Stopped, configure_logging, parse_settings, run, settle_heap, setup_tracing
 
 log = logging.getLogger("devsched.scheduler")
 
@@ -61,4 +61,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             await Scheduler(settings).run(stop)
         return 0
 
+    settle_heap()
     return run(serve)
