@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import AttemptAssigned, TaskEvent
@@ -63,28 +63,17 @@ _FREE = f"""
     AND NOT {device_busy("d")}"""
 
 
-def _free_devices(match: str) -> TextClause:
-    """Free devices (registered, in service, out of their grace, on an online host, idle) matching `match`.
-
-    Read without locks: only the devices a plan chooses are locked (`_LOCK`), so a pass that finds nothing
-    to do holds nothing that a concurrent submit or report would have to skip.
+#: Free devices, read without locks: only the devices a plan chooses are locked (`_LOCK`), so a pass that
+#: finds nothing to do holds nothing that a concurrent submit or report would have to skip.
+_ALL_FREE = text(
+    f"""
+    SELECT d.device_id, d.host_id, d.labels
+    FROM devices d JOIN hosts h ON h.host_id = d.host_id
+    WHERE {_FREE}
+    ORDER BY d.updated_at, d.device_id
+    LIMIT :limit
     """
-    return text(
-        f"""
-        SELECT d.device_id, d.host_id, d.labels
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE {_FREE} AND {match}
-        ORDER BY d.updated_at, d.device_id
-        LIMIT :limit
-        """
-    )
-
-
-_ALL_FREE = _free_devices("true")
-_FREE_FOR_SELECTOR = _free_devices(
-    "d.labels @> CAST(:labels AS jsonb) AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)"
 )
-
 #: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
 _MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
                          AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
@@ -105,23 +94,42 @@ _MATCHING = f"""
     ) m ON true
     ORDER BY m.priority DESC, m.created_at, m.task_id"""
 
-#: In order, the queued tasks among the first `:scan` of the queue that one of the given devices could
-#: take (at most `:limit`), and how many queued tasks were looked at (`seen`, on every row; one row of
-#: nulls but `seen` when none matches). Unlocked: the chosen ones are locked by `_LOCK`.
-_HEAD_MATCHING = text(
+#: Up to `:devices` free devices the submitted selector (`:labels`, `:device_id`) could use, and in order
+#: the queued tasks among the first `:scan` of the queue that one of them could take (at most `:limit`),
+#: with how many queued tasks were looked at: a row per device (`task_id` null), then a row per task
+#: (`device_id` null), then one row with `seen` only. Unlocked: the chosen ones are locked by `_LOCK`.
+_SUBMITTED_MATCHING = text(
     f"""
-    WITH f(device_id, labels) AS (
-        SELECT * FROM unnest(CAST(:device_ids AS text[]), CAST(:device_labels AS jsonb[]))
+    WITH f AS (
+        SELECT d.device_id, d.host_id, d.labels
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE {_FREE} AND d.labels @> CAST(:labels AS jsonb)
+          AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)
+        ORDER BY d.updated_at, d.device_id
+        LIMIT :devices
     ),
-    {_HEAD}
-    SELECT c.seen, m.task_id, m.selector_labels, m.selector_device_id
-    FROM (SELECT count(*) AS seen FROM head) c
-    {_MATCHING}
+    {_HEAD},
+    m AS (
+        SELECT t.* FROM head t WHERE {_MATCHES_F}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :limit
+    )
+    SELECT 0 AS part, f.device_id, f.host_id, f.labels, NULL::uuid AS task_id, NULL::jsonb AS selector_labels,
+           NULL::text AS selector_device_id, NULL::bigint AS seen, NULL::int AS priority,
+           NULL::timestamptz AS created_at
+    FROM f
+    UNION ALL
+    SELECT 1, NULL, NULL, NULL, m.task_id, m.selector_labels, m.selector_device_id, NULL, m.priority, m.created_at
+    FROM m
+    UNION ALL
+    SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM head), NULL, NULL
+    ORDER BY part, priority DESC, created_at, task_id
     """
 )
 
-#: `_HEAD_MATCHING` for the device attempt `:attempt` of `:task_id` held, if it is free (its columns on
-#: every row, nulls when it is not): what a report needs, in one statement.
+#: The device attempt `:attempt` of `:task_id` held, if it is free (its columns on every row, nulls when it
+#: is not), and in order the queued tasks among the first `:scan` of the queue it could take (at most
+#: `:limit`), with how many were looked at (`seen`; one row of nulls but `seen` when none matches).
 _RELEASED_MATCHING = text(
     f"""
     WITH f AS (
@@ -359,14 +367,13 @@ async def assign(
 
 
 async def _assign_head(
-    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], rows: Sequence[Any], clock: Clock
+    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], matching: Sequence[Any], seen: int, clock: Clock
 ) -> tuple[list[AttemptAssigned], bool]:
-    """The tasks of `rows` (`_HEAD_MATCHING`'s) onto `free`; second, whether a pass could find no more."""
-    queued = [_queued(r) for r in rows if r.task_id is not None]
-    chosen, complete = await _choose(conn, queued, free)
+    """`matching` (from the first `seen` queued tasks) onto `free`; second, whether a pass could find no more."""
+    chosen, complete = await _choose(conn, [_queued(r) for r in matching], free)
     assigned = await _apply(conn, outbox, chosen, clock)
     every_device_used = len(assigned) == len(free)
-    whole_queue_seen = rows[0].seen < HEAD
+    whole_queue_seen = seen < HEAD
     return assigned, complete and (every_device_used or whole_queue_seen)
 
 
@@ -382,19 +389,16 @@ async def assign_submitted(
         "now": now,
         "labels": json.dumps(dict(selector.labels)),
         "device_id": selector.device_id,
-        "limit": _SUBMIT_DEVICES,
+        "devices": _SUBMIT_DEVICES,
+        "scan": HEAD,
+        "limit": 4 * _SUBMIT_DEVICES,  # room to choose again when another assigner holds some
     }
-    free = [_device(r) for r in (await conn.execute(_FREE_FOR_SELECTOR, params)).all()]
+    rows = (await conn.execute(_SUBMITTED_MATCHING, params)).all()
+    free = [_device(r) for r in rows if r.part == 0]
     if not free:
         return Outcome([], settled=True)
-    matching = {
-        "device_ids": [d.device_id for d in free],
-        "device_labels": [json.dumps(dict(d.labels)) for d in free],
-        "scan": HEAD,
-        "limit": 4 * len(free),  # room to choose again when another assigner holds some
-    }
-    rows = (await conn.execute(_HEAD_MATCHING, matching)).all()
-    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
+    matching = [r for r in rows if r.part == 1]
+    assigned, settled = await _assign_head(conn, outbox, free, matching, rows[-1].seen, clock)
     placed = any(m.task_id == task_id for m in assigned)
     return Outcome(assigned, settled=settled and (placed or len(free) < _SUBMIT_DEVICES))
 
@@ -413,5 +417,6 @@ async def assign_released(
         return Outcome([], settled=True)  # the device may not take work, or nothing waits that it could run
     r = rows[0]
     free = [DeviceRecord(r.free_device_id, r.free_host_id, r.free_labels)]
-    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
+    matching = [r for r in rows if r.task_id is not None]
+    assigned, settled = await _assign_head(conn, outbox, free, matching, r.seen, clock)
     return Outcome(assigned, settled=settled)
