@@ -13,7 +13,7 @@ from sqlalchemy import text
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store import Committed, ManualClock, NewTask, Store
-from devsched.store.assignment import HEAD
+from devsched.store.candidates import HEAD
 from support.store_lab import PLAN, Lab, ref
 
 pytestmark = pytest.mark.integration
