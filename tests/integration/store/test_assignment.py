@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import text
 
 from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
-from devsched.store import Committed, ManualClock, NewTask, Store
+from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store
 from devsched.store.candidates import HEAD
 from support.store_lab import PLAN, Lab, ref
 
@@ -188,3 +189,22 @@ async def test_without_assign_inline_only_the_loop_assigns(lab: Lab) -> None:
     await lab.store.report(ref(m), Outcome.DONE)
     assert (kinds(heard[-1]), heard[-1].assignable) == (["done"], True), "a freed device asks for a pass"
     assert EventKind.DONE.value == "done"
+
+
+async def test_the_loop_matches_narrow_and_wide_label_sets_and_pinned_tasks(lab: Lab) -> None:
+    wide = {f"k{i}": f"v{i}" for i in range(7)}  # more labels than are looked up by their subsets
+    await lab.store.register_host(
+        "h1", [DeviceSpec("narrow", {"platform": "android", "model": "p7"}), DeviceSpec("wide", wide)]
+    )
+    on_narrow = await lab.submit(labels={"model": "p7"})
+    on_wide = await lab.submit(labels={"k1": "v1", "k5": "v5", "k6": "v6"})
+    nowhere = await lab.submit(labels={"k1": "v1", "model": "p7"})
+    pinned_but_unmatched = await lab.submit(device_id="narrow", labels={"k1": "v1"})
+    got = {m.task_id: m.device_id for m in await lab.store.assign()}
+    assert got == {on_narrow: "narrow", on_wide: "wide"}
+    for task_id in (nowhere, pinned_but_unmatched):
+        assert (await lab.store.get_task(task_id)).status is TaskStatus.QUEUED
+    a = (await lab.store.get_task(on_narrow)).attempts[-1]
+    await lab.store.report(LeaseRef(a.host_id, on_narrow, a.attempt, a.lease_id), Outcome.DONE)
+    pinned = await lab.submit(device_id="narrow", labels={"platform": "android"})
+    assert [m.task_id for m in await lab.store.assign()] == [pinned]
