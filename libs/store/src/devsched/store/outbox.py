@@ -148,7 +148,7 @@ class Outbox:
         """
         kind, data = _row(event)
         headers = dict(current_trace() if trace is None else trace)
-        self._rows.append((kind, json.dumps(data), json.dumps(headers)))
+        self._rows.append((kind, json.dumps(data), json.dumps(headers) if headers else "{}"))
         self._pending.append((event, headers))
 
     async def flush(self, conn: AsyncConnection, now: datetime) -> None:
