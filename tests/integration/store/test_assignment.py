@@ -136,8 +136,19 @@ async def test_a_queue_longer_than_the_head_is_left_to_the_loop(inline: tuple[La
     await lab.host("h1", "d1")
     await lab.submit()
     (lease,) = [ref(m.event) for m in heard[-1].messages if isinstance(m.event, AttemptAssigned)]
-    for _ in range(HEAD):
-        await lab.submit(priority=10, labels={"platform": "ios"})
+    async with lab.store.engine.begin() as conn:  # a head of tasks no device matches, ahead of the rest
+        await conn.execute(
+            text(
+                """
+                INSERT INTO tasks (task_id, status, priority, max_attempts, lease_ttl_s, plan, selector_labels,
+                                   created_at, updated_at, event_seq)
+                SELECT gen_random_uuid(), 'queued', 10, 3, 30, '{"steps": []}', '{"platform": "ios"}',
+                       now(), now(), 1
+                FROM generate_series(1, :n)
+                """
+            ),
+            {"n": HEAD},
+        )
     waiting = await lab.submit()
     heard.clear()
     await lab.store.report(lease, Outcome.DONE)

@@ -20,7 +20,7 @@ from devsched.store.liveness import host_online
 from devsched.store.statuses import leaving
 
 #: Queued tasks a submit or a report looks at, from the head of the queue; a longer queue is the loop's.
-HEAD = 256
+HEAD = 1000
 #: Free devices a submit looks at for its task.
 SUBMIT_DEVICES = 8
 #: Label sets up to this size are matched by looking selectors up among their subsets (2^n of them);
@@ -62,18 +62,27 @@ _HEAD = f"""
         LIMIT :scan
     )"""
 
-_MATCHING = f"""
-    LEFT JOIN LATERAL (
-        SELECT t.* FROM head t WHERE {_MATCHES_F}
+#: The first `:limit` of the head that one of the devices `f` could take, in order; nothing (and the head
+#: unread) when `f` is empty.
+_MATCHED = f"""
+    m AS (
+        SELECT t.* FROM head t WHERE EXISTS (SELECT 1 FROM f) AND {_MATCHES_F}
         ORDER BY t.priority DESC, t.created_at, t.task_id
         LIMIT :limit
-    ) m ON true
-    ORDER BY m.priority DESC, m.created_at, m.task_id"""
+    )"""
+
+#: How much of the queue was looked at, counted only when it matters (no device, or fewer matches than
+#: asked for): the head is then read to its end; otherwise `:scan`, "not known to be the whole queue".
+_SEEN = """
+    CASE WHEN NOT EXISTS (SELECT 1 FROM f) THEN 0
+         WHEN (SELECT count(*) FROM m) < :limit THEN (SELECT count(*) FROM head)
+         ELSE CAST(:scan AS bigint) END"""
 
 #: Up to `:devices` free devices the submitted selector (`:labels`, `:device_id`) could use, and in order
 #: the queued tasks among the first `:scan` of the queue that one of them could take (at most `:limit`),
-#: with how many queued tasks were looked at: a row per device (`task_id` null), then a row per task
-#: (`device_id` null), then one row with `seen` only. Unlocked: the chosen ones are locked by `assignment`.
+#: with how many queued tasks were looked at (`_SEEN`): a row per device (`task_id` null), then a row per
+#: task (`device_id` null), then one row with `seen` only. Unlocked: the chosen ones are locked by
+#: `assignment`.
 SUBMITTED_MATCHING = text(
     f"""
     WITH f AS (
@@ -85,11 +94,7 @@ SUBMITTED_MATCHING = text(
         LIMIT :devices
     ),
     {_HEAD},
-    m AS (
-        SELECT t.* FROM head t WHERE {_MATCHES_F}
-        ORDER BY t.priority DESC, t.created_at, t.task_id
-        LIMIT :limit
-    )
+    {_MATCHED}
     SELECT 0 AS part, f.device_id, f.host_id, f.labels, NULL::uuid AS task_id, NULL::jsonb AS selector_labels,
            NULL::text AS selector_device_id, NULL::bigint AS seen, NULL::int AS priority,
            NULL::timestamptz AS created_at
@@ -98,14 +103,14 @@ SUBMITTED_MATCHING = text(
     SELECT 1, NULL, NULL, NULL, m.task_id, m.selector_labels, m.selector_device_id, NULL, m.priority, m.created_at
     FROM m
     UNION ALL
-    SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, (SELECT count(*) FROM head), NULL, NULL
+    SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, {_SEEN}, NULL, NULL
     ORDER BY part, priority DESC, created_at, task_id
     """
 )
 
 #: The device attempt `:attempt` of `:task_id` held, if it is free (its columns on every row, nulls when it
 #: is not), and in order the queued tasks among the first `:scan` of the queue it could take (at most
-#: `:limit`), with how many were looked at (`seen`; one row of nulls but `seen` when none matches).
+#: `:limit`), with how many were looked at (`seen`, `_SEEN`; one row of nulls but `seen` when none matches).
 RELEASED_MATCHING = text(
     f"""
     WITH f AS (
@@ -114,12 +119,14 @@ RELEASED_MATCHING = text(
         WHERE {_FREE}
           AND d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)
     ),
-    {_HEAD}
-    SELECT c.seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
+    {_HEAD},
+    {_MATCHED}
+    SELECT {_SEEN} AS seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
            m.task_id, m.selector_labels, m.selector_device_id
-    FROM (SELECT count(*) AS seen FROM head) c
+    FROM (SELECT 1) AS one
     LEFT JOIN f fd ON true
-    {_MATCHING}
+    LEFT JOIN m ON true
+    ORDER BY m.priority DESC, m.created_at, m.task_id
     """
 )
 
