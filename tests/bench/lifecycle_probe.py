@@ -344,6 +344,14 @@ def _breakdown(lab: Lab, driver: Driver, task_ids: list[str]) -> None:
             if key in seen and task_id in wanted:
                 ts = datetime.fromisoformat(line["ts"].replace("Z", "+00:00")).timestamp()
                 seen[key].append(1000 * (ts - driver.wall[task_id][0]))
+    handled: dict[str, list[float]] = {}
+    start = min(driver.wall[t][0] for t in task_ids)
+    for line in lines["scheduler"]:  # DEBUG lines "<endpoint> ok" with the handler's time (DEVSCHED_LOG_LEVEL)
+        at = datetime.fromisoformat(line["ts"].replace("Z", "+00:00")).timestamp() if "ts" in line else 0.0
+        if line.get("msg", "").endswith(" ok") and "ms" in line and at >= start:
+            handled.setdefault(line["msg"][:-3], []).append(float(line["ms"]))
+    for endpoint, values in sorted(handled.items()):
+        print(f"   scheduler {endpoint + ' handled':24} p50 {statistics.median(values):6.1f} ms")
     done = [1000 * (driver.wall[t][1] - driver.wall[t][0]) for t in task_ids]
     for (process, msg), values in seen.items():
         if values:

@@ -189,7 +189,7 @@ async def run(args: argparse.Namespace, pg: PostgresServer, db: str, work: Path)
 
     async def sweep() -> None:
         sweeper = Sweeper(settings)
-        sweeper._store = Store.connect(settings.database_url, pool_size=2, max_overflow=1, device_grace_s=0.0)
+        sweeper._store = Store.connect(settings.database_url, pool_size=3, max_overflow=1, device_grace_s=0.0)
         try:
             assert await sweeper.sweep() == args.expired
         finally:

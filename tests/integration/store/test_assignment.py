@@ -8,12 +8,13 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
-from devsched.store import Committed, ManualClock, NewTask, Store
-from devsched.store.assignment import HEAD
+from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store
+from devsched.store.candidates import HEAD
 from support.store_lab import PLAN, Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -35,13 +36,6 @@ def kinds(c: Committed) -> list[str]:
     return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
 
 
-async def commits(lab: Lab) -> int:
-    async with lab.store.engine.connect() as conn:
-        stats = text("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        await conn.execute(text("SELECT pg_stat_force_next_flush()"))
-        return int((await conn.execute(stats)).scalar_one())
-
-
 async def test_a_submit_with_a_free_device_is_assigned_in_its_own_transaction(
     inline: tuple[Lab, list[Committed]],
 ) -> None:
@@ -60,13 +54,21 @@ async def test_a_submit_with_a_free_device_is_assigned_in_its_own_transaction(
     assert await lab.store.assign() == [], "nothing left for the loop"
 
 
-async def test_the_submit_and_its_assignment_are_one_commit(inline: tuple[Lab, list[Committed]]) -> None:
-    lab, _ = inline
+async def test_the_submit_and_its_assignment_are_one_transaction(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
     await lab.host("h1", "d1")
-    before = await commits(lab)
-    await lab.submit()
-    # the submit's transaction and the read of the statistics; the flush's own transaction counts too
-    assert await commits(lab) - before <= 3
+    begun: list[object] = []
+
+    def count(conn: object) -> None:
+        begun.append(conn)
+
+    event.listen(lab.store.engine.sync_engine, "begin", count)
+    try:
+        await lab.submit()
+    finally:
+        event.remove(lab.store.engine.sync_engine, "begin", count)
+    assert len(begun) == 1
+    assert kinds(heard[-1]) == ["submitted", "assigned", "assignment"]
 
 
 async def test_a_submit_without_a_free_device_stays_queued_and_settled(inline: tuple[Lab, list[Committed]]) -> None:
@@ -134,8 +136,19 @@ async def test_a_queue_longer_than_the_head_is_left_to_the_loop(inline: tuple[La
     await lab.host("h1", "d1")
     await lab.submit()
     (lease,) = [ref(m.event) for m in heard[-1].messages if isinstance(m.event, AttemptAssigned)]
-    for _ in range(HEAD):
-        await lab.submit(priority=10, labels={"platform": "ios"})
+    async with lab.store.engine.begin() as conn:  # a head of tasks no device matches, ahead of the rest
+        await conn.execute(
+            text(
+                """
+                INSERT INTO tasks (task_id, status, priority, max_attempts, lease_ttl_s, plan, selector_labels,
+                                   created_at, updated_at, event_seq)
+                SELECT gen_random_uuid(), 'queued', 10, 3, 30, '{"steps": []}', '{"platform": "ios"}',
+                       now(), now(), 1
+                FROM generate_series(1, :n)
+                """
+            ),
+            {"n": HEAD},
+        )
     waiting = await lab.submit()
     heard.clear()
     await lab.store.report(lease, Outcome.DONE)
@@ -188,3 +201,22 @@ async def test_without_assign_inline_only_the_loop_assigns(lab: Lab) -> None:
     await lab.store.report(ref(m), Outcome.DONE)
     assert (kinds(heard[-1]), heard[-1].assignable) == (["done"], True), "a freed device asks for a pass"
     assert EventKind.DONE.value == "done"
+
+
+async def test_the_loop_matches_narrow_and_wide_label_sets_and_pinned_tasks(lab: Lab) -> None:
+    wide = {f"k{i}": f"v{i}" for i in range(7)}  # more labels than are looked up by their subsets
+    await lab.store.register_host(
+        "h1", [DeviceSpec("narrow", {"platform": "android", "model": "p7"}), DeviceSpec("wide", wide)]
+    )
+    on_narrow = await lab.submit(labels={"model": "p7"})
+    on_wide = await lab.submit(labels={"k1": "v1", "k5": "v5", "k6": "v6"})
+    nowhere = await lab.submit(labels={"k1": "v1", "model": "p7"})
+    pinned_but_unmatched = await lab.submit(device_id="narrow", labels={"k1": "v1"})
+    got = {m.task_id: m.device_id for m in await lab.store.assign()}
+    assert got == {on_narrow: "narrow", on_wide: "wide"}
+    for task_id in (nowhere, pinned_but_unmatched):
+        assert (await lab.store.get_task(task_id)).status is TaskStatus.QUEUED
+    a = (await lab.store.get_task(on_narrow)).attempts[-1]
+    await lab.store.report(LeaseRef(a.host_id, on_narrow, a.attempt, a.lease_id), Outcome.DONE)
+    pinned = await lab.submit(device_id="narrow", labels={"platform": "android"})
+    assert [m.task_id for m in await lab.store.assign()] == [pinned]

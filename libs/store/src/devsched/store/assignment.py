@@ -18,7 +18,6 @@ device (the loser's transaction runs again).
 
 from __future__ import annotations
 
-import itertools
 import json
 import uuid
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import TextClause, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import AttemptAssigned, TaskEvent
@@ -35,144 +34,17 @@ from devsched.core.lifecycle import Trigger
 from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import EventKind, TaskStatus
+from devsched.store import candidates
 from devsched.store.clock import Clock
 from devsched.store.faults import point
 from devsched.store.hosts import device_busy
-from devsched.store.liveness import host_online
 from devsched.store.outbox import Outbox
-from devsched.store.statuses import entering, leaving
+from devsched.store.statuses import entering
 
-#: Queued tasks a submit or a report looks at, from the head of the queue; a longer queue is the loop's.
-HEAD = 256
-#: Free devices a submit looks at for its task.
-_SUBMIT_DEVICES = 8
 #: Rounds of choosing again when another assigner locked a chosen device or task first.
 _ROUNDS = 3
-#: Label sets up to this size are matched by looking selectors up among their subsets (2^n of them);
-#: wider ones by containment, row by row.
-_SUBSET_LABELS = 5
 
-_QUEUED = leaving(Trigger.ASSIGN)
-
-
-#: A device (aliased `d`, its host `h`) that may take work at `:now`: registered, in service, out of its
-#: grace, on an online host, idle.
-_FREE = f"""
-    d.registered AND NOT d.drained
-    AND (d.available_after IS NULL OR d.available_after <= :now)
-    AND {host_online("h")}
-    AND NOT {device_busy("d")}"""
-
-
-def _free_devices(match: str) -> TextClause:
-    """Free devices (registered, in service, out of their grace, on an online host, idle) matching `match`.
-
-    Read without locks: only the devices a plan chooses are locked (`_LOCK`), so a pass that finds nothing
-    to do holds nothing that a concurrent submit or report would have to skip.
-    """
-    return text(
-        f"""
-        SELECT d.device_id, d.host_id, d.labels
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE {_FREE} AND {match}
-        ORDER BY d.updated_at, d.device_id
-        LIMIT :limit
-        """
-    )
-
-
-_ALL_FREE = _free_devices("true")
-_FREE_FOR_SELECTOR = _free_devices(
-    "d.labels @> CAST(:labels AS jsonb) AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)"
-)
-
-#: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
-_MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
-                         AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
-
-_HEAD = f"""
-    head AS (
-        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
-        FROM tasks t WHERE t.status IN {_QUEUED}
-        ORDER BY t.priority DESC, t.created_at, t.task_id
-        LIMIT :scan
-    )"""
-
-_MATCHING = f"""
-    LEFT JOIN LATERAL (
-        SELECT t.* FROM head t WHERE {_MATCHES_F}
-        ORDER BY t.priority DESC, t.created_at, t.task_id
-        LIMIT :limit
-    ) m ON true
-    ORDER BY m.priority DESC, m.created_at, m.task_id"""
-
-#: In order, the queued tasks among the first `:scan` of the queue that one of the given devices could
-#: take (at most `:limit`), and how many queued tasks were looked at (`seen`, on every row; one row of
-#: nulls but `seen` when none matches). Unlocked: the chosen ones are locked by `_LOCK`.
-_HEAD_MATCHING = text(
-    f"""
-    WITH f(device_id, labels) AS (
-        SELECT * FROM unnest(CAST(:device_ids AS text[]), CAST(:device_labels AS jsonb[]))
-    ),
-    {_HEAD}
-    SELECT c.seen, m.task_id, m.selector_labels, m.selector_device_id
-    FROM (SELECT count(*) AS seen FROM head) c
-    {_MATCHING}
-    """
-)
-
-#: `_HEAD_MATCHING` for the device attempt `:attempt` of `:task_id` held, if it is free (its columns on
-#: every row, nulls when it is not): what a report needs, in one statement.
-_RELEASED_MATCHING = text(
-    f"""
-    WITH f AS (
-        SELECT d.device_id, d.host_id, d.labels
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE {_FREE}
-          AND d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)
-    ),
-    {_HEAD}
-    SELECT c.seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
-           m.task_id, m.selector_labels, m.selector_device_id
-    FROM (SELECT count(*) AS seen FROM head) c
-    LEFT JOIN f fd ON true
-    {_MATCHING}
-    """
-)
-
-#: In order, queued tasks that some free device could take: unpinned selectors are looked up among the
-#: subsets of the free devices' label sets (a hashed lookup, so a deep queue of tasks nothing matches
-#: costs one pass over it, not one per device), or found contained in a wide label set; pinned ones are
-#: checked against their device. Nothing but the chosen rows reaches the scheduler.
-_CANDIDATES = text(
-    f"""
-    SELECT t.task_id, t.selector_labels, t.selector_device_id
-    FROM tasks t
-    WHERE t.status IN {_QUEUED}
-      AND ((t.selector_device_id IS NULL
-            AND (t.selector_labels = ANY(CAST(:subsets AS jsonb[]))
-                 OR t.selector_labels <@ ANY(CAST(:wide AS jsonb[]))))
-           OR (t.selector_device_id = ANY(CAST(:device_ids AS text[]))
-               AND EXISTS (SELECT 1 FROM devices d
-                           WHERE d.device_id = t.selector_device_id AND d.labels @> t.selector_labels)))
-    ORDER BY t.priority DESC, t.created_at, t.task_id
-    LIMIT :limit
-    """
-)
-
-
-def _label_keys(free: list[DeviceRecord]) -> tuple[list[str], list[str]]:
-    """(every subset of each narrow label set, each wide label set), as JSON, without repeats."""
-    subsets: set[str] = set()
-    wide: set[str] = set()
-    for labels in {tuple(sorted(d.labels.items())) for d in free}:
-        if len(labels) > _SUBSET_LABELS:
-            wide.add(json.dumps(dict(labels)))
-            continue
-        for n in range(len(labels) + 1):
-            for subset in itertools.combinations(labels, n):
-                subsets.add(json.dumps(dict(subset)))
-    return sorted(subsets), sorted(wide)
+_QUEUED = candidates.QUEUED
 
 
 #: The chosen devices and tasks, locked; those another transaction holds (or took meanwhile) are left out.
@@ -348,12 +220,12 @@ async def assign(
     conn: AsyncConnection, now: datetime, outbox: Outbox, *, limit: int, device_limit: int, clock: Clock
 ) -> Outcome:
     """The loop's pass: up to `limit` queued tasks onto any of up to `device_limit` free devices."""
-    free = [_device(r) for r in (await conn.execute(_ALL_FREE, {"now": now, "limit": device_limit})).all()]
+    free = [_device(r) for r in (await conn.execute(candidates.ALL_FREE, {"now": now, "limit": device_limit})).all()]
     if not free:
         return Outcome([], settled=True)
-    subsets, wide = _label_keys(free)
+    subsets, wide = candidates.label_keys(free)
     params = {"subsets": subsets, "wide": wide, "device_ids": [d.device_id for d in free], "limit": limit}
-    rows = (await conn.execute(_CANDIDATES, params)).all()
+    rows = (await conn.execute(candidates.CANDIDATES, params)).all()
     chosen, complete = await _choose(conn, [_queued(r) for r in rows], free)
     assigned = await _apply(conn, outbox, chosen, clock)
     # a full batch may leave more to do; so may tasks another assigner held
@@ -361,14 +233,13 @@ async def assign(
 
 
 async def _assign_head(
-    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], rows: Sequence[Any], clock: Clock
+    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], matching: Sequence[Any], seen: int, clock: Clock
 ) -> tuple[list[AttemptAssigned], bool]:
-    """The tasks of `rows` (`_HEAD_MATCHING`'s) onto `free`; second, whether a pass could find no more."""
-    queued = [_queued(r) for r in rows if r.task_id is not None]
-    chosen, complete = await _choose(conn, queued, free)
+    """`matching` (from the first `seen` queued tasks) onto `free`; second, whether a pass could find no more."""
+    chosen, complete = await _choose(conn, [_queued(r) for r in matching], free)
     assigned = await _apply(conn, outbox, chosen, clock)
     every_device_used = len(assigned) == len(free)
-    whole_queue_seen = rows[0].seen < HEAD
+    whole_queue_seen = seen < candidates.HEAD
     return assigned, complete and (every_device_used or whole_queue_seen)
 
 
@@ -384,21 +255,18 @@ async def assign_submitted(
         "now": now,
         "labels": json.dumps(dict(selector.labels)),
         "device_id": selector.device_id,
-        "limit": _SUBMIT_DEVICES,
+        "devices": candidates.SUBMIT_DEVICES,
+        "scan": candidates.HEAD,
+        "limit": 4 * candidates.SUBMIT_DEVICES,  # room to choose again when another assigner holds some
     }
-    free = [_device(r) for r in (await conn.execute(_FREE_FOR_SELECTOR, params)).all()]
+    rows = (await conn.execute(candidates.SUBMITTED_MATCHING, params)).all()
+    free = [_device(r) for r in rows if r.part == 0]
     if not free:
         return Outcome([], settled=True)
-    matching = {
-        "device_ids": [d.device_id for d in free],
-        "device_labels": [json.dumps(dict(d.labels)) for d in free],
-        "scan": HEAD,
-        "limit": 4 * len(free),  # room to choose again when another assigner holds some
-    }
-    rows = (await conn.execute(_HEAD_MATCHING, matching)).all()
-    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
+    matching = [r for r in rows if r.part == 1]
+    assigned, settled = await _assign_head(conn, outbox, free, matching, rows[-1].seen, clock)
     placed = any(m.task_id == task_id for m in assigned)
-    return Outcome(assigned, settled=settled and (placed or len(free) < _SUBMIT_DEVICES))
+    return Outcome(assigned, settled=settled and (placed or len(free) < candidates.SUBMIT_DEVICES))
 
 
 async def assign_released(
@@ -409,11 +277,12 @@ async def assign_released(
     The device is free at once (the attempt just ended in this transaction); a drained one, or one whose
     host is offline, is left alone.
     """
-    params = {"now": now, "task_id": task_id, "attempt": attempt, "scan": HEAD, "limit": 4}
-    rows = (await conn.execute(_RELEASED_MATCHING, params)).all()
-    if rows[0].free_device_id is None or (rows[0].task_id is None and rows[0].seen < HEAD):
+    params = {"now": now, "task_id": task_id, "attempt": attempt, "scan": candidates.HEAD, "limit": 4}
+    rows = (await conn.execute(candidates.RELEASED_MATCHING, params)).all()
+    if rows[0].free_device_id is None or (rows[0].task_id is None and rows[0].seen < candidates.HEAD):
         return Outcome([], settled=True)  # the device may not take work, or nothing waits that it could run
     r = rows[0]
     free = [DeviceRecord(r.free_device_id, r.free_host_id, r.free_labels)]
-    assigned, settled = await _assign_head(conn, outbox, free, rows, clock)
+    matching = [r for r in rows if r.task_id is not None]
+    assigned, settled = await _assign_head(conn, outbox, free, matching, r.seen, clock)
     return Outcome(assigned, settled=settled)

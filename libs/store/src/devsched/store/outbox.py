@@ -128,7 +128,8 @@ def event_row(event: DomainEvent, trace: Mapping[str, str] | None = None) -> tup
     For a statement that inserts its event row itself (`devsched.store.inline`); `trace` as in `add`.
     """
     kind, data = _row(event)
-    return kind, json.dumps(data), json.dumps(dict(current_trace() if trace is None else trace))
+    headers = current_trace() if trace is None else trace
+    return kind, json.dumps(data), json.dumps(dict(headers)) if headers else "{}"
 
 
 def inserted(rows: str | None) -> list[OutboxMessage]:

@@ -41,6 +41,8 @@ class SweeperSettings(ServiceSettings):
 
     sweep_batch: int = Field(default=500, ge=1, le=10000)
     """Expired leases ended per transaction."""
+    sweep_workers: int = Field(default=2, ge=1, le=8)
+    """Sweep transactions run at once when many leases expired together."""
 
 
 def _log_expired(expired: list[ExpiredLease]) -> None:
@@ -72,26 +74,22 @@ class Sweeper:
     async def sweep(self) -> int:
         """End every expired lease now, batch after batch; returns how many were ended.
 
-        While a full batch's leases are logged, the next batch's transaction already runs: the log lines
-        (one per lease, for operators) cost the sweep no time of its own.
+        `sweep_workers` transactions run at once (SKIP LOCKED gives each its own leases), so the database
+        works on one batch while this process builds and logs another.
         """
         assert self._store is not None
         store, limit = self._store, self.settings.sweep_batch
-        total = 0
-        pending = asyncio.ensure_future(store.sweep_expired(limit=limit))
-        try:
+
+        async def work() -> int:
+            ended = 0
             while True:
-                expired = await pending
-                total += len(expired)
-                more = len(expired) >= limit
-                if more:
-                    pending = asyncio.ensure_future(store.sweep_expired(limit=limit))
+                expired = await store.sweep_expired(limit=limit)
                 _log_expired(expired)
-                if not more:
-                    return total
-        finally:
-            if not pending.done():  # only when logging failed: let that batch finish, then fail
-                await asyncio.wait({pending})
+                ended += len(expired)
+                if len(expired) < limit:
+                    return ended
+
+        return sum(await asyncio.gather(*(work() for _ in range(self.settings.sweep_workers))))
 
     async def _wake_schedulers(self, released: int) -> None:
         nc = self._nc
@@ -112,7 +110,7 @@ class Sweeper:
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
-                pool_size=min(s.db_pool_size, 2),
+                pool_size=min(s.db_pool_size, max(2, s.sweep_workers)),
                 max_overflow=1,
             )
             stack.push_async_callback(self._store.close)

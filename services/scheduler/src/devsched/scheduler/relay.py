@@ -67,6 +67,7 @@ class Relay:
         self._full = True
         self._mark_timer: asyncio.TimerHandle | None = None
         self._ready = asyncio.Event()
+        self._closing = False
         self._batches: set[asyncio.Task[None]] = set()
         self._sender: asyncio.Task[None] | None = None
         self.published = 0
@@ -88,31 +89,42 @@ class Relay:
 
     async def stop(self) -> None:
         """Publish what was offered and wait for its acknowledgements (the next pass marks them)."""
+        self._closing = True
+        self._ready.set()
         if self._sender is not None:
-            self._sender.cancel()
-            await asyncio.gather(self._sender, return_exceptions=True)
+            await self._sender
             self._sender = None
-        if self._offered:
+        elif self._offered:
             await self._publish_offered()
         if self._batches:
             await asyncio.gather(*self._batches, return_exceptions=True)
-        if self._mark_timer is not None:
-            self._mark_timer.cancel()
-            self._mark_timer = None
+        self._cancel_mark_timer()
 
     async def _send_offered(self) -> None:
-        while True:
+        while not (self._closing and not self._offered):
             await self._ready.wait()
             self._ready.clear()
-            await self._publish_offered()
+            if self._offered:
+                await self._publish_offered()
 
     async def _publish_offered(self) -> None:
         batch, self._offered = self._offered, []
-        sent = await self._send(batch)
-        # the acknowledgements are awaited apart, so the next commit's messages go out meanwhile
-        task = asyncio.create_task(self._settle_offered(batch, sent))
+        try:
+            sent = await self._send(batch)
+            # the acknowledgements are awaited apart, so the next commit's messages go out meanwhile
+            task = asyncio.create_task(self._settle_offered(batch, sent))
+        except Exception:  # a bug: leave the batch to the table, keep publishing what comes next
+            log.exception("publishing at once failed", extra={"count": len(batch)})
+            self._failed([m.id for m in batch])
+            return
         self._batches.add(task)
         task.add_done_callback(self._batches.discard)
+
+    def _failed(self, ids: list[int]) -> None:
+        """Messages not published: the next pass (a full one, at once) takes them from the table."""
+        self._mine.difference_update(ids)
+        self._full = True
+        self._wakeup.set()
 
     async def _settle_offered(self, batch: Sequence[OutboxMessage], sent: _Sent) -> None:
         outcome = await self._acknowledged(sent)
@@ -122,14 +134,12 @@ class Relay:
         failed = [m.id for m in batch if m.id not in acked]
         self._acked.extend(outcome.ids)
         self.published += len(acked)
-        if failed:  # left in the table: a full pass publishes them again
-            self._mine.difference_update(failed)
-            self._full = True
+        if failed:
             log.info(
                 "publication failed; the relay retries",
                 extra={"count": len(failed), "error": type(outcome.error).__name__},
             )
-            self._wakeup.set()
+            self._failed(failed)
         elif len(self._acked) >= self._settings.relay_batch:
             self._wakeup.set()
         elif self._mark_timer is None:
@@ -139,6 +149,11 @@ class Relay:
     def _mark_due(self) -> None:
         self._mark_timer = None
         self._wakeup.set()
+
+    def _cancel_mark_timer(self) -> None:
+        if self._mark_timer is not None:
+            self._mark_timer.cancel()
+            self._mark_timer = None
 
     # -- publishing --------------------------------------------------------------------------------------
 
@@ -206,6 +221,8 @@ class Relay:
         """Mark what was published at once; publish one batch from the table. True when there may be more."""
         mark, self._acked = self._acked, []
         full, self._full = self._full, False
+        if mark:
+            self._cancel_mark_timer()  # this pass marks them
         try:
             count = await self._store.relay_outbox(
                 self.publish_batch,

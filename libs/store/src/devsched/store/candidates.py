@@ -1,0 +1,165 @@
+"""Where assignment looks: the free devices, and the queued tasks they could take, found in SQL.
+
+Matching happens in the database so that a deep queue never travels to the scheduler: the requests'
+own assignments look at the head of the queue (`HEAD` tasks) for the devices they concern; the loop's
+pass looks up every queued selector among the subsets of the free devices' label sets. Nothing here
+locks: the chosen rows are locked by `assignment`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from sqlalchemy import text
+
+from devsched.core.lifecycle import Trigger
+from devsched.core.records import DeviceRecord
+from devsched.store.hosts import device_busy
+from devsched.store.liveness import host_online
+from devsched.store.statuses import leaving
+
+#: Queued tasks a submit or a report looks at, from the head of the queue; a longer queue is the loop's.
+HEAD = 1000
+#: Free devices a submit looks at for its task.
+SUBMIT_DEVICES = 8
+#: Label sets up to this size are matched by looking selectors up among their subsets (2^n of them);
+#: wider ones by containment, row by row.
+_SUBSET_LABELS = 5
+
+QUEUED = leaving(Trigger.ASSIGN)
+
+
+#: A device (aliased `d`, its host `h`) that may take work at `:now`: registered, in service, out of its
+#: grace, on an online host, idle.
+_FREE = f"""
+    d.registered AND NOT d.drained
+    AND (d.available_after IS NULL OR d.available_after <= :now)
+    AND {host_online("h")}
+    AND NOT {device_busy("d")}"""
+
+
+#: Free devices, read without locks: only the devices a plan chooses are locked (`assignment`), so a pass that
+#: finds nothing to do holds nothing that a concurrent submit or report would have to skip.
+ALL_FREE = text(
+    f"""
+    SELECT d.device_id, d.host_id, d.labels
+    FROM devices d JOIN hosts h ON h.host_id = d.host_id
+    WHERE {_FREE}
+    ORDER BY d.updated_at, d.device_id
+    LIMIT :limit
+    """
+)
+#: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
+_MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
+                         AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
+
+_HEAD = f"""
+    head AS (
+        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
+        FROM tasks t WHERE t.status IN {QUEUED}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :scan
+    )"""
+
+#: The first `:limit` of the head that one of the devices `f` could take, in order; nothing (and the head
+#: unread) when `f` is empty.
+_MATCHED = f"""
+    m AS (
+        SELECT t.* FROM head t WHERE EXISTS (SELECT 1 FROM f) AND {_MATCHES_F}
+        ORDER BY t.priority DESC, t.created_at, t.task_id
+        LIMIT :limit
+    )"""
+
+#: How much of the queue was looked at, counted only when it matters (no device, or fewer matches than
+#: asked for): the head is then read to its end; otherwise `:scan`, "not known to be the whole queue".
+_SEEN = """
+    CASE WHEN NOT EXISTS (SELECT 1 FROM f) THEN 0
+         WHEN (SELECT count(*) FROM m) < :limit THEN (SELECT count(*) FROM head)
+         ELSE CAST(:scan AS bigint) END"""
+
+#: Up to `:devices` free devices the submitted selector (`:labels`, `:device_id`) could use, and in order
+#: the queued tasks among the first `:scan` of the queue that one of them could take (at most `:limit`),
+#: with how many queued tasks were looked at (`_SEEN`): a row per device (`task_id` null), then a row per
+#: task (`device_id` null), then one row with `seen` only. Unlocked: the chosen ones are locked by
+#: `assignment`.
+SUBMITTED_MATCHING = text(
+    f"""
+    WITH f AS (
+        SELECT d.device_id, d.host_id, d.labels
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE {_FREE} AND d.labels @> CAST(:labels AS jsonb)
+          AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)
+        ORDER BY d.updated_at, d.device_id
+        LIMIT :devices
+    ),
+    {_HEAD},
+    {_MATCHED}
+    SELECT 0 AS part, f.device_id, f.host_id, f.labels, NULL::uuid AS task_id, NULL::jsonb AS selector_labels,
+           NULL::text AS selector_device_id, NULL::bigint AS seen, NULL::int AS priority,
+           NULL::timestamptz AS created_at
+    FROM f
+    UNION ALL
+    SELECT 1, NULL, NULL, NULL, m.task_id, m.selector_labels, m.selector_device_id, NULL, m.priority, m.created_at
+    FROM m
+    UNION ALL
+    SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, {_SEEN}, NULL, NULL
+    ORDER BY part, priority DESC, created_at, task_id
+    """
+)
+
+#: The device attempt `:attempt` of `:task_id` held, if it is free (its columns on every row, nulls when it
+#: is not), and in order the queued tasks among the first `:scan` of the queue it could take (at most
+#: `:limit`), with how many were looked at (`seen`, `_SEEN`; one row of nulls but `seen` when none matches).
+RELEASED_MATCHING = text(
+    f"""
+    WITH f AS (
+        SELECT d.device_id, d.host_id, d.labels
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE {_FREE}
+          AND d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)
+    ),
+    {_HEAD},
+    {_MATCHED}
+    SELECT {_SEEN} AS seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
+           m.task_id, m.selector_labels, m.selector_device_id
+    FROM (SELECT 1) AS one
+    LEFT JOIN f fd ON true
+    LEFT JOIN m ON true
+    ORDER BY m.priority DESC, m.created_at, m.task_id
+    """
+)
+
+#: In order, queued tasks that some free device could take: unpinned selectors are looked up among the
+#: subsets of the free devices' label sets (a hashed lookup, so a deep queue of tasks nothing matches
+#: costs one pass over it, not one per device), or found contained in a wide label set; pinned ones are
+#: checked against their device. Nothing but the chosen rows reaches the scheduler.
+CANDIDATES = text(
+    f"""
+    SELECT t.task_id, t.selector_labels, t.selector_device_id
+    FROM tasks t
+    WHERE t.status IN {QUEUED}
+      AND ((t.selector_device_id IS NULL
+            AND (t.selector_labels = ANY(CAST(:subsets AS jsonb[]))
+                 OR t.selector_labels <@ ANY(CAST(:wide AS jsonb[]))))
+           OR (t.selector_device_id = ANY(CAST(:device_ids AS text[]))
+               AND EXISTS (SELECT 1 FROM devices d
+                           WHERE d.device_id = t.selector_device_id AND d.labels @> t.selector_labels)))
+    ORDER BY t.priority DESC, t.created_at, t.task_id
+    LIMIT :limit
+    """
+)
+
+
+def label_keys(free: list[DeviceRecord]) -> tuple[list[str], list[str]]:
+    """(every subset of each narrow label set, each wide label set), as JSON, without repeats."""
+    subsets: set[str] = set()
+    wide: set[str] = set()
+    for labels in {tuple(sorted(d.labels.items())) for d in free}:
+        if len(labels) > _SUBSET_LABELS:
+            wide.add(json.dumps(dict(labels)))
+            continue
+        for n in range(len(labels) + 1):
+            for subset in itertools.combinations(labels, n):
+                subsets.add(json.dumps(dict(subset)))
+    return sorted(subsets), sorted(wide)
