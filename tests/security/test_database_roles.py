@@ -141,6 +141,47 @@ async def test_the_sweepers_role_cannot_rewrite_a_plan_delete_or_touch_hosts(
     assert await admin.fetchrow("SELECT task_id, plan, priority FROM tasks") == before
 
 
+async def test_the_sweeper_prunes_only_through_the_prune_function_and_only_ended_old_tasks(
+    database_url: str, admin: asyncpg.Connection
+) -> None:
+    """The sweeper has no DELETE; `devsched_prune` removes ended old tasks and refuses a short retention."""
+    await admin.execute(TASK_INSERT)  # queued, and as old as can be: never pruned
+    await admin.execute(TASK_INSERT.replace("'queued'", "'done'"))
+    await admin.execute(
+        "UPDATE tasks SET created_at = now() - interval '400 days', updated_at = now() - interval '400 days'"
+    )
+    sweeper = await connect_as(database_url, "sweeper")
+    try:
+        with pytest.raises(asyncpg.InvalidParameterValueError, match="shorter than the least allowed"):
+            await sweeper.fetchval("SELECT devsched_prune(interval '59 minutes', 100)")
+        with pytest.raises(asyncpg.InvalidParameterValueError, match=re.escape("outside 1..10000")):
+            await sweeper.fetchval("SELECT devsched_prune(interval '1 day', 1000000)")
+        assert await sweeper.fetchval("SELECT devsched_prune(interval '1 day', 100)") == 1
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):  # its own function's body, not a table's rights
+            await sweeper.execute("DELETE FROM tasks")
+    finally:
+        await sweeper.close()
+    assert [r["status"] for r in await admin.fetch("SELECT status FROM tasks")] == ["queued"]
+
+
+async def test_no_role_but_the_sweeper_may_prune(database_url: str, admin: asyncpg.Connection) -> None:
+    await admin.execute(TASK_INSERT.replace("'queued'", "'done'"))
+    await admin.execute(
+        "UPDATE tasks SET created_at = now() - interval '400 days', updated_at = now() - interval '400 days'"
+    )
+    scheduler = await connect_as(database_url, "scheduler")
+    try:
+        with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied for function devsched_prune"):
+            await scheduler.fetchval("SELECT devsched_prune(interval '1 day', 100)")
+    finally:
+        await scheduler.close()
+    public = await admin.fetchval(
+        "SELECT has_function_privilege('public', 'devsched_prune(interval, integer)', 'EXECUTE')"
+    )
+    assert public is False
+    assert await admin.fetchval("SELECT count(*) FROM tasks") == 1
+
+
 # -- the scheduler's role ------------------------------------------------------------------------------
 
 
@@ -188,7 +229,7 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
         " AND privilege_type = 'INSERT' AND grantee IN ('PUBLIC', $1)",
         ROLES.sweeper,
     )
-    assert await admin.fetchval("SELECT version_num FROM alembic_version") == "0005"
+    assert await admin.fetchval("SELECT version_num FROM alembic_version") == "0006"
 
 
 async def test_the_owner_owns_every_object_and_the_services_own_none(admin: asyncpg.Connection) -> None:
@@ -475,9 +516,7 @@ async def test_devsched_up_runs_each_service_as_its_own_role(tmp_path: Path) -> 
             "--devices-per-host", "1", "--nats-port", "0"]  # fmt: skip
     up = up_process(argv, tmp_path, out_path)
     try:
-        await eventually(
-            lambda: not up.running or "devsched is up." in out_path.read_text(), timeout=90, interval=0.2
-        )
+        await eventually(lambda: not up.running or "devsched is up." in out_path.read_text(), timeout=90, interval=0.2)
         assert up.running, out_path.read_text()
         env_file = (tmp_path / ".devsched" / "env").read_text()
         (url,) = re.findall(r"DEVSCHED_DATABASE_URL=(\S+)", env_file)

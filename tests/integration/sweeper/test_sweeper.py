@@ -6,11 +6,13 @@ import asyncio
 import logging
 
 import pytest
+from sqlalchemy import text
 
 from devsched.core.status import TaskStatus
 from devsched.store import DeviceSpec, NewTask, Store
 from devsched.sweeper.app import Sweeper, SweeperSettings
 from support.databases import service_url
+from support.polling import eventually
 from support.store_lab import PLAN
 
 pytestmark = pytest.mark.integration
@@ -41,3 +43,40 @@ async def test_a_sweep_ends_every_expired_lease_in_batches_and_logs_each_once(
             assert (await store.get_task(task_id)).status is TaskStatus.QUEUED
     finally:
         await store.close()
+
+
+async def test_the_sweeper_prunes_ended_tasks_older_than_the_retention_as_its_own_role(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = Store.connect(database_url)
+    try:
+        ids = [(await store.submit(NewTask(plan=PLAN))).task_id for _ in range(5)]
+        for task_id in ids[:3]:
+            await store.request_cancel(task_id, "old")  # queued: cancelled at once
+        async with store.engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE tasks SET created_at = now() - interval '8 days', updated_at = now() - interval '8 days'")
+            )
+        settings = SweeperSettings(
+            database_url=service_url(database_url, "sweeper"), retention_days=7, prune_batch=2, sweep_interval_s=0.1
+        )
+        sweeper = Sweeper(settings)
+        stop = asyncio.Event()
+        with caplog.at_level(logging.INFO, logger="devsched.sweeper"):
+            running = asyncio.create_task(sweeper.run(stop))
+            await eventually(lambda: sweeper.pruned == 3, timeout=20, message="3 ended tasks pruned")
+            stop.set()
+            await asyncio.wait_for(running, 20)
+        assert [r.pruned for r in caplog.records if r.getMessage() == "pruned ended tasks"] == [3]
+        async with store.engine.connect() as conn:
+            left = set((await conn.execute(text("SELECT task_id FROM tasks"))).scalars().all())
+        assert left == set(ids[3:])  # the queued ones stay, however old
+    finally:
+        await store.close()
+
+
+def test_a_retention_under_an_hour_is_refused_and_zero_keeps_forever() -> None:
+    with pytest.raises(ValueError, match="shorter than the least allowed"):
+        SweeperSettings(retention_days=0.01)
+    assert SweeperSettings(retention_days=0).retention is None
+    assert SweeperSettings().retention_days == 30

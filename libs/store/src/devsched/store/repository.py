@@ -30,6 +30,7 @@ from devsched.store import (
     leasing,
     liveness,
     outbox,
+    pruning,
     queries,
     releasing,
     sweeping,
@@ -390,6 +391,19 @@ class Store:
             return expired
 
         return await self._write("sweep", op, assignable=False)
+
+    async def prune(self, keep: timedelta, *, limit: int = 1000) -> int:
+        """Remove up to `limit` ended tasks older than `keep`, with all that is theirs; how many.
+
+        Their attempts, reservations, cancellation requests and sent outbox rows go with them. One
+        statement (the database's `devsched_prune`), so a batch is removed whole or not at all; several
+        callers take different tasks (SKIP LOCKED).
+        """
+
+        async def run(db: Driver) -> int:
+            return await pruning.prune(db, keep, limit)
+
+        return await self._tx.statements(run, name="prune")
 
     async def relay_outbox(
         self,

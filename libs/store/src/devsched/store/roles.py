@@ -10,7 +10,9 @@ Who does what:
 - the sweeper (`devsched_sweeper`) reads tasks, attempts, devices and cancellation requests, updates only
   the columns a sweep writes (a task's status, reason, updated_at and event_seq; an attempt's status,
   end_reason and ended_at; a device's available_after) and inserts outbox rows: it cannot submit a task,
-  rewrite a plan, or count a release (which would let a task run past its `max_attempts`).
+  rewrite a plan, or count a release (which would let a task run past its `max_attempts`); it deletes
+  only through `devsched_prune` (migration 0006), which removes ended tasks older than the retention and
+  nothing else.
 
 The grants are kept by migration 0003 and applied again at the end of every migration run (`GRANTS` is the
 single source; a table left out of it is logged), so they converge on this module whatever happened
@@ -57,6 +59,12 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
 SEQUENCE_GRANTS: Mapping[str, tuple[str, ...]] = {
     "scheduler": ("outbox_id_seq",),
     "sweeper": ("outbox_id_seq",),
+}
+
+#: Functions each service may execute (by signature); every other function is revoked from it, and the
+#: migration that creates one revokes it from PUBLIC.
+FUNCTION_GRANTS: Mapping[str, tuple[str, ...]] = {
+    "sweeper": ("devsched_prune(interval, integer)",),
 }
 
 #: Tables no service touches on purpose.
@@ -144,7 +152,19 @@ def _sequences(conn: Connection) -> set[str]:
     return {str(r[0]) for r in rows}
 
 
-def grant_statements(roles: DatabaseRoles, tables: set[str], sequences: set[str], present: set[str]) -> list[str]:
+def _functions(conn: Connection) -> set[str]:
+    rows = conn.execute(
+        text(
+            "SELECT p.proname || '(' || oidvectortypes(p.proargtypes) || ')' FROM pg_proc p"
+            " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = 'public'"
+        )
+    )
+    return {str(r[0]) for r in rows}
+
+
+def grant_statements(
+    roles: DatabaseRoles, tables: set[str], sequences: set[str], present: set[str], functions: set[str]
+) -> list[str]:
     """The statements that make the service roles' privileges exactly `GRANTS` (for roles in `present`).
 
     Everything a role had is revoked first, in the same transaction, so a privilege dropped from `GRANTS`
@@ -158,6 +178,7 @@ def grant_statements(roles: DatabaseRoles, tables: set[str], sequences: set[str]
         statements += [
             f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {role}",
             f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {role}",
+            f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM {role}",
             f"GRANT USAGE ON SCHEMA public TO {role}",
         ]
         for table, privileges in table_grants.items():
@@ -166,6 +187,9 @@ def grant_statements(roles: DatabaseRoles, tables: set[str], sequences: set[str]
         for sequence in SEQUENCE_GRANTS.get(service, ()):
             if sequence in sequences:
                 statements.append(f"GRANT USAGE ON SEQUENCE public.{quote_ident(sequence)} TO {role}")
+        for function in FUNCTION_GRANTS.get(service, ()):
+            if function in functions:
+                statements.append(f"GRANT EXECUTE ON FUNCTION public.{function} TO {role}")
     return statements
 
 
@@ -198,7 +222,7 @@ def apply_grants(conn: Connection, roles: DatabaseRoles | None = None) -> list[s
     if owns_schema:  # before PostgreSQL 15 `public` belongs to the bootstrap superuser: leave it to them
         statements.append("REVOKE ALL ON SCHEMA public FROM PUBLIC")
     statements += [f"GRANT CONNECT ON DATABASE {database} TO {quote_ident(r)}" for r in sorted(present)]
-    statements += grant_statements(roles, tables, sequences, present)
+    statements += grant_statements(roles, tables, sequences, present, _functions(conn))
     for statement in statements:
         conn.exec_driver_sql(statement)
     apply_role_settings(conn, roles, only_if_allowed=True)
@@ -213,6 +237,7 @@ def revoke_grants(conn: Connection, roles: DatabaseRoles | None = None) -> None:
         for statement in (
             f"REVOKE ALL ON ALL TABLES IN SCHEMA public FROM {quote_ident(role)}",
             f"REVOKE ALL ON ALL SEQUENCES IN SCHEMA public FROM {quote_ident(role)}",
+            f"REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public FROM {quote_ident(role)}",
             f"REVOKE ALL ON SCHEMA public FROM {quote_ident(role)}",
             f"REVOKE ALL ON DATABASE {database} FROM {quote_ident(role)}",
         ):

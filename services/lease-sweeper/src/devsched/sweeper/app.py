@@ -16,12 +16,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from contextlib import AsyncExitStack
+from datetime import timedelta
 
 from nats.aio.client import Client
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from devsched.core.errors import DevschedError
+from devsched.core.retention import PRUNE_BATCH_MAX, RETENTION_DEFAULT, check_retention
 from devsched.service import (
     Backoff,
     ServiceSettings,
@@ -43,6 +46,25 @@ class SweeperSettings(ServiceSettings):
     """Expired leases ended per transaction."""
     sweep_workers: int = Field(default=2, ge=1, le=8)
     """Sweep transactions run at once when many leases expired together."""
+    retention_days: float = Field(default=RETENTION_DEFAULT.days, ge=0, allow_inf_nan=False)
+    """Ended tasks (with their attempts and events) are pruned this long after they last changed; 0 keeps
+    them forever. At least an hour (1/24) otherwise."""
+    prune_interval_s: float = Field(default=600.0, ge=1, allow_inf_nan=False)
+    """How often the sweeper prunes ended tasks older than the retention."""
+    prune_batch: int = Field(default=1000, ge=1, le=PRUNE_BATCH_MAX)
+    """Tasks pruned per transaction."""
+
+    @field_validator("retention_days")
+    @classmethod
+    def _retention_floor(cls, days: float) -> float:
+        if days:
+            check_retention(timedelta(days=days))
+        return days
+
+    @property
+    def retention(self) -> timedelta | None:
+        """How long ended tasks are kept; None: forever."""
+        return timedelta(days=self.retention_days) if self.retention_days else None
 
 
 def _log_expired(expired: list[ExpiredLease]) -> None:
@@ -68,6 +90,9 @@ class Sweeper:
         self.settings = settings
         self.ready = asyncio.Event()
         self.released = 0
+        #: Tasks pruned so far.
+        self.pruned = 0
+        self._pruned_at: float | None = None
         self._nc: Client | None = None
         self._store: Store | None = None
 
@@ -90,6 +115,36 @@ class Sweeper:
                     return ended
 
         return sum(await asyncio.gather(*(work() for _ in range(self.settings.sweep_workers))))
+
+    async def prune(self) -> int:
+        """Remove ended tasks older than the retention, batch after batch; returns how many.
+
+        Each batch is one statement; a long backlog (the first run on an old database) is removed in
+        batches so that no transaction holds many locks or runs long.
+        """
+        assert self._store is not None
+        keep, limit = self.settings.retention, self.settings.prune_batch
+        if keep is None:
+            return 0
+        pruned = 0
+        while True:
+            batch = await self._store.prune(keep, limit=limit)
+            pruned += batch
+            if batch < limit:
+                break
+        if pruned:
+            log.info("pruned ended tasks", extra={"pruned": pruned, "retention_days": self.settings.retention_days})
+        return pruned
+
+    async def _prune_when_due(self) -> None:
+        now = time.monotonic()
+        if self._pruned_at is not None and now - self._pruned_at < self.settings.prune_interval_s:
+            return
+        self._pruned_at = now
+        try:
+            self.pruned += await self.prune()
+        except DevschedError as exc:  # the next interval tries again; sweeping goes on
+            log.warning("pruning failed: %s", exc.message, extra={"error": exc.code})
 
     async def _wake_schedulers(self, released: int) -> None:
         nc = self._nc
@@ -116,7 +171,14 @@ class Sweeper:
             stack.push_async_callback(self._store.close)
             connecting = asyncio.create_task(self._connect(stop))
             stack.push_async_callback(self._disconnect, connecting)
-            log.info("sweeping", extra={"interval_s": s.sweep_interval_s, "prefix": s.subject_prefix})
+            log.info(
+                "sweeping",
+                extra={
+                    "interval_s": s.sweep_interval_s,
+                    "prefix": s.subject_prefix,
+                    "retention_days": s.retention_days,
+                },
+            )
             self.ready.set()
             backoff = Backoff(base=s.sweep_interval_s, cap=max(5.0, s.sweep_interval_s))
             while not stop.is_set():
@@ -128,11 +190,12 @@ class Sweeper:
                     await sleep_or_stop(stop, delay)
                     continue
                 backoff.reset()
+                await self._prune_when_due()
                 if released:
                     self.released += released
                     await self._wake_schedulers(released)
                 await sleep_or_stop(stop, s.sweep_interval_s)
-            log.info("stopped", extra={"released": self.released})
+            log.info("stopped", extra={"released": self.released, "pruned": self.pruned})
 
     async def _disconnect(self, connecting: asyncio.Task[None]) -> None:
         if not connecting.done():
