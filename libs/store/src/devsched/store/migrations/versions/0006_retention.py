@@ -2,7 +2,7 @@
 
 The function removes up to `lim` ended tasks (`done`, `failed`, `cancelled`) that were created and last
 changed more than `keep` ago, with their attempts, reservations, cancellation requests and sent outbox
-rows, in one statement (devsched.core.retention states the rule). Tasks are taken with SKIP LOCKED, so
+rows, in one call (devsched.core.retention states the rule). Tasks are taken with SKIP LOCKED, so
 several sweepers prune side by side. It runs as its owner (SECURITY DEFINER, a fixed search_path): the
 sweeper is granted EXECUTE on it and no DELETE on any table, so it can prune old history and nothing else;
 a `keep` under an hour is refused. The outbox rows of a task are found through the unique indexes of
@@ -27,6 +27,8 @@ CREATE FUNCTION devsched_prune(keep interval, lim integer) RETURNS integer
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     cutoff timestamptz := now() - keep;
+    ids uuid[];
+    names text[];
     pruned integer;
 BEGIN
     IF keep IS NULL OR keep < interval '1 hour' THEN
@@ -35,29 +37,24 @@ BEGIN
     IF lim IS NULL OR lim < 1 OR lim > 10000 THEN
         RAISE EXCEPTION 'prune batch % is outside 1..10000', lim USING ERRCODE = '22023';
     END IF;
-    WITH victims AS (
+    SELECT array_agg(v.task_id), array_agg(v.task_id::text) INTO ids, names FROM (
         SELECT task_id FROM public.tasks
         WHERE status IN ('done', 'failed', 'cancelled') AND created_at < cutoff AND updated_at < cutoff
         ORDER BY created_at
         LIMIT lim
         FOR UPDATE SKIP LOCKED
-    ), names AS (
-        SELECT task_id::text AS id FROM victims
-    ), outbox_rows AS (
-        DELETE FROM public.outbox o
-        WHERE o.sent_at IS NOT NULL AND (
-            (o.kind = 'task_event' AND (o.data->>'task_id') IN (SELECT id FROM names))
-            OR (o.kind = 'assignment' AND (o.data->>'task_id') IN (SELECT id FROM names)))
-    ), reservation_rows AS (
-        DELETE FROM public.reservations WHERE task_id IN (SELECT task_id FROM victims)
-    ), cancel_rows AS (
-        DELETE FROM public.cancel_requests WHERE task_id IN (SELECT task_id FROM victims)
-    ), attempt_rows AS (
-        DELETE FROM public.attempts WHERE task_id IN (SELECT task_id FROM victims)
-    ), task_rows AS (
-        DELETE FROM public.tasks WHERE task_id IN (SELECT task_id FROM victims) RETURNING 1
-    )
-    SELECT count(*) INTO pruned FROM task_rows;
+    ) v;
+    IF ids IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- each kind through its own unique index (migration 0004); an unsent row is left for the relay
+    DELETE FROM public.outbox WHERE kind = 'task_event' AND (data->>'task_id') = ANY(names) AND sent_at IS NOT NULL;
+    DELETE FROM public.outbox WHERE kind = 'assignment' AND (data->>'task_id') = ANY(names) AND sent_at IS NOT NULL;
+    DELETE FROM public.reservations WHERE task_id = ANY(ids);
+    DELETE FROM public.cancel_requests WHERE task_id = ANY(ids);
+    DELETE FROM public.attempts WHERE task_id = ANY(ids);
+    DELETE FROM public.tasks WHERE task_id = ANY(ids);
+    GET DIAGNOSTICS pruned = ROW_COUNT;
     RETURN pruned;
 END
 $$
