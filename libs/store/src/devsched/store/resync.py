@@ -82,4 +82,3 @@ async def unclaimed(
         "limit": limit,
     }
     return [_unclaimed(r) for r in (await conn.execute(_UNCLAIMED, params)).all()]
-
