@@ -52,6 +52,12 @@ class SchedulerSettings(ServiceSettings):
     relay_grace_s: Seconds = 3.0
     """Age below which the relay's routine pass leaves an unsent message to the replica that wrote it (which
     publishes it at once and marks it within `relay_mark_delay_s`)."""
+    resync_interval_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    """Period of the resync pass: the assignments of attempts on online hosts still unclaimed `resync_after_s`
+    after they were made are published again, and streams found missing are created again; 0 turns the pass
+    off (a host's registration still has its own assignments published again)."""
+    resync_after_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    """How long an assignment stays unclaimed before the resync pass publishes it again."""
     assign_inline: bool = True
     """A submit assigns its task to a free device, and a report the device it frees to the next queued task,
     in their own transactions; the assignment loop's pass runs only when one may find more."""
