@@ -46,7 +46,12 @@ class FaultLab(AgentLab):
     def __init__(self, nc: NatsClient, plane: Plane, workdir: Path, checker_url: str) -> None:
         super().__init__(nc, plane, workdir)
         self.journal = StepJournal(workdir / "journal")
-        self.inv = Invariants(checker_url, plane.prefix, nc=nc, journal=self.journal)
+        self.inv = Invariants(checker_url, plane.prefix, nc=nc, journal=self.journal, resends=self.resends)
+
+    def resends(self) -> tuple[int, int]:
+        """`(acknowledged, sent but unacknowledged)` copies of assignments the resync published, by the logs."""
+        acked = len(self.plane.scheduler_lines("assignment resent"))
+        return acked, len(self.plane.scheduler_lines("assignment not resent", sent=True))
 
     async def submit(self, steps: list[dict[str, Any]], *, timeout: float = 5.0, **fields: Any) -> str:  # noqa: ASYNC109
         """Submit (see `AgentLab.submit`); the task counts as acknowledged once the reply came."""

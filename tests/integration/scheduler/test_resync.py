@@ -83,7 +83,8 @@ async def test_the_timer_publishes_again_what_stays_unclaimed_until_it_is_claime
             assert await host.no_assignment(0.5), "nothing before the attempt is resync_after_s old"
             again = await host.next_assignment(5)
             assert _is_copy_of(again, first)
-            assert scheduler.resync is not None and scheduler.resync.resent >= 1
+            assert scheduler.resync is not None
+            assert scheduler.resync.resent >= 1
 
             await host.claim(again)
             late = await _quiet(host, 1.5)  # a pass that read before the claim may still publish its copy
