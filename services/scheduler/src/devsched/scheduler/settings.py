@@ -34,7 +34,8 @@ class SchedulerSettings(ServiceSettings):
     consumer_ack_wait_s: Seconds = 30.0
     """How long an agent has to ack an assignment before JetStream redelivers it."""
     consumer_max_deliver: int = Field(default=10, ge=1)
-    """Deliveries of one assignment before JetStream gives up (the lease then expires)."""
+    """Deliveries of one assignment before JetStream gives up (the resync publishes it again while the lease
+    runs)."""
     assign_batch: int = Field(default=200, ge=1, le=5000)
     """Tasks assigned per transaction."""
     assign_tick_s: Seconds = 1.0
