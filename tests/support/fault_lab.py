@@ -29,6 +29,8 @@ FAULT_PLANE: dict[str, Any] = {
     "device_grace_s": None,
     "assign_tick_s": 0.2,
     "relay_tick_s": 0.2,
+    # The resync as deployed (its default age): the checker counts its copies in the assignments stream.
+    "resync_after_s": None,
 }
 
 #: `DEVSCHED_FAULT_POINT`: the named point at which a service process SIGKILLs itself (devsched.store.faults).
