@@ -105,6 +105,9 @@ class Resync:
                 await self._js.stream_info(name)
             except NotFoundError:
                 missing.append(name)
+            except JETSTREAM_ERRORS as exc:  # JetStream unavailable (NATS restarting): the next pass looks again
+                log.info("streams not checked: %s", type(exc).__name__)
+                return
         if missing:
             log.warning("streams missing (NATS lost its store?); creating them again", extra={"streams": missing})
             await ensure_streams(self._js, self._subjects, self._settings)
@@ -117,18 +120,23 @@ class Resync:
                 log.info("host consumer not ensured: %s", type(exc).__name__, extra={"host_id": host_id})
 
     async def _publish(self, page: list[Unclaimed], *, trigger: str) -> None:
-        """Publish `page` again, all in flight at once; log each copy, acknowledged or not."""
+        """Publish `page` again, all in flight at once; log each copy sent, acknowledged or not."""
         at_ms = time.time_ns() // 1_000_000
         sent: dict[asyncio.Future[PubAck], tuple[Unclaimed, Outgoing]] = {}
-        unsent: list[tuple[Unclaimed, Exception]] = []
+        unsent: list[Unclaimed] = []  # never sent: `failure` stopped the rest of the page
+        failure: Exception | None = None
         for i, u in enumerate(page):
             try:
                 wire = resent(u.assignment, self._subjects, at_ms)
+            except ValueError as exc:  # not a valid message (the relay would have refused it too): a bug
+                log.error("assignment cannot be published again", extra={**_ids(u), "error": str(exc)})
+                continue
+            try:
                 future = await self._js.publish_async(
                     wire.subject, wire.data, stream=wire.stream, headers={**u.headers, MSG_ID_HEADER: wire.msg_id}
                 )
-            except Exception as exc:  # NATS is away (or a bug): the rest waits for the next pass
-                unsent = [(rest, exc) for rest in page[i:]]
+            except Exception as exc:  # NATS is away: the rest waits for the next pass
+                unsent, failure = page[i:], exc
                 break
             sent[future] = (u, wire)
         if sent:
@@ -145,9 +153,9 @@ class Resync:
             else:
                 missing_stream = missing_stream or isinstance(error, NoStreamResponseError)
                 log.info("assignment not resent", extra={**fields, "sent": True, "error": type(error).__name__})
-        for u, failure in unsent:
-            fields = {**_ids(u), "trigger": trigger, "sent": False, "error": type(failure).__name__}
-            log.info("assignment not resent", extra=fields)
+        if unsent:  # one line: NATS is away, and every one of them would fail the same way
+            fields = {**_ids(unsent[0]), "trigger": trigger, "sent": False, "count": len(unsent)}
+            log.info("assignments not resent: %s", type(failure).__name__, extra=fields)
         if missing_stream and self._settings.create_streams:
             log.warning("the assignments stream is missing; creating it again")
             await ensure_streams(self._js, self._subjects, self._settings)
