@@ -54,14 +54,16 @@ async def test_an_assignment_redelivered_after_ack_wait_to_a_slow_agent_runs_onc
     await lab.inv.check()
 
 
-async def test_max_deliver_exhausted_while_the_host_is_offline_the_lease_expires_and_the_task_runs_again(
+async def test_max_deliver_exhausted_while_the_host_is_offline_the_resync_runs_the_attempt_when_it_is_back(
     nats_proxy: TcpProxy, make_lab: MakeLab, nc: NatsClient
 ) -> None:
     # Deliveries go out one per pull of the agent (one device: a batch of one), a pull every 5 s: the second and
-    # last delivery ~5 s after the assignment, the advisory ~5 s later. The lease and the device's grace (one
-    # ttl each) outlast that, so attempt 2 is assigned once the host is back.
-    ttl = 7
-    lab: FaultLab = await make_lab(consumer_ack_wait_s=1, consumer_max_deliver=2)
+    # last delivery of attempt 1's assignment ~5 s after it, the advisory ~5 s later. JetStream then gives up on
+    # the message; the scheduler's resync publishes the assignment again (a pass every second, for attempts
+    # unclaimed for 2 s): the copies made while the deliveries are dropped are lost the same way, the first one
+    # after the heal reaches the agent. The lease (60 s) outlasts all of it, so attempt 1 runs: no attempt spent.
+    ttl = 60
+    lab: FaultLab = await make_lab(consumer_ack_wait_s=1, consumer_max_deliver=2, resync_interval_s=1, resync_after_s=2)
     agent = await lab.agent("d1", nats_url=nats_proxy.url()).ready()
     advisories: list[dict[str, object]] = []
 
@@ -77,7 +79,10 @@ async def test_max_deliver_exhausted_while_the_host_is_offline_the_lease_expires
         nats_proxy.drop_when(deliveries())
         task_id = await lab.submit(lab.journal.plan(0.2), lease_ttl_s=ttl, max_attempts=3)
         async with lab.inv.watch():
-            await eventually(lambda: advisories, timeout=20, message="MaxDeliver advisory")
+            # attempt 1's assignment is the stream's first message
+            first = await eventually(
+                lambda: [a for a in advisories if a["stream_seq"] == 1], timeout=20, message="MaxDeliver advisory"
+            )
             nats_proxy.heal()
             healed = await lab.inv.db_now()
             await lab.inv.recovered(healed, ttl_s=ttl, sweep_interval_s=0.2, grace_s=ttl)
@@ -85,12 +90,9 @@ async def test_max_deliver_exhausted_while_the_host_is_offline_the_lease_expires
     finally:
         await sub.unsubscribe()
 
-    assert advisories[0]["stream_seq"] == 1  # attempt 1's assignment, the stream's first message
-    assert advisories[0]["deliveries"] == 2
-    # Today JetStream gives up on the message and the attempt's lease, never claimed, runs out: the sweeper keeps
-    # attempt 1 as expired and requeues the task; attempt 2 runs. The scheduler's resync of assignments (being
-    # built) will publish attempt 1 again instead; then this tightens to one attempt, done.
+    assert first[0]["deliveries"] == 2
     attempts = view["attempts"]
-    assert [(a["status"], a["dispatched_at"] is None) for a in attempts] == [("expired", True), ("done", False)]
-    assert lab.journal.starts_of(task_id).get(1) is None  # attempt 1 never ran a step
+    assert [(a["status"], a["dispatched_at"] is None) for a in attempts] == [("done", False)]
+    assert lab.journal.starts_of(task_id) == {1: ["s1"]}  # attempt 1 ran, once
+    assert lab.plane.scheduler_lines("assignment resent", task_id=task_id, trigger="timer")
     await lab.inv.check()

@@ -29,6 +29,8 @@ FAULT_PLANE: dict[str, Any] = {
     "device_grace_s": None,
     "assign_tick_s": 0.2,
     "relay_tick_s": 0.2,
+    # The resync as deployed (its default age): the checker counts its copies in the assignments stream.
+    "resync_after_s": None,
 }
 
 #: `DEVSCHED_FAULT_POINT`: the named point at which a service process SIGKILLs itself (devsched.store.faults).
@@ -46,7 +48,12 @@ class FaultLab(AgentLab):
     def __init__(self, nc: NatsClient, plane: Plane, workdir: Path, checker_url: str) -> None:
         super().__init__(nc, plane, workdir)
         self.journal = StepJournal(workdir / "journal")
-        self.inv = Invariants(checker_url, plane.prefix, nc=nc, journal=self.journal)
+        self.inv = Invariants(checker_url, plane.prefix, nc=nc, journal=self.journal, resends=self.resends)
+
+    def resends(self) -> tuple[int, int]:
+        """`(acknowledged, sent but unacknowledged)` copies of assignments the resync published, by the logs."""
+        acked = len(self.plane.scheduler_lines("assignment resent"))
+        return acked, len(self.plane.scheduler_lines("assignment not resent", sent=True))
 
     async def submit(self, steps: list[dict[str, Any]], *, timeout: float = 5.0, **fields: Any) -> str:  # noqa: ASYNC109
         """Submit (see `AgentLab.submit`); the task counts as acknowledged once the reply came."""

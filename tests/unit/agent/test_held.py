@@ -18,7 +18,7 @@ def held(n: int) -> HeldAttempt:
     return HeldAttempt(task_id=f"task-{n}", attempt=n, lease_id=f"lease-{n}", device_id=f"dev-{n}")
 
 
-async def test_an_attempt_is_recorded_with_its_ids_until_forgotten(tmp_path: Path) -> None:
+async def test_an_attempt_is_recorded_with_its_ids_until_forgotten_then_counts_as_taken(tmp_path: Path) -> None:
     spool = Spool(tmp_path)
     attempts = HeldAttempts.in_spool(spool)
     await attempts.hold(held(1))
@@ -27,6 +27,8 @@ async def test_an_attempt_is_recorded_with_its_ids_until_forgotten(tmp_path: Pat
     assert body == {"task_id": "task-1", "attempt": 1, "lease_id": "lease-1", "device_id": "dev-1"}
     await attempts.forget(held(1))
     assert sorted(p.name for p in (tmp_path / "held").iterdir()) == ["task-2.2.json"]
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["task-1.1.json"]
+    assert attempts.taken.load() == [("task-1", 1)]
 
 
 async def test_the_next_start_takes_what_was_left_held_once(tmp_path: Path) -> None:
@@ -36,9 +38,12 @@ async def test_the_next_start_takes_what_was_left_held_once(tmp_path: Path) -> N
     (tmp_path / "held" / "broken.json").write_bytes(b"{")
     # Attempt 2's report made it to the spool before the agent died: the report speaks for it.
     reported = {report_key("task-2", 2)}
-    taken = HeldAttempts.in_spool(Spool(tmp_path)).take_left(reported)
+    again = HeldAttempts.in_spool(Spool(tmp_path))
+    taken = again.take_left(reported)
     assert taken == [held(1), held(3)]
     assert list((tmp_path / "held").iterdir()) == []
+    # every attempt it held was taken, released or reported: a copy of its assignment is dropped after this start
+    assert sorted(again.taken.load()) == [("task-1", 1), ("task-2", 2), ("task-3", 3)]
     assert HeldAttempts.in_spool(Spool(tmp_path)).take_left(set()) == []
 
 
@@ -77,6 +82,7 @@ async def test_each_attempt_left_is_handed_over_before_its_record_goes(tmp_path:
     assert handed == [held(1), held(3)]
     # the one that could not be handed over stays for the next start
     assert [p.name for p in (tmp_path / "held").iterdir()] == ["task-2.2.json"]
+    assert sorted(p.name for p in (tmp_path / "taken").iterdir()) == ["task-1.1.json", "task-3.3.json"]
 
 
 def test_a_held_attempt_is_given_back_by_a_release_of_its_lease() -> None:

@@ -13,6 +13,7 @@ from devsched.protocol.subjects import (
     HostVerb,
     Subjects,
     assignment_msg_id,
+    assignment_resend_msg_id,
     event_msg_id,
 )
 
@@ -134,6 +135,7 @@ def test_subjects_is_an_immutable_value() -> None:
 def test_msg_ids() -> None:
     assert assignment_msg_id(TASK_ID, 2) == f"{TASK_ID}.2"
     assert event_msg_id(str(TASK_ID), 7) == f"{TASK_ID}:7"
+    assert assignment_resend_msg_id(TASK_ID, 2, 1767225600123) == f"{TASK_ID}.2.resync.1767225600123"
 
 
 @given(prefix=st.from_regex(TOKEN_PATTERN, fullmatch=True), host_id=st.from_regex(TOKEN_PATTERN, fullmatch=True))

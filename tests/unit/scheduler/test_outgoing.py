@@ -15,7 +15,7 @@ from devsched.protocol.codec import decode
 from devsched.protocol.messages import Assignment
 from devsched.protocol.messages import TaskEvent as WireTaskEvent
 from devsched.protocol.subjects import Subjects
-from devsched.scheduler.outgoing import outgoing
+from devsched.scheduler.outgoing import outgoing, resent
 
 pytestmark = pytest.mark.unit
 
@@ -75,6 +75,14 @@ def test_an_assignment_goes_to_its_hosts_subject_with_task_dot_attempt() -> None
     body = decode(Assignment, out.data)
     assert (body.task_id, body.attempt, body.lease_id, body.device_id) == (TASK, 2, a.lease_id, "h1-d1")
     assert body.plan.steps[0].timeout_s == 3600.0, "the plan as the protocol defines it, defaults and all"
+
+
+def test_an_assignment_published_again_is_the_same_message_under_an_id_of_its_own() -> None:
+    a = assigned()
+    first, again = outgoing(a, S), resent(a, S, 1767225600123)
+    assert (again.subject, again.stream, again.data) == (first.subject, first.stream, first.data)
+    assert again.msg_id == f"{TASK}.2.resync.1767225600123"
+    assert resent(a, S, 1767225600124).msg_id != again.msg_id
 
 
 @pytest.mark.parametrize(

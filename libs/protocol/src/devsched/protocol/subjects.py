@@ -215,6 +215,16 @@ def assignment_msg_id(task_id: uuid.UUID | str, attempt: int) -> str:
     return f"{uuid.UUID(str(task_id))}.{attempt}"
 
 
+def assignment_resend_msg_id(task_id: uuid.UUID | str, attempt: int, at_ms: int) -> str:
+    """`Nats-Msg-Id` of an assignment published again (an addition): `<task_id>.<attempt>.resync.<at_ms>`.
+
+    The scheduler's resync publishes an unclaimed attempt's assignment again, `at_ms` being the Unix time of
+    its pass in milliseconds: an id of its own each time, so that the duplicate window (which may outlive a
+    purge of the stream) never swallows the copy as the first publication, or as an earlier copy.
+    """
+    return f"{assignment_msg_id(task_id, attempt)}.resync.{at_ms}"
+
+
 def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
     """`Nats-Msg-Id` of a task event: `<task_id>:<seq>` (an addition: the protocol only asks for uniqueness).
 

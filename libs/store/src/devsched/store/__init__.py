@@ -14,6 +14,7 @@ from devsched.store.views import (
     ReleaseReceipt,
     ReportReceipt,
     Submitted,
+    Unclaimed,
 )
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "ReportReceipt",
     "Store",
     "Submitted",
+    "Unclaimed",
     "make_engine",
 ]

@@ -33,6 +33,7 @@ from devsched.store import (
     pruning,
     queries,
     releasing,
+    resync,
     sweeping,
     tasks,
 )
@@ -51,6 +52,7 @@ from devsched.store.views import (
     ReleaseReceipt,
     ReportReceipt,
     Submitted,
+    Unclaimed,
 )
 
 T = TypeVar("T")
@@ -433,6 +435,29 @@ class Store:
         if outcome.error is not None:
             raise outcome.error
         return len(set(outcome.ids))
+
+    async def unclaimed_assignments(
+        self,
+        *,
+        host_id: str | None = None,
+        older_than_s: float | None = None,
+        online: bool = False,
+        after: Unclaimed | None = None,
+        limit: int = 500,
+    ) -> list[Unclaimed]:
+        """Attempts assigned and not yet claimed whose lease still runs, oldest first: to publish again.
+
+        Read-only, one statement. `host_id` keeps one host's (it just registered); `older_than_s` those
+        assigned at least that long ago, `online` those whose host is online (the scheduler's timer); `after`
+        continues from the last one of the previous page.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> list[Unclaimed]:
+            return await resync.unclaimed(
+                conn, now, host_id=host_id, older_than_s=older_than_s, online=online, after=after, limit=limit
+            )
+
+        return await self._tx.run(op, name="unclaimed_assignments")
 
     async def unsent_count(self) -> int:
         """How many outbox messages wait to be published."""

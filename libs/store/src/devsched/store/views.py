@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from devsched.core.events import DomainEvent
+from devsched.core.events import AttemptAssigned, DomainEvent
 from devsched.core.limits import LEASE_TTL_DEFAULT_S, MAX_ATTEMPTS_DEFAULT, PRIORITY_DEFAULT
 from devsched.core.records import Selector
 from devsched.core.status import TaskStatus
@@ -111,3 +111,16 @@ class Committed:
     operation: str
     messages: tuple[OutboxMessage, ...]
     assignable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Unclaimed:
+    """An attempt assigned and not yet claimed, its lease still running: its assignment, to publish again.
+
+    `assignment` is the value the assignment's outbox row held (the same plan, ttl and expiry), `headers`
+    the task's trace context, `assigned_at` when the attempt was made.
+    """
+
+    assignment: AttemptAssigned
+    headers: Mapping[str, str]
+    assigned_at: datetime

@@ -1,7 +1,8 @@
 """The host agent: the composition of its parts, and the resources they share.
 
 Startup: check who steps run as; take the spool (one agent per spool); kill the step processes an
-earlier agent left and spool the release of every attempt it held (`orphans.py`, `held.py`); take the work
+earlier agent left and spool the release of every attempt it held (`orphans.py`, `held.py`), and remember
+the attempts earlier runs took (`taken.py`), so a copy of one's assignment is dropped; take the work
 directory, clearing it; check the NATS credentials; connect (retrying forever), register (retrying), start
 heartbeats, listen for nudges, resend spooled reports and releases (so a device an earlier agent held is
 free at once); then take assignments until stopped (SIGTERM) or drained (SIGUSR1, or the scheduler's drain
@@ -31,7 +32,7 @@ from importlib import metadata
 from nats.aio.client import Client
 
 from devsched.agent.actions import ActionRegistry, default_registry
-from devsched.agent.attempt import Attempt
+from devsched.agent.attempt import Attempt, AttemptKey
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.delivery import ReportDelivery
@@ -43,6 +44,7 @@ from devsched.agent.reporter import Reporter, encode_report
 from devsched.agent.shutdown import Graces, shut_down, wait_idle
 from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, release_key
 from devsched.agent.steps import StepUser
+from devsched.agent.taken import remembered
 from devsched.agent.workers import DeviceWorkers
 from devsched.agent.workspace import (
     Workspace,
@@ -79,6 +81,8 @@ class _Taken:
     workspace: Workspace
     groups: StepGroups
     held: HeldAttempts
+    #: The attempts taken before this start, oldest first: a copy of one's assignment is dropped.
+    taken: list[AttemptKey]
 
 
 def host_inbox_prefix(host_id: str) -> str:
@@ -129,7 +133,7 @@ class Agent:
                 spool = await asyncio.to_thread(Spool, self.config.spool_dir)
                 await asyncio.to_thread(spool.lock)
                 taken.callback(spool.unlock)
-                groups, held = await asyncio.to_thread(self._recover, spool)
+                groups, held, taken_before = await asyncio.to_thread(self._recover, spool)
             except (OSError, SpoolLocked, SpoolUnsafe) as exc:
                 logger.error("cannot use the spool directory", extra={"error": str(exc)})
                 return 1
@@ -171,7 +175,7 @@ class Agent:
             except Stopped:
                 return 0
             try:
-                await self._serve_connected(nc, _Taken(spool, workspace, groups, held), stop)
+                await self._serve_connected(nc, _Taken(spool, workspace, groups, held, taken_before), stop)
             finally:
                 await close_nats(nc)
             return 0
@@ -204,8 +208,8 @@ class Agent:
             logger.warning("steps run as root: set step_user in agent.toml to run them as an unprivileged user")
         return user
 
-    def _recover(self, spool: Spool) -> tuple[StepGroups, HeldAttempts]:
-        """Kill the step processes an earlier agent left, and take the attempts it held (blocking).
+    def _recover(self, spool: Spool) -> tuple[StepGroups, HeldAttempts, list[AttemptKey]]:
+        """Kill the step processes an earlier agent left, take the attempts it held, and read those taken (blocking).
 
         First thing once the spool is this agent's: an earlier agent's steps must not run on into this
         one's, nor write into the attempt directories about to be cleared.
@@ -223,7 +227,11 @@ class Agent:
         self.held_at_start = held.take_left({report.attempt_key for report in spool.pending()}, spool_release)
         for attempt in self.held_at_start:
             logger.warning("attempt held by an earlier agent", extra={**attempt.log_fields(), "action": "release"})
-        return groups, held
+        # The attempts left held moved to the taken ones above (a failed hand-over left its record held).
+        taken = remembered(held.taken.load(), held.keys(), [report.attempt_key for report in spool.pending()])
+        if taken:
+            logger.info("remembering the attempts taken before this start", extra={"attempts": len(taken)})
+        return groups, held, taken
 
     def _take_workspace(self, user: StepUser | None) -> Workspace:
         """Take the work directory, removing what an earlier agent left in it (blocking).
@@ -273,6 +281,7 @@ class Agent:
             reregister=registration.reregister,
             bound=self.bound,
             on_drain=lambda reason: self.request_drain("scheduler", reason),
+            remembered=taken.taken,
         )
         # Work is taken until SIGTERM or a drain, whichever comes first; the shutdown grace counts from then.
         no_more = asyncio.Event()

@@ -1,12 +1,14 @@
 """The attempts this agent holds, on disk: so that the next start knows what a killed agent left held.
 
 An attempt is recorded (in the spool's `held/`) before its claim and forgotten once it has ended: claim
-stale, or its report or release spooled (which then speaks for it). An attempt still recorded at start was
-held by an agent that did not live to end it: the step processes it left are killed first
-(`orphans.py`), so nothing of it runs on the device any more, and the attempt is released at once rather
-than left for its lease to run out and the device's post-expiry grace to pass. The records are read once at
-start (`take_left`): each gives way to a spooled release, and is removed only once that release is on disk
-(the spooled release is removed only once the scheduler answered it).
+stale, or its report or release spooled (which then speaks for it). Forgotten, its record moves to the
+attempts this host took (`taken.py`), so a copy of its assignment is dropped even after a restart. An
+attempt still recorded at start was held by an agent that did not live to end it: the step processes it
+left are killed first (`orphans.py`), so nothing of it runs on the device any more, and the attempt is
+released at once rather than left for its lease to run out and the device's post-expiry grace to pass.
+The records are read once at start (`take_left`): each gives way to a spooled release, and is moved to the
+taken attempts only once that release is on disk (the spooled release is removed only once the scheduler
+answered it).
 
 The methods do blocking file I/O on small files; the async ones run it in a thread.
 """
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from devsched.agent.spool import Records, Spool, report_key
+from devsched.agent.taken import TakenAttempts
 from devsched.protocol import messages as wire
 
 #: Why an attempt left by an earlier agent is given back.
@@ -71,13 +74,18 @@ def _parse(body: bytes) -> HeldAttempt:
 class HeldAttempts:
     """The spool's records of held attempts."""
 
-    def __init__(self, records: Records) -> None:
+    def __init__(self, records: Records, taken: TakenAttempts) -> None:
         self._records = records
+        self.taken = taken
 
     @classmethod
     def in_spool(cls, spool: Spool) -> HeldAttempts:
-        """The records in `spool` (blocking: creates their directory)."""
-        return cls(spool.records(KIND))
+        """The records in `spool`, and the attempts taken (blocking: creates their directories)."""
+        return cls(spool.records(KIND), TakenAttempts.in_spool(spool))
+
+    def _to_taken(self, key: str) -> None:
+        self._records.move(key, self.taken.records)
+        self.taken.added()
 
     async def hold(self, attempt: HeldAttempt) -> None:
         """Record `attempt` durably; a spool that cannot be written is logged, and the attempt runs anyway."""
@@ -88,20 +96,27 @@ class HeldAttempts:
             logger.error("held attempt could not be recorded", extra={**attempt.log_fields(), "error": repr(exc)})
 
     async def forget(self, attempt: HeldAttempt) -> None:
-        """Remove the record of `attempt` (it has ended)."""
+        """Move the record of `attempt` (it has ended) to the attempts taken."""
         try:
-            await asyncio.to_thread(self._records.remove, attempt.key)
+            await asyncio.to_thread(self._to_taken, attempt.key)
         except OSError as exc:
-            logger.error("held attempt record not removed", extra={**attempt.log_fields(), "error": repr(exc)})
+            logger.error(
+                "held attempt record not moved to the taken attempts",
+                extra={**attempt.log_fields(), "error": repr(exc)},
+            )
+
+    def keys(self) -> list[str]:
+        """The keys of the attempts recorded as held, oldest first (blocking)."""
+        return self._records.keys_by_age()
 
     def take_left(
         self, reported: set[str], hand_over: Callable[[HeldAttempt], object] | None = None
     ) -> list[HeldAttempt]:
-        """The attempts recorded by an earlier run, each handed over, then its record removed (blocking).
+        """The attempts recorded by an earlier run, each handed over, then its record moved to the taken ones.
 
-        An attempt whose report or release is in the spool (its attempt key in `reported`) ended: that is
-        resent, and the attempt is not counted. `hand_over` (spool the attempt's release) runs before a
-        record is removed; if it raises `OSError` the record stays for the next start. A record that cannot
+        Blocking. An attempt whose report or release is in the spool (its attempt key in `reported`) ended:
+        that is resent, and the attempt is not counted. `hand_over` (spool the attempt's release) runs before
+        a record is moved; if it raises `OSError` the record stays for the next start. A record that cannot
         be read is dropped with a warning.
         """
         left = []
@@ -110,17 +125,18 @@ class HeldAttempts:
                 attempt = _parse(body)
             except (ValueError, KeyError, TypeError) as exc:
                 logger.warning("unreadable held attempt record dropped", extra={"spool_key": key, "error": repr(exc)})
-            else:
-                if attempt.key not in reported:
-                    left.append(attempt)
-                    if hand_over is not None:
-                        try:
-                            hand_over(attempt)
-                        except OSError as exc:
-                            logger.error(
-                                "held attempt not handed over; kept for the next start",
-                                extra={**attempt.log_fields(), "error": repr(exc)},
-                            )
-                            continue
-            self._records.remove(key)
+                self._records.remove(key)
+                continue
+            if attempt.key not in reported:
+                left.append(attempt)
+                if hand_over is not None:
+                    try:
+                        hand_over(attempt)
+                    except OSError as exc:
+                        logger.error(
+                            "held attempt not handed over; kept for the next start",
+                            extra={**attempt.log_fields(), "error": repr(exc)},
+                        )
+                        continue
+            self._to_taken(key)
         return left

@@ -3,10 +3,12 @@
 The pull consumer `host-<host_id>` is created by the scheduler when the host registers, so binding is
 retried (re-registering now and then while it is missing). Each fetched assignment goes to its device's
 worker (`Sink.offer`) and is kept from redelivery with `in_progress` until the worker settles it: acked
-once claimed or found stale, given back (released) if the agent stops before it runs. A duplicate delivery of an
-attempt this agent already took is acked and dropped: a repeated claim of the same lease succeeds, so
-only this check keeps one attempt from running twice. An assignment for a device this host does not have
-is acked and dropped too: its lease expires and the sweeper requeues the task, which beats failing it.
+once claimed or found stale, given back (released) if the agent stops before it runs. A duplicate delivery of
+an attempt this agent already took (a redelivery, or the scheduler's resync publishing it again) is acked
+and dropped: a repeated claim of the same lease succeeds, so only this check keeps one attempt from running
+twice. The attempts remembered include those taken before the agent last started (`taken.py`). An
+assignment for a device this host does not have is acked and dropped too: its lease expires and the
+sweeper requeues the task, which beats failing it.
 
 The nudge subject also carries the scheduler's drain notice for this host (`P.api.hosts.drain`): the agent
 then finishes its running work, takes no more, and exits once idle.
@@ -19,7 +21,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -90,6 +92,7 @@ class Intake:
         reregister: Callable[[], Awaitable[None]],
         bound: asyncio.Event,
         on_drain: Callable[[str | None], None] | None = None,
+        remembered: Iterable[AttemptKey] = (),
     ) -> None:
         self._stream = subjects.assignments_stream
         self._durable = subjects.consumer(host_id)
@@ -98,6 +101,8 @@ class Intake:
         self._reregister = reregister
         self._on_drain = on_drain
         self._known: OrderedDict[AttemptKey, None] = OrderedDict()
+        for key in remembered:  # taken before this start, oldest first
+            self._remember(key)
         #: Set once bound to the consumer (the agent's `bound`).
         self.bound = bound
         #: The consumer's, once bound: how often an assignment waiting for its device is kept in progress.

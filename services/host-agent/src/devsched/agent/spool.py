@@ -10,7 +10,8 @@ answered it (recorded, duplicate, or a 409 that makes it moot). A report the sch
 (it fails the schema, or is too large) is moved to `rejected/` for an operator: never lost silently.
 
 Beside the reports, the spool keeps small records of what the agent must know after a crash, each kind in a
-directory of its own (`Spool.records`): the attempts it holds and the process groups of its steps.
+directory of its own (`Spool.records`): the attempts it holds, the attempts it took (`taken.py`) and the
+process groups of its steps.
 
 The spool is the agent's alone: the directory is 0700 and its files 0600, owned by the agent's user (a
 step, which may run as another user, must not read the reports of other tasks). `lock` tightens a
@@ -27,6 +28,7 @@ import os
 import re
 import stat
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -245,6 +247,35 @@ class Records:
         except FileNotFoundError:
             return
         _fsync_dir(self.directory)
+
+    def remove_all(self, keys: Iterable[str]) -> None:
+        """Forget the records under `keys`, with one sync of the directory at the end."""
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                _key_path(self.directory, key).unlink()
+        _fsync_dir(self.directory)
+
+    def move(self, key: str, other: Records) -> None:
+        """Move the record under `key` to `other`, keeping its body and time (no error if it is gone)."""
+        source = _key_path(self.directory, key)
+        try:
+            os.replace(source, _key_path(other.directory, key))
+        except FileNotFoundError:
+            return
+        _fsync_dir(other.directory)
+        _fsync_dir(self.directory)
+
+    def keys_by_age(self) -> list[str]:
+        """Every record's key, oldest first (by the time its body was written)."""
+        found = []
+        for path in self.directory.glob(f"*{_SUFFIX}"):
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                found.append((path.stat().st_mtime_ns, path.name[: -len(_SUFFIX)]))
+            except FileNotFoundError:  # removed meanwhile
+                continue
+        return [key for _, key in sorted(found)]
 
     def items(self) -> list[tuple[str, bytes]]:
         """Every record as `(key, body)`, by key."""

@@ -105,8 +105,11 @@ class Api:
         *,
         assign_wakeup: Wakeup,
         relay_wakeup: Wakeup,
+        on_registered: Callable[[str], None] | None = None,
     ) -> None:
         self._store = store
+        #: Told of each host whose registration listed devices, once its consumer exists (the resync).
+        self._on_registered = on_registered
         self._nc = nc
         self._js = js
         self._subjects = subjects
@@ -183,7 +186,10 @@ class Api:
     # -- hosts ---------------------------------------------------------------------------------
 
     async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
-        """`P.host.<id>.register`: the devices, then the host's durable consumer (503 if JetStream fails)."""
+        """`P.host.<id>.register`: the devices, then the host's durable consumer (503 if JetStream fails).
+
+        Then the host's unclaimed assignments are published again (in the background, best effort).
+        """
         host_id = self._host_of(subject)
         with bind(host_id=host_id):
             devices = [DeviceSpec(d.device_id, dict(d.labels)) for d in req.devices]
@@ -197,6 +203,10 @@ class Api:
                     raise
                 await ensure_streams(self._js, self._subjects, self._settings)
                 await ensure_host_consumer(self._js, self._subjects, self._settings, host_id)
+            if devices and self._on_registered is not None:
+                # Its unclaimed assignments, published again: the stream may have lost them while it was away.
+                # Not for a withdrawal (no devices): that agent is stopping, and gives back what it holds.
+                self._on_registered(host_id)
             self._assign.set()
             log.info("registered", extra={"devices": len(devices), "agent_version": req.agent_version})
             return m.RegisterReply(heartbeat_interval_s=interval)

@@ -23,6 +23,7 @@ from devsched.scheduler.assigner import Assigner
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_streams
 from devsched.scheduler.loops import Wakeup, WorkLoop
 from devsched.scheduler.relay import Relay
+from devsched.scheduler.resync import Resync
 from devsched.scheduler.service import Dispatcher, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import Backoff, close_nats, connect_nats, flush_subscriptions, sleep_or_stop, wake_subject
@@ -52,6 +53,7 @@ class Scheduler:
         self.dispatcher = Dispatcher(settings.max_concurrency, self.admission)
         self.relay: Relay | None = None
         self.assigner: Assigner | None = None
+        self.resync: Resync | None = None
 
     async def _streams(self, js: JetStreamContext, stop: asyncio.Event) -> bool:
         backoff = Backoff(base=0.2, cap=5.0)
@@ -105,6 +107,11 @@ class Scheduler:
                 relay.start()
                 stack.push_async_callback(relay.stop)
 
+            resync = self.resync = Resync(store, js, self.subjects, s)
+            stack.push_async_callback(resync.stop)
+            if s.resync_interval_s > 0:
+                loops.append(WorkLoop("resync", resync.step, Wakeup(), tick=s.resync_interval_s))
+
             def on_commit(committed: Committed) -> None:
                 if relay is not None:
                     relay.offer(committed)  # published at once; without a relay, the table keeps it
@@ -115,7 +122,16 @@ class Scheduler:
                 loop.start()
 
             # The relay hears of every commit from the store: a request's wake-up would only cost it a pass.
-            api = Api(store, nc, js, self.subjects, s, assign_wakeup=self.assign_wakeup, relay_wakeup=Wakeup())
+            api = Api(
+                store,
+                nc,
+                js,
+                self.subjects,
+                s,
+                assign_wakeup=self.assign_wakeup,
+                relay_wakeup=Wakeup(),
+                on_registered=resync.host_registered,
+            )
             service = await start_service(
                 nc, api, self.subjects, self.dispatcher, max_payload_bytes=s.max_payload_bytes
             )

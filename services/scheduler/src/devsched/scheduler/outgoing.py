@@ -1,18 +1,18 @@
 """What each domain event is on the wire: the protocol's model, its subject, stream and message id.
 
 The one place where a `devsched.core.events` value becomes a JetStream message, for the outbox relay and
-for anything else that republishes one (an assignment read back from the database, say). Building the
+for the resync, which publishes an unclaimed attempt's assignment again (`resent`). Building the
 model validates the event against the protocol, so nothing malformed reaches a host or a watcher.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from devsched.core import events
 from devsched.protocol.codec import encode, from_jsonable
 from devsched.protocol.messages import Assignment, Plan, Progress, TaskEvent
-from devsched.protocol.subjects import Subjects, assignment_msg_id, event_msg_id
+from devsched.protocol.subjects import Subjects, assignment_msg_id, assignment_resend_msg_id, event_msg_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +80,16 @@ def outgoing(event: events.DomainEvent, subjects: Subjects) -> Outgoing:
         msg_id=assignment_msg_id(event.task_id, event.attempt),
         model=assignment(event),
     )
+
+
+def resent(assigned: events.AttemptAssigned, subjects: Subjects, at_ms: int) -> Outgoing:
+    """The message that publishes `assigned` again: the first one's, under a message id of its own.
+
+    `at_ms` (Unix milliseconds) makes the id differ from every earlier copy (`assignment_resend_msg_id`).
+
+    Raises:
+        pydantic.ValidationError: the event does not make a valid protocol message.
+        ValueError: a host id that is not a subject token.
+    """
+    first = outgoing(assigned, subjects)
+    return replace(first, msg_id=assignment_resend_msg_id(assigned.task_id, assigned.attempt, at_ms))

@@ -34,7 +34,8 @@ class SchedulerSettings(ServiceSettings):
     consumer_ack_wait_s: Seconds = 30.0
     """How long an agent has to ack an assignment before JetStream redelivers it."""
     consumer_max_deliver: int = Field(default=10, ge=1)
-    """Deliveries of one assignment before JetStream gives up (the lease then expires)."""
+    """Deliveries of one assignment before JetStream gives up (the resync publishes it again while the lease
+    runs)."""
     assign_batch: int = Field(default=200, ge=1, le=5000)
     """Tasks assigned per transaction."""
     assign_tick_s: Seconds = 1.0
@@ -52,6 +53,12 @@ class SchedulerSettings(ServiceSettings):
     relay_grace_s: Seconds = 3.0
     """Age below which the relay's routine pass leaves an unsent message to the replica that wrote it (which
     publishes it at once and marks it within `relay_mark_delay_s`)."""
+    resync_interval_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    """Period of the resync pass: the assignments of attempts on online hosts still unclaimed `resync_after_s`
+    after they were made are published again, and streams found missing are created again; 0 turns the pass
+    off (a host's registration still has its own assignments published again)."""
+    resync_after_s: float = Field(default=10.0, ge=0, allow_inf_nan=False)
+    """How long an assignment stays unclaimed before the resync pass publishes it again."""
     assign_inline: bool = True
     """A submit assigns its task to a free device, and a report the device it frees to the next queued task,
     in their own transactions; the assignment loop's pass runs only when one may find more."""
