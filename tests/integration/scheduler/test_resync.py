@@ -57,7 +57,7 @@ async def test_a_registration_publishes_the_hosts_unclaimed_assignments_again(
             task_id = await submit(nc, subject_prefix)
             first = await host.next_assignment()  # acked, never claimed: as if the stream had lost it
             assert first.headers[MSG_ID] == f"{task_id}.1"
-            assert await host.no_assignment(0.5)
+            assert await host.no_assignment(1.2)  # older now than a registration's resend takes (1 s)
 
             await host.register("d1")  # the agent came back
             again = await host.next_assignment()

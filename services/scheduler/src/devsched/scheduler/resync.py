@@ -7,7 +7,9 @@ assigned, unclaimed and unexpired are published again:
 
 - by a timer pass (`step`, every `resync_interval_s`): attempts on online hosts unclaimed for at least
   `resync_after_s`;
-- when a host registers (`host_registered`, once its consumer exists): that host's attempts.
+- when a host registers (`host_registered`, once its consumer exists): that host's attempts assigned
+  at least `REGISTERED_MIN_AGE_S` ago (those the registration itself just assigned are on their way through
+  the outbox: a copy would only make the agent drop a duplicate).
 
 A copy goes to `P.assign.<host_id>` under a message id of its own (`outgoing.resent`), best effort:
 nothing is marked, and a copy that did not go out is published by a later pass if the attempt is still
@@ -37,6 +39,8 @@ log = logging.getLogger("devsched.scheduler.resync")
 
 #: Attempts read (and published) at a time.
 PAGE = 200
+#: How old an attempt must be for a registration to publish it again (seconds).
+REGISTERED_MIN_AGE_S = 1.0
 
 
 class Resync:
@@ -77,7 +81,7 @@ class Resync:
 
     async def _resend_host(self, host_id: str) -> None:
         try:
-            async for page in self._pages(host_id=host_id):
+            async for page in self._pages(host_id=host_id, older_than_s=REGISTERED_MIN_AGE_S):
                 await self._publish(page, trigger="registered")
         except Exception as exc:  # best effort: the timer's pass publishes them later
             log.warning(
