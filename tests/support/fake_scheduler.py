@@ -16,7 +16,15 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.micro.service import Service
 
-from devsched.core.errors import LeaseExpired, LeaseSuperseded, NotFound, OutcomeConflict, TaskTerminal, Unavailable
+from devsched.core.errors import (
+    InvalidRequest,
+    LeaseExpired,
+    LeaseSuperseded,
+    NotFound,
+    OutcomeConflict,
+    TaskTerminal,
+    Unavailable,
+)
 from devsched.core.status import TaskStatus
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
@@ -35,6 +43,8 @@ class Row:
     claims: int = 0
     claimed_at: datetime | None = None
     progress: list[m.Progress | None] = field(default_factory=list)
+    #: The progress each claim carried.
+    claimed_with: list[m.Progress | None] = field(default_factory=list)
     reports: list[m.ReportRequest] = field(default_factory=list)
     releases: list[m.ReleaseRequest] = field(default_factory=list)
     recorded_at: datetime | None = None
@@ -57,6 +67,10 @@ class FakeScheduler:
         self.fail_reports = 0
         #: Answer renewals with 409 lease_expired.
         self.reject_renewals = False
+        #: Say in register and heartbeat replies that a claim may carry progress.
+        self.claim_progress = False
+        #: Answer a claim with progress 400, as a scheduler that does not know the field does.
+        self.refuse_claim_progress = False
         self._service: Service | None = None
 
     async def start(self) -> None:
@@ -111,11 +125,11 @@ class FakeScheduler:
                 ack_wait=2.0,
             ),
         )
-        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s)
+        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress)
 
     async def heartbeat(self, req: m.HeartbeatRequest, subject: str) -> m.RegisterReply:
         self.heartbeats += 1
-        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s)
+        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress)
 
     def _row(self, req: m.LeaseRequest, subject: str) -> Row:
         row = self.rows.get((req.task_id, req.attempt))
@@ -135,10 +149,13 @@ class FakeScheduler:
         )
 
     async def claim(self, req: m.ClaimRequest, subject: str) -> m.LeaseReply:
+        if req.progress is not None and self.refuse_claim_progress:
+            raise InvalidRequest("invalid request", errors=[{"path": "progress", "message": "Extra inputs"}])
         row = self._row(req, subject)
         if row.status not in ("assigned", "dispatched"):
             raise TaskTerminal()
         row.claims += 1
+        row.claimed_with.append(req.progress)
         row.status = "dispatched"
         row.claimed_at = row.claimed_at or datetime.now(UTC)
         return self._lease(row)
@@ -203,8 +220,9 @@ class FakeScheduler:
         msg_id: bool = True,
         attempt: int = 1,
         status: str = "assigned",
+        cancel_requested: bool = False,
     ) -> Row:
-        """Create an attempt and publish its assignment."""
+        """Create an attempt and publish its assignment (`cancel_requested`: a cancellation already pending)."""
         assignment = m.Assignment(
             task_id=uuid.uuid4(),
             attempt=attempt,
@@ -214,7 +232,7 @@ class FakeScheduler:
             ttl_s=self.ttl_s,
             expires_at=datetime.now(UTC) + timedelta(seconds=self.ttl_s),
         )
-        row = Row(host_id, assignment, status=status)
+        row = Row(host_id, assignment, status=status, cancel_requested=cancel_requested)
         self.rows[(assignment.task_id, assignment.attempt)] = row
         await self.publish(row, msg_id=msg_id)
         return row

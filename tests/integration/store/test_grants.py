@@ -195,9 +195,8 @@ async def _locked(conn: AsyncConnection, clock: ManualClock, ref: LeaseRef, req:
                 conn, now, Outbox(), ref, req.outcome, "why", {"steps": []}, clock
             )  # fmt: skip
         else:
-            claim = req.kind == "claim"
             answer = await leasing.extend(
-                conn, now, Outbox(), ref, claim=claim, clock=clock, progress=None if claim else progress
+                conn, now, Outbox(), ref, claim=req.kind == "claim", clock=clock, progress=progress
             )
     except DevschedError as exc:
         return type(exc)
@@ -213,7 +212,7 @@ async def _granted(conn: AsyncConnection, clock: ManualClock, ref: LeaseRef, req
     if req.kind == "report":
         return await grants.report(db, clock, ref, req.outcome, "why", {"steps": []})
     if req.kind == "claim":
-        return await grants.claim(db, clock, ref)
+        return await grants.claim(db, clock, ref, PROGRESS[req.progress])
     return await grants.renew(db, clock, ref, PROGRESS[req.progress])
 
 
@@ -222,6 +221,9 @@ async def _tables(conn: AsyncConnection) -> Mapping[str, list[Any]]:
     for table in ("hosts", "devices", "tasks", "attempts", "reservations", "cancel_requests", "outbox"):
         rows = (await conn.execute(text(f"SELECT to_jsonb(x) - 'id' FROM {table} x"))).scalars().all()
         out[table] = sorted(json.dumps(r, sort_keys=True) for r in rows)
+    # the order events are published in (a claim with progress writes `dispatched`, then `progress`)
+    order = text("SELECT data->>'kind', data->>'seq' FROM outbox ORDER BY id")
+    out["outbox order"] = [tuple(r) for r in (await conn.execute(order)).all()]
     return out
 
 

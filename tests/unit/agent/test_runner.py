@@ -10,7 +10,7 @@ import pytest
 
 from devsched.agent import runner as runner_module
 from devsched.agent.actions import default_registry
-from devsched.agent.runner import PlanRunner, PlanStep, RunResult
+from devsched.agent.runner import PlanRunner, PlanStep, RunResult, first_progress
 from devsched.agent.steps import ActionResult, StepContext
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.status import Outcome
@@ -391,3 +391,71 @@ async def test_a_broken_renew_hook_does_not_end_the_run(make_runner: MakeRunner)
 
     result = await make_runner([PlanStep("a", "noop"), PlanStep("b", "noop")], renew=renew).run()
     assert result.outcome is Outcome.DONE
+
+
+# -- the claim carries the first step's progress ---------------------------------------------------------
+
+
+async def test_a_claim_that_carried_the_first_step_replaces_only_that_boundary(make_runner: MakeRunner) -> None:
+    seen: list[Progress] = []
+
+    async def renew(progress: Progress) -> None:
+        seen.append(progress)
+
+    steps = [PlanStep("flash", "noop"), PlanStep("wait", "noop"), PlanStep("nothing", "noop")]
+    claimed = first_progress(steps, StopSignal())
+    assert claimed == Progress(step="flash", index=0, of=3)
+    result = await make_runner(steps, renew=renew, claimed=claimed).run()
+    assert result.outcome is Outcome.DONE
+    assert seen == [Progress(step="wait", index=1, of=3), Progress(step="nothing", index=2, of=3)]
+
+
+async def test_a_claim_without_progress_leaves_every_boundary_renewing(make_runner: MakeRunner) -> None:
+    seen: list[Progress] = []
+
+    async def renew(progress: Progress) -> None:
+        seen.append(progress)
+
+    steps = [PlanStep("flash", "noop")]
+    await make_runner(steps, renew=renew, claimed=None).run()
+    assert seen == [Progress(step="flash", index=0, of=1)]
+
+
+async def test_the_lease_is_still_checked_at_a_boundary_the_claim_replaced(
+    make_runner: MakeRunner, tmp_path: Path
+) -> None:
+    steps = [touch(tmp_path / "ran", "flash")]
+    result = await make_runner(steps, claimed=first_progress(steps, StopSignal()), lease_live=lambda: False).run()
+    assert result.outcome is Outcome.FAILED
+    assert result.reason == "lease_lost: no successful renewal within the lease ttl"
+    assert not (tmp_path / "ran").exists()
+
+
+async def test_a_cancellation_in_the_claim_reply_stops_before_the_first_step(
+    make_runner: MakeRunner, tmp_path: Path
+) -> None:
+    seen: list[Progress] = []
+
+    async def renew(progress: Progress) -> None:
+        seen.append(progress)
+
+    steps = [touch(tmp_path / "planned", "work"), touch(tmp_path / "teardown", "teardown", always=True)]
+    stop = StopSignal()
+    claimed = first_progress(steps, stop)  # sent with the claim
+    stop.request(StopReason.CANCELLED, "cancellation requested")  # what its reply said
+    result = await make_runner(steps, stop=stop, renew=renew, claimed=claimed).run()
+    assert result.outcome is Outcome.CANCELLED
+    assert statuses(result) == [SKIPPED, DONE]
+    assert not (tmp_path / "planned").exists()
+    assert seen == [Progress(step="teardown", index=1, of=2)]
+
+
+def test_the_first_step_is_claimed_with_only_when_it_may_start() -> None:
+    steps = [PlanStep("work", "noop"), PlanStep("teardown", "noop", always=True)]
+    assert first_progress([], StopSignal()) is None
+    stopped = StopSignal()
+    stopped.request(StopReason.SHUTDOWN, "agent shutting down")
+    assert first_progress(steps, stopped) is None
+    assert first_progress(steps[1:], stopped) == Progress(step="teardown", index=0, of=1)  # teardown runs
+    stopped.kill("grace over")
+    assert first_progress(steps[1:], stopped) is None

@@ -302,6 +302,17 @@ def test_heartbeat_reply_is_the_register_reply() -> None:
     assert m.HeartbeatReply is m.RegisterReply
 
 
+def test_a_register_reply_of_an_older_scheduler_accepts_no_progress_on_a_claim() -> None:
+    assert decode(m.RegisterReply, b'{"heartbeat_interval_s": 5}').claim_progress is False
+
+
+def test_a_claim_without_progress_is_encoded_as_an_older_scheduler_takes_it() -> None:
+    body = encode(m.ClaimRequest(task_id=TASK_ID, attempt=1, lease_id=LEASE_ID))
+    assert json.loads(body) == {"task_id": str(TASK_ID), "attempt": 1, "lease_id": str(LEASE_ID)}
+    assert decode(m.ClaimRequest, body).progress is None
+    assert decode(m.ClaimRequest, body[:-1] + b', "progress": null}').progress is None
+
+
 # -- properties ------------------------------------------------------------------------------------------
 
 #: What an environment can hold: a name without "=" or NUL, a value without NUL.

@@ -130,6 +130,9 @@ class RegisterReply(ReplyModel):
 
     heartbeat_interval_s: Seconds
     """Seconds between heartbeats; 3 missed intervals make the host offline."""
+    claim_progress: bool = False
+    """Whether a claim may carry `progress` (an addition): an older scheduler rejects the unknown field,
+    and an older agent ignores this one."""
 
 
 class HeartbeatRequest(RequestModel):

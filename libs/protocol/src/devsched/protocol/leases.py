@@ -23,6 +23,11 @@ class LeaseRequest(RequestModel):
 class ClaimRequest(LeaseRequest):
     """`P.host.<host_id>.claim`: the host starts the attempt (`assigned` -> `dispatched`)."""
 
+    progress: Progress | None = Field(default=None, exclude_if=lambda progress: progress is None)
+    """The first step's progress (an addition), as its boundary renewal would carry it, which the claim
+    then replaces; sent only to a scheduler whose register or heartbeat reply said `claim_progress`.
+    Left out when None, so a claim without it is the one an older scheduler takes."""
+
 
 class RenewRequest(LeaseRequest):
     """`P.host.<host_id>.renew`: extend the lease from the database's now by its ttl."""

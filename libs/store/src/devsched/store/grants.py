@@ -43,7 +43,15 @@ from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Row, Sql
-from devsched.store.inline import INSERTED, PLACEHOLDER_SEQ, PLACEHOLDER_TIME, event_params, insert_event
+from devsched.store.inline import (
+    INSERTED,
+    PLACEHOLDER_SEQ,
+    PLACEHOLDER_TIME,
+    Slot,
+    event_params,
+    insert_event,
+    insert_events,
+)
 from devsched.store.liveness import TOUCH
 from devsched.store.outbox import inserted
 from devsched.store.statuses import entering, leaving, sql_list
@@ -96,51 +104,52 @@ _LOCKED = f"""
 """
 _LOCKED_ATTEMPT = "a.task_id = t.task_id AND a.attempt = :attempt AND t.version = seen.version"
 
-_PROGRESS_EVENT = insert_event(
-    "ext, moved", at="moved.updated_at", seq="moved.event_seq", device_id="ext.device_id", status="moved.status"
-)
-_PROGRESS = Sql(
-    f"""
-    WITH {_LOCKED},
-    ext AS (
-        UPDATE attempts a SET expires_at = {_EXTEND}, progress = CAST(:progress AS jsonb)
-        FROM t, seen
-        WHERE {_LOCKED_ATTEMPT} AND {_granted()} AND a.progress IS DISTINCT FROM CAST(:progress AS jsonb)
-        RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested
-    ),
-    moved AS (
-        UPDATE tasks SET event_seq = tasks.event_seq + 1, updated_at = {NOW}
-        FROM ext WHERE tasks.task_id = ext.task_id
-        RETURNING tasks.event_seq, tasks.status, tasks.updated_at
-    ),
-    event AS ({_PROGRESS_EVENT})
-    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, {INSERTED} AS inserted FROM ext
-    """
-)
+#: The events a claim or a renewal may write, in this order: `dispatched` (a first claim), then `progress`
+#: (a change of step), numbered consecutively up to the task's new `event_seq`.
+_DISPATCHED_SLOT = Slot("dispatched", wanted="ext.dispatch", seq="moved.event_seq - CAST(ext.progressed AS int)")
+_PROGRESS_SLOT = Slot("progress", wanted="ext.progressed", seq="moved.event_seq")
 
-_CLAIM_EVENT = insert_event("ext, moved", at="moved.updated_at", seq="moved.event_seq", device_id="ext.device_id")
-_CLAIM = Sql(
-    f"""
+
+def _advance_sql(*, claim: bool) -> str:
+    """A claim, or a renewal with progress, under the task's lock: what the locked path's `extend` does.
+
+    The attempt's lease is extended and it keeps the progress sent (if any); a first claim moves the task
+    to dispatched (`dispatch`), a change of step (`progressed`: the progress differs from the one the
+    attempt held, read from the same snapshot the task row's version vouches for) takes the next event
+    number, and each writes its event.
+    """
+    dispatch = f"t.status IN {sql_list(DISPATCHING)}" if claim else "FALSE"
+    slots = [_DISPATCHED_SLOT, _PROGRESS_SLOT] if claim else [_PROGRESS_SLOT]
+    events = insert_events("ext, moved", slots, at="moved.updated_at", device_id="ext.device_id", status="moved.status")
+    return f"""
     WITH {_LOCKED},
+    held AS (SELECT progress FROM attempts WHERE task_id = :task_id AND attempt = :attempt),
     ext AS (
         UPDATE attempts a
         SET expires_at = {_EXTEND},
-            dispatched_at = CASE WHEN t.status IN {sql_list(DISPATCHING)} THEN COALESCE(a.dispatched_at, {NOW})
-                                 ELSE a.dispatched_at END
-        FROM t, seen
+            dispatched_at = CASE WHEN {dispatch} THEN COALESCE(a.dispatched_at, {NOW}) ELSE a.dispatched_at END,
+            progress = COALESCE(CAST(:progress AS jsonb), a.progress)
+        FROM t, seen, held
         WHERE {_LOCKED_ATTEMPT} AND {_granted()}
-        RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s,
-                  t.status IN {sql_list(DISPATCHING)} AS dispatch, {_CANCEL_REQUESTED} AS cancel_requested
+        RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s, {dispatch} AS dispatch,
+                  {_CANCEL_REQUESTED} AS cancel_requested,
+                  held.progress IS DISTINCT FROM COALESCE(CAST(:progress AS jsonb), held.progress) AS progressed
     ),
     moved AS (
-        UPDATE tasks SET status = {entering(Trigger.CLAIM)}, updated_at = {NOW}, event_seq = tasks.event_seq + 1
-        FROM ext WHERE tasks.task_id = ext.task_id AND ext.dispatch AND tasks.status IN {leaving(Trigger.CLAIM)}
-        RETURNING tasks.event_seq, tasks.updated_at
+        UPDATE tasks
+        SET status = CASE WHEN ext.dispatch THEN {entering(Trigger.CLAIM)} ELSE tasks.status END,
+            updated_at = {NOW},
+            event_seq = tasks.event_seq + CAST(ext.dispatch AS int) + CAST(ext.progressed AS int)
+        FROM ext WHERE tasks.task_id = ext.task_id AND (ext.dispatch OR ext.progressed)
+        RETURNING tasks.event_seq, tasks.status, tasks.updated_at
     ),
-    event AS ({_CLAIM_EVENT})
+    event AS ({events})
     SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.dispatch, {INSERTED} AS inserted FROM ext
     """
-)
+
+
+_CLAIM = Sql(_advance_sql(claim=True))
+_PROGRESS = Sql(_advance_sql(claim=False))
 
 
 _REPORT_EVENT = insert_event(
@@ -218,36 +227,47 @@ async def renew(
 ) -> Extension | None:
     """Extend a live lease by its ttl from the clock, if core grants it; None if not.
 
+    At a new step the attempt keeps `progress`, and the task gets a `progress` event (under its lock).
     `written`, here and below, receives the outbox messages the statement inserted (to publish them).
     """
-    encoded = json.dumps(dict(progress)) if progress is not None else None
+    encoded = _encoded(progress)
     row = await db.row(_RENEW, _params(ref, clock, progress=encoded))
     if row is None and progress is not None:
-        return await _renew_with_progress(db, clock, ref, progress, encoded, written)
+        row = await db.row(_PROGRESS, _params(ref, clock, **_progress_params(ref, progress, encoded)))
     return _extension(row, written)
 
 
-async def _renew_with_progress(
+async def claim(
     db: Driver,
     clock: Clock,
     ref: LeaseRef,
-    progress: Mapping[str, Any],
-    encoded: str | None,
-    written: list[OutboxMessage] | None,
+    progress: Mapping[str, Any] | None = None,
+    written: list[OutboxMessage] | None = None,
 ) -> Extension | None:
-    """A renewal at a new step: the attempt keeps it, and the task gets a `progress` event."""
+    """Start an assigned attempt (a `dispatched` event), or extend a dispatched one, if core grants it.
+
+    With `progress`, it also does what a renewal carrying it would, in the same statement: the attempt
+    keeps it, and a change of step is a `progress` event right after the `dispatched` one.
+    """
+    event = _template(ref, EventKind.DISPATCHED, TaskStatus.DISPATCHED)
+    params = _params(
+        ref, clock, **_progress_params(ref, progress, _encoded(progress)), **event_params(event, _DISPATCHED_SLOT.name)
+    )
+    return _extension(await db.row(_CLAIM, params), written)
+
+
+def _encoded(progress: Mapping[str, Any] | None) -> str | None:
+    return json.dumps(dict(progress)) if progress is not None else None
+
+
+def _progress_params(ref: LeaseRef, progress: Mapping[str, Any] | None, encoded: str | None) -> dict[str, Any]:
+    """The parameters of `_advance_sql` for `progress` (None: the attempt keeps its own, and no event)."""
+    if progress is None:
+        return {"progress": None, **event_params(None, _PROGRESS_SLOT.name)}
     step = StepProgress(step=progress["step"], index=progress["index"], of=progress["of"])
     # the status is the task's, filled in by the statement
     event = _template(ref, EventKind.PROGRESS, TaskStatus.DISPATCHED, progress=step)
-    return _extension(await db.row(_PROGRESS, _params(ref, clock, progress=encoded, **event_params(event))), written)
-
-
-async def claim(
-    db: Driver, clock: Clock, ref: LeaseRef, written: list[OutboxMessage] | None = None
-) -> Extension | None:
-    """Start an assigned attempt (a `dispatched` event), or extend a dispatched one, if core grants it."""
-    event = _template(ref, EventKind.DISPATCHED, TaskStatus.DISPATCHED)
-    return _extension(await db.row(_CLAIM, _params(ref, clock, **event_params(event))), written)
+    return {"progress": encoded, **event_params(event, _PROGRESS_SLOT.name)}
 
 
 async def report(

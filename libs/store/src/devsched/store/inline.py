@@ -10,6 +10,8 @@ published right after the commit like every other operation's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,29 +28,72 @@ def iso_time(expr: str) -> str:
     return f"""to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
 
 
+def _filled(at: str, fields: dict[str, str]) -> str:
+    """The `jsonb_build_object` arguments of the fields a statement fills in: `at`, then `fields`."""
+    return ", ".join(f"'{name}', {sql}" for name, sql in {"at": iso_time(at), **fields}.items())
+
+
 def insert_event(source: str, *, at: str, **fields: str) -> str:
     """SQL: insert the event bound by `event_params` once per row of `source` (a CTE or a join of them).
 
     `at` is the SQL of its time (also the row's `created_at`); `fields` name the SQL of other fields of
     the event to fill in (`seq`, `device_id`, `status`), in the outbox's row layout.
     """
-    filled = ", ".join(f"'{name}', {sql}" for name, sql in {"at": iso_time(at), **fields}.items())
     return f"""
         INSERT INTO outbox (kind, data, headers, created_at)
-        SELECT :event_kind, CAST(:event_data AS jsonb) || jsonb_build_object({filled}),
+        SELECT :event_kind, CAST(:event_data AS jsonb) || jsonb_build_object({_filled(at, fields)}),
                CAST(:event_headers AS jsonb), {at}
         FROM {source}
         RETURNING id, kind, data, headers
     """
 
 
-#: SQL: the rows the CTE `event` (an `insert_event`) wrote, as JSON text for `devsched.store.outbox.inserted`,
-#: so the committed messages can be published at once (`Store.on_commit`); NULL when it wrote none.
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One of the events a statement may insert (`insert_events`)."""
+
+    #: Its parameters' prefix: bound by `event_params(template, name)`.
+    name: str
+    #: SQL over the source row: whether this event is written.
+    wanted: str
+    #: SQL over the source row: its event number.
+    seq: str
+
+
+def insert_events(source: str, slots: Sequence[Slot], *, at: str, **fields: str) -> str:
+    """SQL: insert, for the one row of `source`, the events of `slots` that are wanted, in that order.
+
+    One INSERT, so the ids the outbox's sequence hands out ascend in the order of `slots` (the order the
+    events are published in), which separate inserts in one statement's CTEs would not promise. `at` and
+    `fields` as in `insert_event`; each slot fills in its own `seq`.
+    """
+    values = ", ".join(
+        f"({n}, {slot.wanted}, {slot.seq}, CAST(:{slot.name}_kind AS text), CAST(:{slot.name}_data AS text),"
+        f" CAST(:{slot.name}_headers AS text))"
+        for n, slot in enumerate(slots)
+    )
+    return f"""
+        INSERT INTO outbox (kind, data, headers, created_at)
+        SELECT e.kind, CAST(e.data AS jsonb) || jsonb_build_object({_filled(at, {"seq": "e.seq", **fields})}),
+               CAST(e.headers AS jsonb), {at}
+        FROM {source}, LATERAL (VALUES {values}) AS e(n, wanted, seq, kind, data, headers)
+        WHERE e.wanted
+        ORDER BY e.n
+        RETURNING id, kind, data, headers
+    """
+
+
+#: SQL: the rows the CTE `event` (an `insert_event` or `insert_events`) wrote, as JSON text for
+#: `devsched.store.outbox.inserted`, so the committed messages can be published at once (`Store.on_commit`);
+#: NULL when it wrote none.
 INSERTED = """(SELECT CAST(json_agg(json_build_object('id', id, 'kind', kind, 'data', data, 'headers', headers)
                                 ORDER BY id) AS text) FROM event)"""
 
 
-def event_params(template: TaskEvent) -> dict[str, Any]:
-    """The parameters of `insert_event` for `template` (its filled-in fields may hold anything)."""
-    kind, data, headers = event_row(template)
-    return {"event_kind": kind, "event_data": data, "event_headers": headers}
+def event_params(template: TaskEvent | None, name: str = "event") -> dict[str, Any]:
+    """The parameters of `insert_event` (or of the `insert_events` slot `name`) for `template`.
+
+    Its filled-in fields may hold anything. None binds NULLs, for a slot the statement cannot want.
+    """
+    kind, data, headers = (None, None, None) if template is None else event_row(template)
+    return {f"{name}_kind": kind, f"{name}_data": data, f"{name}_headers": headers}

@@ -273,16 +273,19 @@ class Store:
     # A lease request is first tried as one statement that applies it only if it is granted
     # (`grants`); when that matches nothing, the locked path (`leasing`) names the conflict.
 
-    async def claim(self, ref: LeaseRef) -> Extension:
-        """The owning host starts its attempt (a repeated claim is answered as a renewal)."""
+    async def claim(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
+        """The owning host starts its attempt (a repeated claim is answered as a renewal).
+
+        `progress` (the first step's) is kept as a renewal carrying it would keep it, in the same statement.
+        """
         written: list[OutboxMessage] = []
 
         async def granted(db: Driver) -> Extension | None:
             written.clear()  # a statement run again starts over
-            return await grants.claim(db, self.clock, ref, written)
+            return await grants.claim(db, self.clock, ref, progress, written)
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
-            return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock)
+            return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock, progress=progress)
 
         if (grant := await self._tx.statements(granted, name="claim")) is not None:
             self._committed("claim", written, assignable=False)

@@ -14,12 +14,13 @@ from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import LeaseKeeper, ends_lease
 from devsched.agent.reporter import Reporter
-from devsched.agent.runner import PlanRunner, RunResult, skipped
+from devsched.agent.runner import PlanRunner, RunResult, first_progress, skipped
 from devsched.agent.spool import SpooledReport
 from devsched.agent.steps import GroupLedger, RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.agent.workspace import Workspace
 from devsched.core.backoff import backoff_delay, retry_after
+from devsched.core.errors import InvalidRequest
 from devsched.core.leases import Extension
 from devsched.core.status import Outcome
 from devsched.protocol import messages as wire
@@ -104,6 +105,8 @@ class Attempt:
         #: When the assignment arrived (monotonic), not when a busy device got round to it: the claim
         #: deadline counts from here.
         self.received_at = time.monotonic() if received_at is None else received_at
+        #: The first step's progress, when the successful claim carried it (its boundary renews no more).
+        self.claimed_with: wire.Progress | None = None
 
     @property
     def key(self) -> AttemptKey:
@@ -124,6 +127,10 @@ class Attempt:
 
         The lease was granted for `ttl_s` no later than the message was received, so past that (on the
         monotonic clock) the claim cannot succeed any more and the sweeper will requeue the task.
+
+        When the scheduler said it accepts it, the claim carries the first step's progress, saving that
+        step's boundary renewal. A claim refused as invalid with it (a scheduler that does not know the
+        field after all, such as an older one answering during a rolling upgrade) is sent again without.
         """
         a = self.assignment
         give_up_at = self.received_at + a.ttl_s
@@ -131,12 +138,19 @@ class Attempt:
         while not stopping.is_set():
             sent_at = self.keeper.clock.now()
             timeout = min(self._request_timeout_s, max(give_up_at - sent_at, 0.05))
+            progress = first_progress(a.plan.steps, self.stop) if self._client.claim_progress else None
             try:
-                grant = await self._client.claim(a.task_id, a.attempt, a.lease_id, timeout_s=timeout)
+                grant = await self._client.claim(a.task_id, a.attempt, a.lease_id, progress, timeout_s=timeout)
             except Exception as exc:
                 if ends_lease(exc):
                     logger.info("assignment is stale", extra={**self.log_fields(), "error": repr(exc)})
                     return ClaimOutcome.STALE
+                if progress is not None and isinstance(exc, InvalidRequest):
+                    self._client.claim_progress = False  # until a register or heartbeat reply says so again
+                    logger.warning(
+                        "claim with progress refused, claiming without", extra={**self.log_fields(), "error": repr(exc)}
+                    )
+                    continue
                 failures += 1
                 logger.warning("claim failed, will retry", extra={**self.log_fields(), "error": repr(exc)})
                 delay = max(backoff_delay(failures, base_s=0.1, cap_s=max(a.ttl_s / 6, 0.1)), retry_after(exc))
@@ -147,6 +161,7 @@ class Attempt:
                         await stopping.wait()
                 continue
             self.keeper.granted(sent_at, grant)
+            self.claimed_with = progress
             logger.info("attempt claimed", extra={**self.log_fields(), "ttl_s": grant.ttl_s})
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.GAVE_UP
@@ -196,6 +211,7 @@ class Attempt:
             tmpdir=None if workdir is None else str(workdir),
             user=None if self._workspace is None else self._workspace.user,
             groups=self._groups,
+            claimed=self.claimed_with,
         )
         keeping = asyncio.create_task(self.keeper.run())
         try:

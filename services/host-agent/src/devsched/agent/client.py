@@ -49,6 +49,9 @@ class HostClient:
         self._subjects = subjects
         self.host_id = host_id
         self.timeout_s = timeout_s
+        #: Whether the scheduler's latest register or heartbeat reply said a claim may carry progress
+        #: (an older scheduler's says nothing: it would refuse the field).
+        self.claim_progress = False
 
     def _subject(self, verb: HostVerb) -> str:
         return self._subjects.host(self.host_id, verb)
@@ -56,17 +59,32 @@ class HostClient:
     async def register(self, devices: list[DeviceRegistration], agent_version: str | None) -> RegisterReply:
         """Replace this host's device list; the reply gives the heartbeat interval."""
         body = RegisterRequest(devices=devices, agent_version=agent_version)
-        return await request(self._nc, self._subject(HostVerb.REGISTER), body, RegisterReply, timeout=self.timeout_s)
+        reply = await request(self._nc, self._subject(HostVerb.REGISTER), body, RegisterReply, timeout=self.timeout_s)
+        self.claim_progress = reply.claim_progress
+        return reply
 
     async def heartbeat(self) -> RegisterReply:
         """A sign of life; the reply gives the heartbeat interval."""
-        return await request(
+        reply = await request(
             self._nc, self._subject(HostVerb.HEARTBEAT), HeartbeatRequest(), RegisterReply, timeout=self.timeout_s
         )
+        self.claim_progress = reply.claim_progress
+        return reply
 
-    async def claim(self, task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID, *, timeout_s: float) -> Extension:
-        """Start an assigned attempt (a repeat for the same lease is answered as a renewal)."""
-        body = ClaimRequest(task_id=task_id, attempt=attempt, lease_id=lease_id)
+    async def claim(
+        self,
+        task_id: uuid.UUID,
+        attempt: int,
+        lease_id: uuid.UUID,
+        progress: Progress | None = None,
+        *,
+        timeout_s: float,
+    ) -> Extension:
+        """Start an assigned attempt (a repeat for the same lease is answered as a renewal).
+
+        `progress` (the first step's, only when `claim_progress`) stands in for that step's boundary renewal.
+        """
+        body = ClaimRequest(task_id=task_id, attempt=attempt, lease_id=lease_id, progress=progress)
         return _granted(await request(self._nc, self._subject(HostVerb.CLAIM), body, LeaseReply, timeout=timeout_s))
 
     async def renew(

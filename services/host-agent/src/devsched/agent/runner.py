@@ -4,7 +4,9 @@ Rules (PROTOCOL.md, host-agent.md):
 
 - Before each step starts, the renew hook is called with `progress` (the step boundary renewal), then the
   stop state and the lease's local deadline are checked: no step starts after a stop of its kind, and no
-  step at all once the lease is lost ("no step starts after the deadline").
+  step at all once the lease is lost ("no step starts after the deadline"). The first step's renewal is
+  left out when the claim carried its progress (`claimed`): the claim just extended the lease, and its
+  reply's stop state is already in the stop signal.
 - A failed or timed-out step ends the planned work: later steps are skipped, except `always` steps.
 - `always` steps run after a failure, a cancellation stop or a shutdown stop (the lease is still held),
   never after a lease loss or once the shutdown grace is over (`KILL`).
@@ -110,6 +112,27 @@ def skipped(name: str, why: str) -> StepResult:
     return StepResult(name=name, status=StepStatus.SKIPPED, output_tail=why)
 
 
+def skip_reason(step: StepSpec, stop: StopSignal, *, broken: bool) -> str | None:
+    """Why `step` may not start now (after a stop, or after an earlier failure when `broken`), or None."""
+    if stop.halted:
+        reason, detail = stop.halt or (StopReason.LEASE_LOST, "")
+        return f"skipped: {reason.value}" + (f" ({detail})" if detail else "")
+    if step.always:
+        return None
+    if stop.stopped:
+        return f"skipped: {stop.reason.value}"
+    if broken:
+        return "skipped: an earlier step failed"
+    return None
+
+
+def first_progress(steps: Sequence[StepSpec], stop: StopSignal) -> Progress | None:
+    """The progress of the plan's first step if it may start now (what a claim may carry), else None."""
+    if not steps or skip_reason(steps[0], stop, broken=False) is not None:
+        return None
+    return Progress(step=steps[0].name, index=0, of=len(steps))
+
+
 def _describe(name: str, report: StepResult, timeout_s: float) -> str:
     if report.status is StepStatus.TIMED_OUT:
         return f"step {name!r} timed out after {timeout_s:g} s"
@@ -138,8 +161,11 @@ class PlanRunner:
         tmpdir: str | None = None,
         user: StepUser | None = None,
         groups: GroupLedger | None = None,
+        claimed: Progress | None = None,
     ) -> None:
         self._steps = tuple(steps)
+        #: The progress the (successful) claim carried: the boundary of that step does not renew again.
+        self._claimed = claimed
         self._identity = identity
         self._stop = stop
         self._renew = renew
@@ -159,23 +185,17 @@ class PlanRunner:
 
     def _skip_reason(self, step: StepSpec) -> str | None:
         """Why `step` may not start now, or None if it may."""
-        if self._stop.halted:
-            reason, detail = self._stop.halt or (StopReason.LEASE_LOST, "")
-            return f"skipped: {reason.value}" + (f" ({detail})" if detail else "")
-        if step.always:
-            return None
-        if self._stop.stopped:
-            return f"skipped: {self._stop.reason.value}"
-        if self._broken:
-            return "skipped: an earlier step failed"
-        return None
+        return skip_reason(step, self._stop, broken=self._broken)
 
     async def _boundary(self, progress: Progress) -> None:
-        try:
-            await self._renew(progress)
-        except Exception:
-            # The hook's own errors must not end the run: the local deadline still guards the lease.
-            logger.exception("renewal at step boundary failed", extra={"progress": progress.step})
+        if progress == self._claimed:
+            self._claimed = None  # the claim was this boundary's renewal (only the first step's can match)
+        else:
+            try:
+                await self._renew(progress)
+            except Exception:
+                # The hook's own errors must not end the run: the local deadline still guards the lease.
+                logger.exception("renewal at step boundary failed", extra={"progress": progress.step})
         if not self._lease_live():
             self._stop.request(StopReason.LEASE_LOST, "no successful renewal within the lease ttl")
 

@@ -92,6 +92,11 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
     )
 
 
+def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
+    """The register and heartbeat reply: the interval, and that a claim may carry the first step's progress."""
+    return m.RegisterReply(heartbeat_interval_s=heartbeat_interval_s, claim_progress=True)
+
+
 class Api:
     """The scheduler's endpoints over the store."""
 
@@ -209,19 +214,20 @@ class Api:
                 self._on_registered(host_id)
             self._assign.set()
             log.info("registered", extra={"devices": len(devices), "agent_version": req.agent_version})
-            return m.RegisterReply(heartbeat_interval_s=interval)
+            return _host_reply(interval)
 
     async def heartbeat(self, req: m.HeartbeatRequest, subject: str) -> m.HeartbeatReply:
         """`P.host.<id>.heartbeat`."""
         host_id = self._host_of(subject)
         with bind(host_id=host_id):
-            return m.HeartbeatReply(heartbeat_interval_s=await self._store.heartbeat(host_id))
+            return _host_reply(await self._store.heartbeat(host_id))
 
     async def claim(self, req: m.ClaimRequest, subject: str) -> m.LeaseReply:
         """`P.host.<id>.claim`."""
         ref = self._lease(subject, req)
         with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
-            grant = await self._store.claim(ref)
+            progress = req.progress.model_dump(mode="json") if req.progress is not None else None
+            grant = await self._store.claim(ref, progress)
             self._relay.set()
             log.info("claimed", extra={"cancel_requested": grant.cancel_requested})
             return m.LeaseReply.from_value(grant)
