@@ -147,7 +147,7 @@ async def hand_over(
     assert row is not None, "the statement returns one row"
     messages = inserted(row["inserted"])
     if messages:
-        point("assign.after_reserve")  # the reservation is written, not yet committed
+        point("handover.after_reserve")  # the report and the reservation are written, not yet committed
     written += messages
     assigned = [m.event for m in messages if isinstance(m.event, AttemptAssigned)]
     if assigned or not row["free"]:
