@@ -72,21 +72,24 @@ _HAND_OVER = Sql(
     ),
     {candidates.QUEUE_HEAD},
     {candidates.MATCHED},
-    -- the first of those still queued that no other transaction holds
+    -- the first of those still queued (checked again on the version locked) that no other transaction
+    -- holds; found by id: `IS TRUE` keeps the status a filter, never a scan of the status index, which a
+    -- planner whose statistics lag behind the queue would otherwise choose
     chosen AS MATERIALIZED (
         SELECT t.task_id, t.attempt_count + 1 AS attempt, t.lease_ttl_s, t.plan, t.trace_headers
-        FROM tasks t
-        WHERE t.task_id IN (SELECT m.task_id FROM m) AND t.status IN {candidates.QUEUED}
-        ORDER BY t.priority DESC, t.created_at, t.task_id
+        FROM m JOIN tasks t ON t.task_id = m.task_id
+        WHERE (t.status IN {candidates.QUEUED}) IS TRUE
+        ORDER BY m.priority DESC, m.created_at, m.task_id
         LIMIT 1
         FOR UPDATE OF t SKIP LOCKED
     ),
+    -- the task is locked, still queued, by this statement
     moved AS (
         UPDATE tasks t
         SET status = {entering(Trigger.ASSIGN)}, attempt_count = chosen.attempt, updated_at = c.now,
             event_seq = t.event_seq + 1
         FROM chosen, f, c
-        WHERE t.task_id = chosen.task_id AND t.status IN {candidates.QUEUED}
+        WHERE t.task_id = chosen.task_id
         RETURNING t.task_id, t.event_seq, chosen.attempt, chosen.lease_ttl_s, chosen.plan, chosen.trace_headers,
                   f.device_id, f.host_id, c.now, c.now + make_interval(secs => chosen.lease_ttl_s) AS expires_at
     ),
