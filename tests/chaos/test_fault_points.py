@@ -1,6 +1,7 @@
 """Services killed at named fault points (`devsched.store.faults`, armed by `DEVSCHED_FAULT_POINT`): in the middle
-of a reservation, of a sweep batch, and between a relay's publish and its mark. Whatever the dead process had
-not committed is rolled back by the database; what a replacement does next is exactly once.
+of a reservation, of a report's hand-over, of a sweep batch, and between a relay's publish and its mark.
+Whatever the dead process had not committed is rolled back by the database; what a replacement does next is
+exactly once.
 
 Each scenario asserts its own expected outcome and ends with the shared invariant checker.
 """
@@ -56,6 +57,33 @@ async def test_a_scheduler_killed_in_the_middle_of_a_reservation_reserves_nothin
     await agent.ready()
     view = await lab.wait_status(task_id, "done", "failed", within=30)
     assert [(a["attempt"], a["status"]) for a in view["attempts"]] == [(1, "done")]
+    await lab.inv.check()
+
+
+async def test_a_scheduler_killed_in_the_middle_of_a_reports_hand_over_loses_neither(
+    make_lab: MakeLab, database_url: str
+) -> None:
+    """The report and the freed device's next attempt are one transaction: both roll back, the agent's retry of
+    its report records it, and the device goes to the waiting task then."""
+    lab: FaultLab = await make_lab(env={FAULT_POINT_ENV: "handover.after_reserve"})
+    first = await lab.submit(lab.journal.plan(0.2), lease_ttl_s=30)  # no device yet: both wait
+    waiting = await lab.submit(lab.journal.plan(0.2), lease_ttl_s=30)
+    agent = lab.agent("d1")  # the loop gives it the first; its report hands the device to the second, and dies
+    await _died_at(lab.plane.scheduler, "handover.after_reserve")
+
+    attempts = await _rows(database_url, "SELECT task_id::text, attempt, status FROM attempts")
+    assert [(r["task_id"], r["attempt"], r["status"]) for r in attempts] == [(first, 1, "active")]
+    statuses = await _rows(database_url, "SELECT task_id::text, status FROM tasks ORDER BY created_at")
+    assert [(r["task_id"], r["status"]) for r in statuses] == [(first, "dispatched"), (waiting, "queued")]
+
+    del lab.plane.env[FAULT_POINT_ENV]
+    await lab.plane.start_scheduler().wait_logged("serving")
+    await agent.ready()
+    views = await lab.run_all([first, waiting], within=40)  # the agent reports again; the device is handed over
+    assert {t: [(a["attempt"], a["status"]) for a in v["attempts"]] for t, v in views.items()} == {
+        first: [(1, "done")],
+        waiting: [(1, "done")],
+    }
     await lab.inv.check()
 
 

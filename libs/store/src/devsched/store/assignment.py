@@ -3,11 +3,12 @@
 Two ways in, one way of applying a plan:
 
 - `assign`, the assignment loop's batched pass over every free device;
-- `assign_submitted` and `assign_released`, inside the transaction of a submit or a report: the new task
-  onto a free device, or the device a report just freed to the best queued task, so that the common case
-  (a device waiting for work, work waiting for a device) costs no transaction of its own. They read a
-  bounded head of the queue and say whether they were conclusive; when they were not (a longer queue,
-  rows another assigner holds), the caller leaves the rest to the loop's pass.
+- `assign_submitted`, inside the transaction of a submit: the new task onto a free device, so that the
+  common case (a device waiting for work) costs no transaction of its own. It reads a bounded head of the
+  queue and says whether it was conclusive; when it was not (a longer queue, rows another assigner holds),
+  the caller leaves the rest to the loop's pass.
+
+(The device a report frees goes to the next queued task in one statement of its own: `handover`.)
 
 Safe with any number of concurrent assigners: free devices and queued tasks are read without locks,
 matched, and only the chosen ones locked with SKIP LOCKED (a pair another assigner took meanwhile is
@@ -267,22 +268,3 @@ async def assign_submitted(
     assigned, settled = await _assign_head(conn, outbox, free, matching, rows[-1].seen, clock)
     placed = any(m.task_id == task_id for m in assigned)
     return Outcome(assigned, settled=settled and (placed or len(free) < candidates.SUBMIT_DEVICES))
-
-
-async def assign_released(
-    conn: AsyncConnection, now: datetime, outbox: Outbox, task_id: uuid.UUID, attempt: int, clock: Clock
-) -> Outcome:
-    """In a report's transaction: the device that attempt `attempt` of `task_id` held, to the best queued task.
-
-    The device is free at once (the attempt just ended in this transaction); a drained one, or one whose
-    host is offline, is left alone.
-    """
-    params = {"now": now, "task_id": task_id, "attempt": attempt, "scan": candidates.HEAD, "limit": 4}
-    rows = (await conn.execute(candidates.RELEASED_MATCHING, params)).all()
-    if rows[0].free_device_id is None or (rows[0].task_id is None and rows[0].seen < candidates.HEAD):
-        return Outcome([], settled=True)  # the device may not take work, or nothing waits that it could run
-    r = rows[0]
-    free = [DeviceRecord(r.free_device_id, r.free_host_id, r.free_labels)]
-    matching = [r for r in rows if r.task_id is not None]
-    assigned, settled = await _assign_head(conn, outbox, free, matching, r.seen, clock)
-    return Outcome(assigned, settled=settled)

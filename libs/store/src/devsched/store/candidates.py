@@ -30,13 +30,19 @@ _SUBSET_LABELS = 5
 QUEUED = leaving(Trigger.ASSIGN)
 
 
-#: A device (aliased `d`, its host `h`) that may take work at `:now`: registered, in service, out of its
-#: grace, on an online host, idle.
-_FREE = f"""
+def free(now: str = "CAST(:now AS timestamptz)") -> str:
+    """SQL: the device (aliased `d`, its host `h`) may take work at `now` (by default `:now`).
+
+    Registered, in service, out of its grace, on an online host, idle.
+    """
+    return f"""
     d.registered AND NOT d.drained
-    AND (d.available_after IS NULL OR d.available_after <= :now)
-    AND {host_online("h")}
+    AND (d.available_after IS NULL OR d.available_after <= {now})
+    AND {host_online("h", now)}
     AND NOT {device_busy("d")}"""
+
+
+_FREE = free()
 
 
 #: Free devices, read without locks: only the devices a plan chooses are locked (`assignment`), so a pass that
@@ -54,7 +60,8 @@ ALL_FREE = text(
 _MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
                          AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
 
-_HEAD = f"""
+#: The CTE `head`: the first `:scan` queued tasks, in order.
+QUEUE_HEAD = f"""
     head AS (
         SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
         FROM tasks t WHERE t.status IN {QUEUED}
@@ -62,9 +69,9 @@ _HEAD = f"""
         LIMIT :scan
     )"""
 
-#: The first `:limit` of the head that one of the devices `f` could take, in order; nothing (and the head
-#: unread) when `f` is empty.
-_MATCHED = f"""
+#: The CTE `m`: the first `:limit` of the head that one of the devices `f` could take, in order; nothing
+#: (and the head unread) when `f` is empty.
+MATCHED = f"""
     m AS (
         SELECT t.* FROM head t WHERE EXISTS (SELECT 1 FROM f) AND {_MATCHES_F}
         ORDER BY t.priority DESC, t.created_at, t.task_id
@@ -93,8 +100,8 @@ SUBMITTED_MATCHING = text(
         ORDER BY d.updated_at, d.device_id
         LIMIT :devices
     ),
-    {_HEAD},
-    {_MATCHED}
+    {QUEUE_HEAD},
+    {MATCHED}
     SELECT 0 AS part, f.device_id, f.host_id, f.labels, NULL::uuid AS task_id, NULL::jsonb AS selector_labels,
            NULL::text AS selector_device_id, NULL::bigint AS seen, NULL::int AS priority,
            NULL::timestamptz AS created_at
@@ -105,28 +112,6 @@ SUBMITTED_MATCHING = text(
     UNION ALL
     SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, {_SEEN}, NULL, NULL
     ORDER BY part, priority DESC, created_at, task_id
-    """
-)
-
-#: The device attempt `:attempt` of `:task_id` held, if it is free (its columns on every row, nulls when it
-#: is not), and in order the queued tasks among the first `:scan` of the queue it could take (at most
-#: `:limit`), with how many were looked at (`seen`, `_SEEN`; one row of nulls but `seen` when none matches).
-RELEASED_MATCHING = text(
-    f"""
-    WITH f AS (
-        SELECT d.device_id, d.host_id, d.labels
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE {_FREE}
-          AND d.device_id = (SELECT a.device_id FROM attempts a WHERE a.task_id = :task_id AND a.attempt = :attempt)
-    ),
-    {_HEAD},
-    {_MATCHED}
-    SELECT {_SEEN} AS seen, fd.device_id AS free_device_id, fd.host_id AS free_host_id, fd.labels AS free_labels,
-           m.task_id, m.selector_labels, m.selector_device_id
-    FROM (SELECT 1) AS one
-    LEFT JOIN f fd ON true
-    LEFT JOIN m ON true
-    ORDER BY m.priority DESC, m.created_at, m.task_id
     """
 )
 

@@ -11,6 +11,7 @@ turns the driver's errors into `DevschedError`s.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeAlias
 
 import asyncpg  # type: ignore[import-untyped]
@@ -51,6 +52,15 @@ class Driver:
         """The first row `sql` returns, or None."""
         row: Row | None = await self._connection.fetchrow(sql.text, *sql.args(params))
         return row
+
+    def transaction(self) -> AbstractAsyncContextManager[object]:
+        """A transaction block (`async with`): its statements commit together at its end, or none does.
+
+        For statements that must commit as one (a report and the assignment of the device it frees) without
+        the SQLAlchemy transaction around them.
+        """
+        block: AbstractAsyncContextManager[object] = self._connection.transaction()
+        return block
 
     @property
     def closed(self) -> bool:

@@ -10,6 +10,7 @@ published right after the commit like every other operation's.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,6 +22,7 @@ from devsched.store.outbox import event_row
 #: What a template event carries where the statement fills in the value (never written as is).
 PLACEHOLDER_TIME = datetime(1970, 1, 1, tzinfo=UTC)
 PLACEHOLDER_SEQ = 1
+PLACEHOLDER_ID = uuid.UUID(int=0)
 
 
 def iso_time(expr: str) -> str:

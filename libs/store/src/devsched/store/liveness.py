@@ -16,16 +16,13 @@ from devsched.store.driver import Driver, Sql
 MISSED_HEARTBEATS = 3
 
 
-def host_online(hosts: str = "h") -> str:
-    """The one SQL condition "the host is online" at `:now`, for the `hosts` row aliased `hosts`.
+def host_online(hosts: str = "h", now: str = "CAST(:now AS timestamptz)") -> str:
+    """The one SQL condition "the host is online" at `now` (`:now`), for the `hosts` row aliased `hosts`.
 
     Every query that needs it (assignment, the host and device views, pending reasons) takes it from here,
     so the rule cannot drift between them.
     """
-    return (
-        f"{hosts}.last_seen_at > CAST(:now AS timestamptz)"
-        f" - make_interval(secs => {MISSED_HEARTBEATS} * {hosts}.heartbeat_interval_s)"
-    )
+    return f"{hosts}.last_seen_at > {now} - make_interval(secs => {MISSED_HEARTBEATS} * {hosts}.heartbeat_interval_s)"
 
 
 #: Liveness is written at most once a second per host: renewals of many devices of one host would

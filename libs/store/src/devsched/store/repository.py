@@ -1,8 +1,9 @@
 """The Store: one method per domain operation, each applied whole.
 
 Most run in one transaction; a submit, a heartbeat and a granted claim, renewal or report are one
-statement each (`Transactor.statements`), and a lease request that statement does not grant goes on to
-the locked transaction that names the conflict.
+statement each (`Transactor.statements`; a report that hands its device on is two, in one transaction of
+the driver), and a lease request that statement does not grant goes on to the locked transaction that
+names the conflict.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
 from devsched.store import (
     assignment,
     grants,
+    handover,
     hosts,
     leasing,
     liveness,
@@ -318,33 +320,40 @@ class Store:
         reason: str | None = None,
         result: Mapping[str, Any] | None = None,
     ) -> ReportReceipt:
-        """Record the attempt's terminal outcome; an identical repeat returns the first answer."""
+        """Record the attempt's terminal outcome; an identical repeat returns the first answer.
+
+        With `assign_inline`, the grant's statement and the hand-over of the device it frees
+        (`handover`) are one transaction of two statements, run through the driver.
+        """
+        written: list[OutboxMessage] = []
+        assignable = True  # the device is free: a pass may give it work
+
+        async def granted(db: Driver) -> ReportReceipt | None:
+            nonlocal assignable
+            written.clear()  # a statement run again starts over
+            assignable = True
+            if not self.assign_inline:
+                return await grants.report(db, self.clock, ref, outcome, reason, result, written)
+            async with db.transaction():
+                receipt = await grants.report(db, self.clock, ref, outcome, reason, result, written)
+                if receipt is not None:
+                    placed = await handover.hand_over(db, self.clock, ref.task_id, ref.attempt, written)
+                    assignable = not placed.settled
+            return receipt
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ReportReceipt | Rejected:
-            receipt: ReportReceipt | Rejected | None = None
-            if self.assign_inline:  # the grant's one statement, in the transaction that also assigns
-                db = await in_transaction(conn)
-                receipt = await grants.report(db, self.clock, ref, outcome, reason, result, changes.inline)
-            if receipt is None:
-                receipt = await leasing.report(conn, now, changes.outbox, ref, outcome, reason, result, self.clock)
+            receipt = await leasing.report(conn, now, changes.outbox, ref, outcome, reason, result, self.clock)
             if isinstance(receipt, ReportReceipt) and not receipt.duplicate:
                 changes.assignable = True  # the device is free
                 if self.assign_inline:
-                    placed = await assignment.assign_released(
-                        conn, now, changes.outbox, ref.task_id, ref.attempt, self.clock
-                    )
+                    await changes.outbox.write(conn, now)  # the report's event before the assignment's
+                    db = await in_transaction(conn)
+                    placed = await handover.hand_over(db, self.clock, ref.task_id, ref.attempt, changes.inline)
                     changes.assignable = not placed.settled
             return receipt
 
-        written: list[OutboxMessage] = []
-
-        async def granted(db: Driver) -> ReportReceipt | None:
-            written.clear()  # a statement run again starts over
-            return await grants.report(db, self.clock, ref, outcome, reason, result, written)
-
-        # with `assign_inline`, the grant's statement runs in the transaction that assigns (`op`)
-        if not self.assign_inline and (done := await self._tx.statements(granted, name="report")) is not None:
-            self._committed("report", written, assignable=True)
+        if (done := await self._tx.statements(granted, name="report")) is not None:
+            self._committed("report", written, assignable=assignable)
             return done
         return _unwrap(await self._write("report", op, assignable=False))
 
