@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from devsched.agent.results import MAX_DEPTH, MAX_RESULTS_BYTES, parse_junit, read_results
+from devsched.agent.results import (
+    MAX_DEPTH,
+    MAX_RESULTS_BYTES,
+    ResultsError,
+    parse_junit,
+    read_capped,
+    read_results,
+)
 from devsched.agent.runner import PlanRunner, PlanStep
 from devsched.core.status import Outcome
 from devsched.protocol.codec import encode
@@ -282,11 +289,20 @@ def test_a_hard_link_is_refused(tmp_path: Path) -> None:
 def test_a_file_above_the_size_limit_is_refused_unread(tmp_path: Path) -> None:
     with open(artifacts(tmp_path) / "junit.xml", "wb") as handle:
         handle.truncate(MAX_RESULTS_BYTES + 1)  # sparse: the size is what counts
-    assert read(tmp_path).error == "junit.xml is 16.0 MiB, above the 16.0 MiB limit"
+    assert read(tmp_path).error == f"junit.xml is {MAX_RESULTS_BYTES + 1} bytes, above the 16 MiB limit"
     with open(artifacts(tmp_path) / "junit.xml", "wb") as handle:
         handle.truncate(MAX_RESULTS_BYTES)
     # at the limit it is read (and this one is not XML)
     assert (read(tmp_path).error or "").startswith("junit.xml: malformed XML: ")
+    # one that grows after the check is cut off all the same
+    with open(artifacts(tmp_path) / "junit.xml", "ab") as handle:
+        handle.write(b"x")
+    fd = os.open(artifacts(tmp_path) / "junit.xml", os.O_RDONLY)
+    try:
+        with pytest.raises(ResultsError, match=r"junit\.xml grew above the 16 MiB limit while it was read"):
+            read_capped(fd, "junit.xml")
+    finally:
+        os.close(fd)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a file of another user needs root to make")

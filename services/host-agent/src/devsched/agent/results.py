@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 #: Largest results file read; a larger one is refused unread.
 MAX_RESULTS_BYTES = 16 * 1024 * 1024
+_LIMIT = f"{MAX_RESULTS_BYTES // (1024 * 1024)} MiB"
 #: Deepest nesting of elements accepted (JUnit files nest suites a few levels).
 MAX_DEPTH = 64
 #: Largest count taken from a suite's attributes (more digits are not a count of tests).
@@ -135,15 +136,11 @@ def open_beneath(directory: Path, relative: str, *, owner: int | None = None) ->
         if owner is not None and st.st_uid != owner:
             raise ResultsError(f"{relative} is not owned by the step user (uid {st.st_uid})")
         if st.st_size > MAX_RESULTS_BYTES:
-            raise ResultsError(f"{relative} is {_size(st.st_size)}, above the {_size(MAX_RESULTS_BYTES)} limit")
+            raise ResultsError(f"{relative} is {st.st_size} bytes, above the {_LIMIT} limit")
     except BaseException:
         os.close(file_fd)
         raise
     return file_fd
-
-
-def _size(n: int) -> str:
-    return f"{n / (1024 * 1024):.1f} MiB" if n >= 1024 * 1024 else f"{n} bytes"
 
 
 def read_capped(fd: int, relative: str) -> bytes:
@@ -152,7 +149,7 @@ def read_capped(fd: int, relative: str) -> bytes:
     while chunk := os.read(fd, _READ_CHUNK):
         total += len(chunk)
         if total > MAX_RESULTS_BYTES:
-            raise ResultsError(f"{relative} grew above the {_size(MAX_RESULTS_BYTES)} limit while read")
+            raise ResultsError(f"{relative} grew above the {_LIMIT} limit while it was read")
         chunks.append(chunk)
     return b"".join(chunks)
 
