@@ -106,9 +106,10 @@ def env_lines(output: str, prefix: str = "env:") -> dict[str, str]:
 
 
 def expected_names(agent_env: dict[str, str], *extra: str) -> set[str]:
-    """The variables a step may see: PATH, HOME, LANG, LC_* of the agent, TMPDIR, the identity, `extra`."""
+    """The variables a step may see: PATH, HOME, LANG, LC_* of the agent, TMPDIR, the identity, the artifacts
+    directory, `extra`."""
     passed = {n for n in agent_env if n in ("PATH", "HOME", "LANG") or n.startswith("LC_")}
-    return passed | {"PATH", "HOME", "TMPDIR"} | IDENTITY_VARS | set(extra)
+    return passed | {"PATH", "HOME", "TMPDIR", "DEVSCHED_ARTIFACTS_DIR"} | IDENTITY_VARS | set(extra)
 
 
 def agent_environment(secrets: Secrets) -> dict[str, str]:
@@ -175,6 +176,7 @@ async def test_a_step_sees_exactly_the_allowed_variables_and_a_tmpdir_of_its_att
     assert probe["second"] == str(tmpdir)
     assert "kept" in view["result"]["steps"][1]["output_tail"]  # one directory for the whole attempt
     assert f"cwd={tmpdir}" in output  # the default working directory
+    assert env["DEVSCHED_ARTIFACTS_DIR"] == str(tmpdir / "artifacts")
     assert not present(tmpdir)  # removed before the report was sent
     assert [p.name for p in host_dir(work_dir, agent).iterdir()] == [".lock"]
 

@@ -164,6 +164,29 @@ def test_a_report_too_large_gets_shorter_tails() -> None:
     assert encode_report(report()) == encode(report())
 
 
+def test_an_oversized_report_drops_listed_failing_tests_after_output_but_keeps_the_counts() -> None:
+    failed = [m.FailedTest(name="n" * 512, classname="c" * 512, message="m" * 1024) for _ in range(20)]
+    summary = m.ResultsSummary(format="junit", tests=500, failures=20, errors=3, skipped=1, failed=failed)
+    steps = [
+        m.StepResult(name=f"s{i}", status=m.StepStatus.FAILED, exit_code=1, output_tail="x" * 4096, results=summary)
+        for i in range(100)
+    ]
+    big = m.ReportRequest(
+        task_id=TASK, attempt=1, lease_id=LEASE, outcome=Outcome.FAILED, result=m.RunResult(steps=steps)
+    )
+    assert len(encode(big)) > 4_000_000
+    body = encode_report(big, limit=512 * 1024)
+    assert len(body) <= 512 * 1024
+    small = m.ReportRequest.model_validate_json(body)
+    assert small.result is not None
+    assert all(s.output_tail == "" for s in small.result.steps)  # output goes first
+    for step in small.result.steps:
+        assert step.results is not None
+        assert (step.results.tests, step.results.failures, step.results.errors) == (500, 20, 3)
+        assert 0 < len(step.results.failed) < 20
+        assert step.results.failed == failed[: len(step.results.failed)]  # the first ones, whole
+
+
 def release(reason: str = "agent shutting down") -> m.ReleaseRequest:
     return m.ReleaseRequest(task_id=TASK, attempt=1, lease_id=LEASE, reason=reason)
 

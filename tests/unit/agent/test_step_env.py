@@ -39,6 +39,13 @@ def test_only_path_home_locale_tmpdir_and_identity_pass_from_the_agent() -> None
     }
 
 
+def test_the_artifacts_directory_is_given_and_cannot_be_forged() -> None:
+    forged = {"DEVSCHED_ARTIFACTS_DIR": "/etc"}
+    env = step_environment(AGENT_ENV, tmpdir="/w/t.1", device_env=forged, step_env=forged, artifacts_dir="/w/t.1/a")
+    assert env["DEVSCHED_ARTIFACTS_DIR"] == "/w/t.1/a"
+    assert "DEVSCHED_ARTIFACTS_DIR" not in step_environment(AGENT_ENV, tmpdir="/w/t.1")  # outside an attempt
+
+
 def test_nothing_secret_of_the_agent_survives() -> None:
     env = step_environment(AGENT_ENV, tmpdir="/w/t.1")
     assert not any("s3cr3t" in value for value in env.values())

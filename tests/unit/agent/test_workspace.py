@@ -14,6 +14,7 @@ import pytest
 from devsched.agent.config import AgentConfig, ConfigError, default_work_dir, parse_config
 from devsched.agent.steps import StepUser
 from devsched.agent.workspace import (
+    ARTIFACTS,
     CAP_CHOWN,
     CAP_DAC_OVERRIDE,
     CAP_KILL,
@@ -22,6 +23,7 @@ from devsched.agent.workspace import (
     LOCK_FILE,
     Workspace,
     WorkspaceLocked,
+    artifacts_dir,
     can_pass,
     check_secret_files,
     effective_capabilities,
@@ -248,8 +250,12 @@ def test_attempt_directories_are_private_and_removed(tmp_path: Path) -> None:
         assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o700, os.geteuid())
         (path / "sub").mkdir()
         (path / "sub" / "f").write_text("x")
+        (path / ARTIFACTS / "old.xml").write_text("x")
         assert workspace.create("task-1", 2) == path  # a redelivered attempt starts empty
-        assert list(path.iterdir()) == []
+        assert list(path.iterdir()) == [artifacts_dir(path)]  # but for its empty artifacts directory
+        assert list(artifacts_dir(path).iterdir()) == []
+        st = os.stat(artifacts_dir(path))
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o700, os.geteuid())
         assert workspace.remove(path) is True
         assert not path.exists()
         assert workspace.remove(path) is True  # gone already: fine
@@ -300,8 +306,9 @@ def test_with_a_step_user_the_host_directory_is_passable_and_attempt_dirs_are_it
     try:
         assert stat.S_IMODE(os.stat(base / "work" / "h1").st_mode) == 0o711  # pass, not list
         path = workspace.create("t", 1)
-        st = os.stat(path)
-        assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, NOBODY.pw_uid, NOBODY.pw_gid)
+        for directory in (path, artifacts_dir(path)):
+            st = os.stat(directory)
+            assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o700, NOBODY.pw_uid, NOBODY.pw_gid)
     finally:
         workspace.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 from collections import Counter
 from enum import StrEnum
 from typing import Any
@@ -13,6 +14,21 @@ from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds,
 
 #: Most steps a plan may have.
 MAX_STEPS = 100
+#: Longest path of a step's results file (`results.junit`), in characters; each part of it at most 255.
+MAX_RESULTS_PATH_CHARS = 1024
+_MAX_PATH_PART_CHARS = 255
+#: Most failing tests a results summary names (the counts cover them all).
+MAX_FAILED_LISTED = 20
+#: Longest test name or class name in a results summary, in characters (longer ones are cut).
+MAX_TEST_NAME_CHARS = 512
+#: Longest failure message, or reason a results file could not be read, in characters (longer ones are cut).
+MAX_RESULTS_MESSAGE_CHARS = 1024
+
+
+def _unless_none(value: object) -> bool:
+    # A field added to an existing message is left out when it is null, so a plan or a result that does not
+    # use it is written exactly as before (the contract writes every field, nulls included, of the rest).
+    return value is None
 
 
 class ShellArgs(RequestModel):
@@ -53,6 +69,36 @@ class NoopArgs(RequestModel):
 BUILTIN_ARGS: dict[str, type[RequestModel]] = {"shell": ShellArgs, "sleep": SleepArgs, "noop": NoopArgs}
 
 
+class ResultFiles(RequestModel):
+    """Where a step leaves machine-readable test results, inside its attempt's artifacts directory."""
+
+    junit: str
+    """A JUnit XML file: a relative, normalised path (`reports/junit.xml`), without `..`."""
+
+    @field_validator("junit")
+    @classmethod
+    def _relative_path(cls, path: str) -> str:
+        # The agent opens it beneath the artifacts directory without following links; a path that could
+        # point elsewhere is refused here, at submit, rather than on the device after the step ran.
+        if not path or "\0" in path:
+            raise ValueError("the path is empty or holds a NUL byte")
+        if len(path) > MAX_RESULTS_PATH_CHARS:
+            raise ValueError(f"the path is longer than {MAX_RESULTS_PATH_CHARS} characters")
+        if path.startswith("/"):
+            raise ValueError("the path must be relative to the artifacts directory, not absolute")
+        parts = path.split("/")
+        if ".." in parts:
+            raise ValueError("the path must stay inside the artifacts directory ('..' is not allowed)")
+        normal = posixpath.normpath(path)
+        if normal == ".":
+            raise ValueError("the path names no file")
+        if normal != path:
+            raise ValueError(f"the path must be normalised (write {normal!r})")
+        if any(len(part) > _MAX_PATH_PART_CHARS for part in parts):
+            raise ValueError(f"a part of the path is longer than {_MAX_PATH_PART_CHARS} characters")
+        return path
+
+
 class Step(RequestModel):
     """One step of a plan."""
 
@@ -68,6 +114,8 @@ class Step(RequestModel):
     """Whether a stop (cancellation, lease loss) may interrupt the step instead of waiting for it."""
     always: bool = False
     """Run even after an earlier failure or a cancellation stop (teardown), while the lease is held."""
+    results: ResultFiles | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: test results the step writes in `DEVSCHED_ARTIFACTS_DIR`, summarised in its result."""
 
     @field_validator("args")
     @classmethod
@@ -165,6 +213,36 @@ class StepStatus(StrEnum):
     SKIPPED = "skipped"
 
 
+class FailedTest(RequestModel):
+    """One failing test of a results summary."""
+
+    name: str = Field(max_length=MAX_TEST_NAME_CHARS)
+    """The test case's `name`."""
+    classname: str | None = Field(default=None, max_length=MAX_TEST_NAME_CHARS)
+    """The test case's `classname`, if it has one."""
+    message: str | None = Field(default=None, max_length=MAX_RESULTS_MESSAGE_CHARS)
+    """The failure's (or error's) `message`, else the start of its text; null when it has neither."""
+
+
+class ResultsSummary(RequestModel):
+    """What a step's results file says, in numbers and the first failing tests (an addition)."""
+
+    format: Name
+    """The file's format: `junit`."""
+    tests: int = Field(default=0, ge=0)
+    """Test cases run, failing and skipped ones included."""
+    failures: int = Field(default=0, ge=0)
+    """Test cases that failed an assertion."""
+    errors: int = Field(default=0, ge=0)
+    """Test cases that ended with an unexpected error."""
+    skipped: int = Field(default=0, ge=0)
+    """Test cases that were skipped."""
+    failed: list[FailedTest] = Field(default_factory=list, max_length=MAX_FAILED_LISTED)
+    """The first failing tests (failures and errors) in file order, at most `MAX_FAILED_LISTED`."""
+    error: str | None = Field(default=None, max_length=MAX_RESULTS_MESSAGE_CHARS)
+    """Why the file could not be read (missing, malformed, refused); null when it was. The counts are then 0."""
+
+
 class StepResult(RequestModel):
     """The result of one step, as the agent reports it."""
 
@@ -180,6 +258,8 @@ class StepResult(RequestModel):
     """When the step ended; null when skipped."""
     output_tail: str | None = None
     """The last part of the step's combined output."""
+    results: ResultsSummary | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the summary of the step's `results` file, for a step that declared one and ran."""
 
 
 class RunResult(RequestModel):

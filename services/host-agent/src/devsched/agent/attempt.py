@@ -18,7 +18,7 @@ from devsched.agent.runner import PlanRunner, RunResult, first_progress, skipped
 from devsched.agent.spool import SpooledReport
 from devsched.agent.steps import GroupLedger, RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
-from devsched.agent.workspace import Workspace
+from devsched.agent.workspace import Workspace, artifacts_dir
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import InvalidRequest
 from devsched.core.leases import Extension
@@ -209,6 +209,7 @@ class Attempt:
             registry=self._registry,
             stop_grace_s=self._stop_grace_s,
             tmpdir=None if workdir is None else str(workdir),
+            artifacts_dir=None if workdir is None else str(artifacts_dir(workdir)),
             user=None if self._workspace is None else self._workspace.user,
             groups=self._groups,
             claimed=self.claimed_with,

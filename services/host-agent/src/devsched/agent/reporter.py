@@ -33,7 +33,14 @@ from devsched.core.errors import (
     TooLarge,
 )
 from devsched.protocol.codec import encode
-from devsched.protocol.messages import ReleaseReply, ReleaseRequest, ReportReply, ReportRequest, RunResult
+from devsched.protocol.messages import (
+    ReleaseReply,
+    ReleaseRequest,
+    ReportReply,
+    ReportRequest,
+    RunResult,
+    StepResult,
+)
 from devsched.protocol.transport import DEFAULT_MAX_PAYLOAD_BYTES
 
 logger = logging.getLogger(__name__)
@@ -43,12 +50,16 @@ MAX_NOT_FOUND = 3
 
 
 def encode_report(report: ReportRequest | ReleaseRequest, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
-    """The report's (or release's) bytes, with output tails shortened (evenly, from their start) until it fits."""
+    """The report's (or release's) bytes, shortened until they fit.
+
+    Output tails go first (evenly, from their start); then, if the steps' test results summaries still do
+    not fit, their lists of failing tests (evenly, from their end: the counts stay whole).
+    """
     body = encode(report)
     if len(body) <= limit or report.result is None:
         return body
-    longest = max((len(s.output_tail or "") for s in report.result.steps), default=0)
-    keep = longest
+    steps = list(report.result.steps)
+    keep = max((len(s.output_tail or "") for s in steps), default=0)
     while len(body) > limit and keep > 0:
         keep //= 2
         steps = [
@@ -56,7 +67,20 @@ def encode_report(report: ReportRequest | ReleaseRequest, limit: int = DEFAULT_M
             for s in report.result.steps
         ]
         body = encode(report.model_copy(update={"result": RunResult(steps=steps)}))
+    listed = max((len(s.results.failed) for s in steps if s.results is not None), default=0)
+    trimmed = steps
+    while len(body) > limit and listed > 0:
+        listed //= 2
+        trimmed = [_listing(s, listed) for s in steps]
+        body = encode(report.model_copy(update={"result": RunResult(steps=trimmed)}))
     return body
+
+
+def _listing(step: StepResult, keep: int) -> StepResult:
+    """`step` with at most `keep` failing tests named in its results summary."""
+    if step.results is None or len(step.results.failed) <= keep:
+        return step
+    return step.model_copy(update={"results": step.results.model_copy(update={"failed": step.results.failed[:keep]})})
 
 
 class Reporter:

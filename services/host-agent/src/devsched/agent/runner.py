@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from devsched.agent.actions import ActionRegistry, default_registry
+from devsched.agent.results import summarise
 from devsched.agent.steps import (
     FAILURES,
     ActionError,
@@ -42,7 +43,7 @@ from devsched.agent.steps import (
 )
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
-from devsched.protocol.plans import Progress, StepResult, StepStatus
+from devsched.protocol.plans import Progress, ResultFiles, StepResult, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,8 @@ class StepSpec(Protocol):
     def interruptible(self) -> bool: ...  # noqa: D102
     @property
     def always(self) -> bool: ...  # noqa: D102
+    @property
+    def results(self) -> ResultFiles | None: ...  # noqa: D102
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +81,7 @@ class PlanStep:
     timeout_s: float = 3600.0
     interruptible: bool = False
     always: bool = False
+    results: ResultFiles | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +163,7 @@ class PlanRunner:
         stop_grace_s: float = 5.0,
         now: Callable[[], datetime] = utc_now,
         tmpdir: str | None = None,
+        artifacts_dir: str | None = None,
         user: StepUser | None = None,
         groups: GroupLedger | None = None,
         claimed: Progress | None = None,
@@ -175,6 +180,7 @@ class PlanRunner:
         self._stop_grace_s = stop_grace_s
         self._now = now
         self._tmpdir = tmpdir
+        self._artifacts_dir = artifacts_dir
         self._user = user
         self._groups = groups
         #: The first step failure that happened before any stop: the run's cause, if it is one.
@@ -262,6 +268,8 @@ class PlanRunner:
             result = await self._call(step, interrupt)
         finished_at = self._now()
         logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
+        # Whatever the status: a failed or timed-out test run is when its results matter most.
+        results = await summarise(step.results, self._artifacts_dir, self._user)
         return StepResult(
             name=step.name,
             status=result.status,
@@ -269,6 +277,7 @@ class PlanRunner:
             started_at=started_at,
             finished_at=finished_at,
             output_tail=result.output_tail,
+            results=results,
         )
 
     async def _call(self, step: StepSpec, interrupt: asyncio.Event) -> ActionResult:
@@ -280,6 +289,7 @@ class PlanRunner:
             timeout_s=step.timeout_s,
             stop_grace_s=self._stop_grace_s,
             tmpdir=self._tmpdir,
+            artifacts_dir=self._artifacts_dir,
             user=self._user,
             groups=self._groups,
         )

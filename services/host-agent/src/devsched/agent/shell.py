@@ -137,6 +137,7 @@ async def shell(ctx: StepContext) -> ActionResult:
             step_env=args.env,
             identity_env=ctx.identity.env(),
             home=None if ctx.user is None else (ctx.user.home or tmpdir),
+            artifacts_dir=ctx.artifacts_dir,
         )
     except StepEnvError as exc:
         return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")

@@ -13,10 +13,11 @@ A step gets only:
 | the device's `env` | agent.toml |
 | the step's `args.env` | the plan |
 | `DEVSCHED_TASK_ID`, `DEVSCHED_ATTEMPT`, `DEVSCHED_LEASE_ID`, `DEVSCHED_DEVICE_ID` | the attempt |
+| `DEVSCHED_ARTIFACTS_DIR` | the attempt's artifacts directory (in the per-attempt directory), when it has one |
 
-Later rows win: the identity over the step's env over the device's env over what is passed through, so
-a plan can neither forge its lease id nor be forged by a device's configuration. `/bin/sh` itself adds
-`PWD` (and bash `SHLVL` and `_`); those are the shell's, not the agent's.
+Later rows win: the identity (and the artifacts directory) over the step's env over the device's env over
+what is passed through, so a plan can neither forge its lease id nor be forged by a device's configuration.
+`/bin/sh` itself adds `PWD` (and bash `SHLVL` and `_`); those are the shell's, not the agent's.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
 PASSED_THROUGH = frozenset({"PATH", "HOME", "LANG"})
 #: Prefix of the locale variables passed through.
 LOCALE_PREFIX = "LC_"
+#: Where a step leaves files for the agent (its test results): the attempt's artifacts directory.
+ARTIFACTS_DIR_VAR = "DEVSCHED_ARTIFACTS_DIR"
 
 
 class StepEnvError(ValueError):
@@ -58,6 +61,7 @@ def step_environment(
     step_env: Mapping[str, str] | None = None,
     identity_env: Mapping[str, str] | None = None,
     home: str | None = None,
+    artifacts_dir: str | None = None,
 ) -> dict[str, str]:
     """The whole environment of a step; see the module docstring for what it holds and what wins.
 
@@ -68,6 +72,7 @@ def step_environment(
         step_env: the step's own `args.env`.
         identity_env: the `DEVSCHED_*` variables of the attempt (`RunIdentity.env()`).
         home: `HOME` of the step user; None keeps the agent's (or `tmpdir` when the agent has none).
+        artifacts_dir: the attempt's artifacts directory, given as `DEVSCHED_ARTIFACTS_DIR` (None: not set).
 
     Raises:
         StepEnvError: a name or value of `device_env` or `step_env` cannot be in an environment.
@@ -88,4 +93,6 @@ def step_environment(
     env.update(device_env)
     env.update(step_env)
     env.update(identity_env or {})
+    if artifacts_dir is not None:
+        env[ARTIFACTS_DIR_VAR] = artifacts_dir
     return env

@@ -94,6 +94,8 @@ class StepContext:
     stop_grace_s: float
     #: The attempt's own directory (`TMPDIR`, the default `cwd`); None outside an attempt (the system's).
     tmpdir: str | None = None
+    #: The attempt's artifacts directory (`DEVSCHED_ARTIFACTS_DIR`); None outside an attempt.
+    artifacts_dir: str | None = None
     #: Who the step's processes run as; None: the agent's own user.
     user: StepUser | None = None
     #: Where the step's process groups are recorded; None: nowhere (outside an agent).

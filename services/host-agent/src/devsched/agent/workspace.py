@@ -1,12 +1,14 @@
 """Where steps run and as whom: per-attempt directories, the step user, and the checks made at start.
 
 Each attempt gets its own directory `<work_dir>/<host_id>-<spool key>/<task_id>.<attempt>` (mode 0700,
-owned by the step user when there is one): the steps' `TMPDIR` and default `cwd`. It is created before the
-first step and removed once the attempt has ended, however it ended; what a crashed agent left behind is
-removed at the next start. The host's directory is named after the spool too (`workspace_name`): the
-spool is what makes an agent the same agent across restarts (one process at a time holds it), so two
-agents that share a host id but not a spool (two `devsched up` stacks, two test runs) never share, lock
-or clear each other's directory; a lock in it guards the rest.
+owned by the step user when there is one): the steps' `TMPDIR` and default `cwd`. In it, `artifacts/`
+(`DEVSCHED_ARTIFACTS_DIR`, same mode and owner) is where steps leave files for the agent to read, such as
+test results (`results.py`). Both are created empty before the first step and removed once the attempt has
+ended, however it ended; what a crashed agent left behind is removed at the next start. The host's
+directory is named after the spool too (`workspace_name`): the spool is what makes an agent the same agent
+across restarts (one process at a time holds it), so two agents that share a host id but not a spool (two
+`devsched up` stacks, two test runs) never share, lock or clear each other's directory; a lock in it guards
+the rest.
 
 With `step_user`, steps run as that user and its primary group only. The agent refuses to start unless
 it has the capabilities to switch to it and clean up after it (`_NEEDED_CAPS`: root has them unless a
@@ -37,6 +39,8 @@ from devsched.agent.steps import StepUser
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".lock"
+#: The artifacts directory's name inside an attempt's directory.
+ARTIFACTS = "artifacts"
 _NAME = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,199}$")
 #: Capability numbers (linux/capability.h) the agent needs with a step user: switch to it (SETUID, SETGID),
 #: stop its process groups (KILL), hand it the attempt's directory (CHOWN) and remove what it left there
@@ -51,6 +55,11 @@ _NEEDED_CAPS = {
 }
 #: Fields of AgentConfig naming files that hold secrets: closed to group and others when steps run as a user.
 SECRET_FILE_FIELDS = ("nats_creds", "nats_nkey_seed", "nats_password_file", "nats_tls_key")
+
+
+def artifacts_dir(attempt_dir: Path) -> Path:
+    """The artifacts directory of the attempt whose directory is `attempt_dir` (`Workspace.create` makes it)."""
+    return attempt_dir / ARTIFACTS
 
 
 def workspace_name(host_id: str, spool_dir: Path) -> str:
@@ -259,14 +268,17 @@ class Workspace:
         return self.directory / name
 
     def create(self, task_id: str, attempt: int) -> Path:
-        """Create the attempt's directory, empty, mode 0700, owned by the step user (if any)."""
+        """Create the attempt's directory and its `artifacts/`, empty, mode 0700, owned by the step user (if any)."""
         path = self.attempt_dir(task_id, attempt)
         _remove(path)  # a duplicate of this attempt that ran before on this host
         os.mkdir(path, 0o700)
         try:
-            os.chmod(path, 0o700)  # whatever the umask
-            if self.user is not None:
-                os.chown(path, self.user.uid, self.user.gid)
+            # The artifacts directory first, while the attempt's directory is still the agent's alone.
+            os.mkdir(artifacts_dir(path), 0o700)
+            for directory in (artifacts_dir(path), path):
+                os.chmod(directory, 0o700)  # whatever the umask
+                if self.user is not None:
+                    os.chown(directory, self.user.uid, self.user.gid)
         except BaseException:
             _remove(path)
             raise

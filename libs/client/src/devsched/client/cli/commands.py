@@ -11,6 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.text import Text
 
+from devsched.client.cli import render
 from devsched.client.cli.common import (
     ExitCode,
     check,
@@ -72,6 +73,8 @@ async def follow(client: Client, task_id: Any, *, json_lines: bool, quiet: bool)
         view = await client.get(tid)
     if not quiet and not json_lines:
         out.print(_summary(view))
+        for line in render.results_lines(view):
+            out.print(line)
     return view
 
 

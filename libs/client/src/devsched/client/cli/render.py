@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from devsched.core.status import DeviceState, TaskStatus
-from devsched.protocol.messages import HostView, TaskEvent, TaskSummary, TaskView
+from devsched.protocol.messages import HostView, ResultsSummary, TaskEvent, TaskSummary, TaskView
 
 #: Colour of each task status.
 STATUS_STYLE = {
@@ -237,7 +237,77 @@ def task_detail(view: TaskView) -> RenderableType:
             tail = (s.output_tail or "").strip().splitlines()
             steps.add_row(s.name, str(s.status), "" if s.exit_code is None else str(s.exit_code), "\n".join(tail[-3:]))
         parts.append(steps)
+    results = step_results(view)
+    if results is not None:
+        parts.append(results)
     return Group(*parts)
+
+
+#: Longest failure message shown in a terminal (its first line), in characters.
+_SHOWN_MESSAGE_CHARS = 160
+
+
+def results_counts(summary: ResultsSummary) -> str:
+    """A results summary in one line: `junit: 12 tests, 2 failures, 0 errors, 1 skipped`, or why it is missing."""
+    if summary.error is not None:
+        return f"{summary.format}: not read: {summary.error}"
+    return (
+        f"{summary.format}: {summary.tests} tests, {summary.failures} failures, "
+        f"{summary.errors} errors, {summary.skipped} skipped"
+    )
+
+
+def failing_tests(summary: ResultsSummary) -> list[str]:
+    """The failing tests a summary names, one line each (`✗ classname.name: message`), and how many it does not."""
+    lines = []
+    for failed in summary.failed:
+        line = f"{failed.classname}.{failed.name}" if failed.classname else failed.name
+        first = (failed.message or "").strip().splitlines()
+        if first:
+            message = first[0]
+            cut = message[:_SHOWN_MESSAGE_CHARS] + ("…" if len(message) > _SHOWN_MESSAGE_CHARS else "")
+            line += f": {cut}"
+        lines.append(f"✗ {line}")
+    unnamed = summary.failures + summary.errors - len(summary.failed)
+    if unnamed > 0 and summary.failed:
+        lines.append(f"… and {unnamed} more failing")
+    return lines
+
+
+def results_lines(view: TaskView) -> list[Text]:
+    """Each step's test results, as lines for a terminal (what `watch` prints when the task ends)."""
+    lines = []
+    for step in view.result.steps if view.result is not None else []:
+        if step.results is None:
+            continue
+        line = Text(f"step {step.name!r} ")
+        line.append(results_counts(step.results), style=_results_style(step.results))
+        lines.append(line)
+        lines.extend(Text(f"  {failing}", style="red") for failing in failing_tests(step.results))
+    return lines
+
+
+def step_results(view: TaskView) -> RenderableType | None:
+    """The `get` view's test results: per step that declared `results`, its counts and first failing tests."""
+    steps = [s for s in (view.result.steps if view.result is not None else []) if s.results is not None]
+    if not steps:
+        return None
+    table = Table(title="test results", title_justify="left")
+    table.add_column("STEP", overflow="fold")
+    table.add_column("RESULTS", overflow="fold")
+    for step in steps:
+        assert step.results is not None
+        cell = Text(results_counts(step.results), style=_results_style(step.results))
+        for failing in failing_tests(step.results):
+            cell.append(f"\n{failing}", style="red")
+        table.add_row(Text(step.name), cell)
+    return table
+
+
+def _results_style(summary: ResultsSummary) -> str:
+    if summary.error is not None:
+        return "yellow"
+    return "red" if summary.failures or summary.errors else "green"
 
 
 def event_line(event: TaskEvent) -> Text:
