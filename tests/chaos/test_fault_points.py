@@ -1,7 +1,7 @@
 """Services killed at named fault points (`devsched.store.faults`, armed by `DEVSCHED_FAULT_POINT`): in the middle
-of a reservation, of a report's hand-over, of a sweep batch, and between a relay's publish and its mark.
-Whatever the dead process had not committed is rolled back by the database; what a replacement does next is
-exactly once.
+of a reservation, of a report's hand-over, of a submit's placement, of a sweep batch, and between a relay's
+publish and its mark. Whatever the dead process had not committed is rolled back by the database; what a
+replacement does next is exactly once.
 
 Each scenario asserts its own expected outcome and ends with the shared invariant checker.
 """
@@ -84,6 +84,32 @@ async def test_a_scheduler_killed_in_the_middle_of_a_reports_hand_over_loses_nei
         first: [(1, "done")],
         waiting: [(1, "done")],
     }
+    await lab.inv.check()
+
+
+async def test_a_scheduler_killed_in_a_submits_placement_loses_nothing_and_the_retry_runs_it_once(
+    make_lab: MakeLab, database_url: str
+) -> None:
+    """The submit and its placement are one transaction: both roll back; the client's retry (same key) submits
+    and places the task then."""
+    lab: FaultLab = await make_lab(env={FAULT_POINT_ENV: "placement.after_reserve"})
+    agent = await lab.agent("d1").ready()  # a free device: the submit places its task, and dies before the commit
+    key = f"k-{uuid.uuid4().hex}"
+    body = {"selector": {"labels": lab.label}, "plan": {"steps": lab.journal.plan(0.2)}, "idempotency_key": key}
+    with pytest.raises((nats.errors.TimeoutError, ErrorReply)):
+        await call(lab.nc, api(lab.prefix, "tasks.submit"), body, timeout=3)
+    await _died_at(lab.plane.scheduler, "placement.after_reserve")
+    for table in ("tasks", "attempts", "reservations", "outbox"):
+        assert await _rows(database_url, f"SELECT * FROM {table}") == [], table
+
+    del lab.plane.env[FAULT_POINT_ENV]
+    await lab.plane.start_scheduler().wait_logged("serving")
+    await agent.ready()
+    again = await call(lab.nc, api(lab.prefix, "tasks.submit"), body)  # the client's retry, same key
+    assert again["created"] is True, "the first never committed"
+    task_id = lab.inv.acknowledge(again["task_id"])
+    view = await lab.wait_status(task_id, "done", "failed", within=30)
+    assert [(a["attempt"], a["status"]) for a in view["attempts"]] == [(1, "done")]
     await lab.inv.check()
 
 

@@ -8,13 +8,14 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store
 from devsched.store.candidates import HEAD
+from support.sql_log import logged, statements
 from support.store_lab import PLAN, Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -55,19 +56,17 @@ async def test_a_submit_with_a_free_device_is_assigned_in_its_own_transaction(
 
 
 async def test_the_submit_and_its_assignment_are_one_transaction(inline: tuple[Lab, list[Committed]]) -> None:
+    """BEGIN, the submit, the placement, COMMIT: through the driver, without SQLAlchemy or a read of the clock."""
     lab, heard = inline
     await lab.host("h1", "d1")
-    begun: list[object] = []
-
-    def count(conn: object) -> None:
-        begun.append(conn)
-
-    event.listen(lab.store.engine.sync_engine, "begin", count)
-    try:
+    with statements(lab.store) as sent:
         await lab.submit()
-    finally:
-        event.remove(lab.store.engine.sync_engine, "begin", count)
-    assert len(begun) == 1
+        await logged()
+    assert len(sent) == 4, sent
+    begin, submit, place, commit = sent
+    assert (begin.upper().startswith("BEGIN"), commit.upper().startswith("COMMIT")) == (True, True), sent
+    assert "INSERT INTO tasks" in submit
+    assert "INSERT INTO reservations" in place
     assert kinds(heard[-1]) == ["submitted", "assigned", "assignment"]
 
 

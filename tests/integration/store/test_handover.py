@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +19,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import event as sa_event
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -34,6 +32,7 @@ from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
 from devsched.store.views import OutboxMessage
 from support.polling import eventually
+from support.sql_log import logged, statements
 from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -59,44 +58,6 @@ def leases(c: Committed) -> list[LeaseRef]:
     return [ref(m.event) for m in c.messages if isinstance(m.event, AttemptAssigned)]
 
 
-@contextmanager
-def statements(store: Store) -> Iterator[list[str]]:
-    """The statements `store` sends meanwhile, through SQLAlchemy and through asyncpg itself.
-
-    SQLAlchemy's own are heard before it executes them; asyncpg's query loggers hear the driver's
-    statements and every BEGIN and COMMIT (they are called soon after each statement: yield to the
-    loop before reading).
-    """
-    sent: list[str] = []
-    hooked: list[Any] = []
-
-    def logged(record: Any) -> None:
-        sent.append(record.query)
-
-    def checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-        record.driver_connection.add_query_logger(logged)
-        hooked.append(record.driver_connection)
-
-    def executed(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        sent.append(statement)
-
-    engine = store.engine.sync_engine
-    sa_event.listen(engine, "checkout", checkout)
-    sa_event.listen(engine, "before_cursor_execute", executed)
-    try:
-        yield sent
-    finally:
-        sa_event.remove(engine, "checkout", checkout)
-        sa_event.remove(engine, "before_cursor_execute", executed)
-        for raw in hooked:
-            raw.remove_query_logger(logged)
-
-
-async def _logged() -> None:
-    for _ in range(3):  # the query loggers run from `call_soon`
-        await asyncio.sleep(0)
-
-
 # -- cost ---------------------------------------------------------------------------------------------------
 
 
@@ -109,7 +70,7 @@ async def test_a_report_and_its_hand_over_are_four_statements(inline: tuple[Lab,
     heard.clear()
     with statements(lab.store) as sent:
         await lab.store.report(lease, Outcome.DONE)
-        await _logged()
+        await logged()
     assert len(sent) == 4, sent
     begin, report, hand_over, commit = sent
     assert begin.upper().startswith("BEGIN"), sent
@@ -137,7 +98,7 @@ async def test_a_report_whose_device_matches_nothing_queued_leaves_it_free(
     heard.clear()
     with statements(lab.store) as sent:
         await lab.store.report(lease, Outcome.FAILED, reason="boom")
-        await _logged()
+        await logged()
     assert len(sent) == 4, sent
     (c,) = heard
     assert (kinds(c), c.assignable) == (["failed"], False), "the whole queue was looked at: nothing for a pass"

@@ -210,10 +210,27 @@ async def test_renewals_go_on_after_a_cancellation_for_teardown(running: list[as
     assert keeper.live()
 
 
-async def test_scheduled_renewals_carry_the_latest_progress(running: list[asyncio.Task[None]]) -> None:
+async def test_progress_is_sent_until_a_renewal_carrying_it_is_granted(running: list[asyncio.Task[None]]) -> None:
+    """A boundary's renewal carries its progress; scheduled renewals after its grant carry none (issue 10)."""
     scheduler = FakeScheduler(ttl_s=1)
     keeper = claimed(scheduler, StopSignal())
-    await keeper.renew(Progress(step="test", index=1, of=3))
+    second, third = Progress(step="test", index=1, of=3), Progress(step="wipe", index=2, of=3)
+    await keeper.renew(second)
     start(keeper, running)
     await eventually(lambda: len(scheduler.calls) >= 3, message="scheduled renewals")
-    assert set(scheduler.calls) == {Progress(step="test", index=1, of=3)}
+    await keeper.renew(third)
+    await eventually(lambda: len(scheduler.calls) >= 6, message="scheduled renewals after the next step")
+    assert [c for c in scheduler.calls if c is not None] == [second, third], scheduler.calls
+    assert scheduler.calls[0] == second
+
+
+async def test_a_boundary_whose_reply_was_lost_is_sent_again_with_its_progress() -> None:
+    scheduler = FakeScheduler(ttl_s=30)
+    keeper = claimed(scheduler, StopSignal())
+    second = Progress(step="test", index=1, of=3)
+    scheduler.error = TimeoutError()  # the renewal went out; its reply did not come back
+    await keeper.renew(second)
+    scheduler.error = None
+    await keeper.renew()  # the retry (scheduled or nudged) carries it again
+    await keeper.renew()
+    assert scheduler.calls == [second, second, None]

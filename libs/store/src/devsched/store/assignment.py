@@ -1,14 +1,9 @@
 """Assignment: queued tasks, by priority then age, onto free matching devices of online hosts.
 
-Two ways in, one way of applying a plan:
-
-- `assign`, the assignment loop's batched pass over every free device;
-- `assign_submitted`, inside the transaction of a submit: the new task onto a free device, so that the
-  common case (a device waiting for work) costs no transaction of its own. It reads a bounded head of the
-  queue and says whether it was conclusive; when it was not (a longer queue, rows another assigner holds),
-  the caller leaves the rest to the loop's pass.
-
-(The device a report frees goes to the next queued task in one statement of its own: `handover`.)
+`assign` is the assignment loop's batched pass over every free device. The requests assign one pair each
+in a statement of their own, in their transactions, so that the common case costs no transaction of its
+own: the device a report frees (`handover`), a submitted task (`placement`); each says whether it was
+conclusive, and when it was not the caller leaves the rest to the loop's pass (`Outcome`).
 
 Safe with any number of concurrent assigners: free devices and queued tasks are read without locks,
 matched, and only the chosen ones locked with SKIP LOCKED (a pair another assigner took meanwhile is
@@ -19,9 +14,7 @@ device (the loser's transaction runs again).
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -61,7 +54,7 @@ _LOCK = text(
     ),
     t AS (
         SELECT task_id, lease_ttl_s, attempt_count, plan, trace_headers FROM tasks
-        WHERE task_id = ANY(CAST(:task_ids AS uuid[])) AND status IN {_QUEUED}
+        WHERE task_id = ANY(CAST(:task_ids AS uuid[])) AND (status IN {_QUEUED}) IS TRUE
         FOR UPDATE SKIP LOCKED
     )
     SELECT d.device_id, NULL::uuid AS task_id, NULL::int AS lease_ttl_s, NULL::int AS attempt_count,
@@ -73,7 +66,9 @@ _LOCK = text(
 )
 
 #: The new attempts, their reservations and the tasks' move to `assigned`, in one statement (the foreign
-#: keys are checked at its end, when the attempts exist).
+#: keys are checked at its end, when the attempts exist). Here and in `_LOCK` the tasks are found by id:
+#: `IS TRUE` keeps the status a filter, never a scan of the status index, which a planner whose statistics
+#: lag behind the queue would otherwise choose (and read every queued task's entry).
 _APPLY = text(
     f"""
     WITH u AS (
@@ -92,7 +87,7 @@ _APPLY = text(
     UPDATE tasks t
     SET status = {entering(Trigger.ASSIGN)}, attempt_count = u.a, updated_at = :now, event_seq = t.event_seq + 1
     FROM u
-    WHERE t.task_id = u.t AND t.status IN {_QUEUED} AND t.attempt_count = u.a - 1
+    WHERE t.task_id = u.t AND (t.status IN {_QUEUED}) IS TRUE AND t.attempt_count = u.a - 1
     RETURNING t.task_id, t.event_seq
     """
 )
@@ -231,40 +226,3 @@ async def assign(
     assigned = await _apply(conn, outbox, chosen, clock)
     # a full batch may leave more to do; so may tasks another assigner held
     return Outcome(assigned, settled=complete and len(assigned) < limit)
-
-
-async def _assign_head(
-    conn: AsyncConnection, outbox: Outbox, free: list[DeviceRecord], matching: Sequence[Any], seen: int, clock: Clock
-) -> tuple[list[AttemptAssigned], bool]:
-    """`matching` (from the first `seen` queued tasks) onto `free`; second, whether a pass could find no more."""
-    chosen, complete = await _choose(conn, [_queued(r) for r in matching], free)
-    assigned = await _apply(conn, outbox, chosen, clock)
-    every_device_used = len(assigned) == len(free)
-    whole_queue_seen = seen < candidates.HEAD
-    return assigned, complete and (every_device_used or whole_queue_seen)
-
-
-async def assign_submitted(
-    conn: AsyncConnection, now: datetime, outbox: Outbox, task_id: uuid.UUID, selector: Selector, clock: Clock
-) -> Outcome:
-    """In a submit's transaction: the new task (or a task ahead of it) onto a free device it could use.
-
-    Only devices the new task could use are looked at; a task ahead of it in the queue that matches one
-    of them takes it first, as the loop would have done.
-    """
-    params = {
-        "now": now,
-        "labels": json.dumps(dict(selector.labels)),
-        "device_id": selector.device_id,
-        "devices": candidates.SUBMIT_DEVICES,
-        "scan": candidates.HEAD,
-        "limit": 4 * candidates.SUBMIT_DEVICES,  # room to choose again when another assigner holds some
-    }
-    rows = (await conn.execute(candidates.SUBMITTED_MATCHING, params)).all()
-    free = [_device(r) for r in rows if r.part == 0]
-    if not free:
-        return Outcome([], settled=True)
-    matching = [r for r in rows if r.part == 1]
-    assigned, settled = await _assign_head(conn, outbox, free, matching, rows[-1].seen, clock)
-    placed = any(m.task_id == task_id for m in assigned)
-    return Outcome(assigned, settled=settled and (placed or len(free) < candidates.SUBMIT_DEVICES))

@@ -56,9 +56,19 @@ ALL_FREE = text(
     LIMIT :limit
     """
 )
+
+
+def matching(task: str, device: str) -> str:
+    """SQL: the selector of `task` (`selector_labels`, `selector_device_id`) is satisfied by `device`.
+
+    Core's `matches`: the device's labels contain the selector's, and its id is the one named, if any.
+    """
+    return f"""({device}.labels @> {task}.selector_labels
+                AND ({task}.selector_device_id IS NULL OR {task}.selector_device_id = {device}.device_id))"""
+
+
 #: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
-_MATCHES_F = """EXISTS (SELECT 1 FROM f WHERE f.labels @> t.selector_labels
-                         AND (t.selector_device_id IS NULL OR t.selector_device_id = f.device_id))"""
+_MATCHES_F = f"EXISTS (SELECT 1 FROM f WHERE {matching('t', 'f')})"
 
 #: The CTE `head`: the first `:scan` queued tasks, in order.
 QUEUE_HEAD = f"""
@@ -78,42 +88,20 @@ MATCHED = f"""
         LIMIT :limit
     )"""
 
-#: How much of the queue was looked at, counted only when it matters (no device, or fewer matches than
-#: asked for): the head is then read to its end; otherwise `:scan`, "not known to be the whole queue".
-_SEEN = """
-    CASE WHEN NOT EXISTS (SELECT 1 FROM f) THEN 0
-         WHEN (SELECT count(*) FROM m) < :limit THEN (SELECT count(*) FROM head)
-         ELSE CAST(:scan AS bigint) END"""
 
-#: Up to `:devices` free devices the submitted selector (`:labels`, `:device_id`) could use, and in order
-#: the queued tasks among the first `:scan` of the queue that one of them could take (at most `:limit`),
-#: with how many queued tasks were looked at (`_SEEN`): a row per device (`task_id` null), then a row per
-#: task (`device_id` null), then one row with `seen` only. Unlocked: the chosen ones are locked by
-#: `assignment`.
-SUBMITTED_MATCHING = text(
-    f"""
-    WITH f AS (
-        SELECT d.device_id, d.host_id, d.labels
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE {_FREE} AND d.labels @> CAST(:labels AS jsonb)
+#: The CTE `f` of a submitted task's placement (`placement`), after the CTE `c` that holds `now`: up to
+#: `:devices` free devices that the submitted selector (`:labels`, `:device_id`) matches, in the loop's order
+#: (`ALL_FREE`); read without locks.
+SUBMITTED_FREE = f"""
+    f AS MATERIALIZED (
+        SELECT d.device_id, d.host_id, d.labels, d.updated_at
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id, c
+        WHERE {free("c.now")} AND d.labels @> CAST(:labels AS jsonb)
           AND (CAST(:device_id AS text) IS NULL OR d.device_id = :device_id)
         ORDER BY d.updated_at, d.device_id
         LIMIT :devices
-    ),
-    {QUEUE_HEAD},
-    {MATCHED}
-    SELECT 0 AS part, f.device_id, f.host_id, f.labels, NULL::uuid AS task_id, NULL::jsonb AS selector_labels,
-           NULL::text AS selector_device_id, NULL::bigint AS seen, NULL::int AS priority,
-           NULL::timestamptz AS created_at
-    FROM f
-    UNION ALL
-    SELECT 1, NULL, NULL, NULL, m.task_id, m.selector_labels, m.selector_device_id, NULL, m.priority, m.created_at
-    FROM m
-    UNION ALL
-    SELECT 2, NULL, NULL, NULL, NULL, NULL, NULL, {_SEEN}, NULL, NULL
-    ORDER BY part, priority DESC, created_at, task_id
-    """
-)
+    )"""
+
 
 #: In order, queued tasks that some free device could take: unpinned selectors are looked up among the
 #: subsets of the free devices' label sets (a hashed lookup, so a deep queue of tasks nothing matches

@@ -20,6 +20,8 @@ POINTS = {
     "assign.after_reserve": "assignment: attempts and reservations inserted, the transaction not committed",
     "handover.after_reserve": "a report's hand-over: the report and the freed device's next attempt written, "
     "the transaction not committed",
+    "placement.after_reserve": "a submit's placement: the task and its attempt and reservation written, the "
+    "transaction not committed",
     "sweep.after_expire": "lease sweep: a batch of attempts marked expired, their tasks not yet decided",
     "relay.after_publish": "outbox relay: a batch published to JetStream (at once or from the table), not marked sent",
 }

@@ -8,19 +8,20 @@ runs the locked path (`devsched.store.leasing`), where core's `decide_*` name th
 is one round trip, where the locked path takes eight to ten; `tests/integration/store/test_grants.py`
 checks that the two agree on generated states.
 
-Concurrency. A renewal without a new step takes no task lock: it changes only the attempt's expiry, with a
+Concurrency. A renewal without progress takes no task lock: it changes only the attempt's expiry, with a
 compare-and-set on the attempt row, and every writer that ends a lease compares-and-sets that row too
 (the sweeper re-checks the expiry, a report the status and lease): whichever writes first, the other's
 conditions are evaluated again on the row it waited for, with the clock read again (`NOW`). Its
 `cancel_requested` is as of the statement's start; a cancellation committed while it ran is on the next
 renewal, which the cancellation's nudge makes immediate.
 
-A claim, a renewal with a new step and a report change the task row and write an event. They lock the
-task row first, in the locked path's order (host, task, attempt), and apply only if the task row they
-locked is the version their snapshot holds (`xmin`). Every writer of a lease's state, of a cancellation
-request or of progress also updates the task row (it takes an event number), so an unchanged task row
-means nothing the statement read from its snapshot changed before it held the lock; otherwise nothing
-is applied and the locked path runs, with statements that see the current rows.
+A claim, a renewal with progress and a report may change the task row and write an event (a renewal
+only at a new step). They lock the task row first, in the locked path's order (host, task, attempt), and
+apply only if the task row they locked is the version their snapshot holds (`xmin`). Every writer of a
+lease's state, of a cancellation request or of progress also updates the task row (it takes an event
+number), so an unchanged task row means nothing the statement read from its snapshot changed before it
+held the lock; otherwise nothing is applied and the locked path runs, with statements that see the
+current rows.
 """
 
 from __future__ import annotations
@@ -87,7 +88,6 @@ _RENEW = Sql(
     FROM tasks t
     WHERE a.task_id = :task_id AND a.attempt = :attempt AND t.task_id = a.task_id AND {_AFTER_TOUCH}
       AND {_granted()}
-      AND (CAST(:progress AS jsonb) IS NULL OR a.progress = CAST(:progress AS jsonb))
     RETURNING a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested
     """
 )
@@ -227,13 +227,16 @@ async def renew(
 ) -> Extension | None:
     """Extend a live lease by its ttl from the clock, if core grants it; None if not.
 
-    At a new step the attempt keeps `progress`, and the task gets a `progress` event (under its lock).
-    `written`, here and below, receives the outbox messages the statement inserted (to publish them).
+    One statement. Without `progress` (a periodic renewal), the lock-free one. With it (a step boundary,
+    the retry of one whose reply was lost, or an older agent that repeats the progress it sent), the
+    locked advance: the attempt keeps `progress`, and a new step is a `progress` event under the task's
+    lock; unchanged progress only extends. `written`, here and below, receives the outbox messages the
+    statement inserted (to publish them).
     """
-    encoded = _encoded(progress)
-    row = await db.row(_RENEW, _params(ref, clock, progress=encoded))
-    if row is None and progress is not None:
-        row = await db.row(_PROGRESS, _params(ref, clock, **_progress_params(ref, progress, encoded)))
+    if progress is None:
+        row = await db.row(_RENEW, _params(ref, clock))
+    else:
+        row = await db.row(_PROGRESS, _params(ref, clock, **_progress_params(ref, progress, _encoded(progress))))
     return _extension(row, written)
 
 

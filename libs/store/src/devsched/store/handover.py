@@ -17,41 +17,20 @@ from __future__ import annotations
 
 import uuid
 
-from devsched.core.events import AttemptAssigned, TaskEvent
-from devsched.core.ids import new_lease_id
-from devsched.core.lifecycle import Trigger
-from devsched.core.status import AttemptStatus, EventKind, TaskStatus
-from devsched.store import candidates
+from devsched.core.events import AttemptAssigned
+from devsched.store import candidates, pairing
 from devsched.store.assignment import Outcome
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
 from devsched.store.faults import point
 from devsched.store.hosts import device_busy
-from devsched.store.inline import INSERTED, PLACEHOLDER_ID, PLACEHOLDER_SEQ, PLACEHOLDER_TIME, iso_time
-from devsched.store.outbox import event_row, inserted
-from devsched.store.statuses import entering
+from devsched.store.inline import INSERTED
+from devsched.store.outbox import inserted
 from devsched.store.views import OutboxMessage
 
-_ACTIVE = AttemptStatus.ACTIVE.value
 #: Matching tasks the statement may try in turn when other transactions hold the first ones (concurrent
 #: reports all look at the same head); they are read from the head, and only the one taken is locked.
 _CANDIDATES = 16
-
-#: The two messages of an assignment as the outbox lays them out; the statement fills in what it chose.
-_ASSIGNED_ROW = event_row(
-    TaskEvent(
-        kind=EventKind.ASSIGNED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.ASSIGNED,
-        at=PLACEHOLDER_TIME, attempt=1, host_id="", device_id="",
-    ),
-    trace={},
-)  # fmt: skip
-_ATTEMPT_ROW = event_row(
-    AttemptAssigned(
-        task_id=PLACEHOLDER_ID, attempt=1, lease_id=PLACEHOLDER_ID, host_id="", device_id="", plan={}, ttl_s=1,
-        expires_at=PLACEHOLDER_TIME,
-    ),
-    trace={},
-)  # fmt: skip
 
 _HAND_OVER = Sql(
     f"""
@@ -84,39 +63,7 @@ _HAND_OVER = Sql(
         FOR UPDATE OF t SKIP LOCKED
     ),
     -- the task is locked, still queued, by this statement
-    moved AS (
-        UPDATE tasks t
-        SET status = {entering(Trigger.ASSIGN)}, attempt_count = chosen.attempt, updated_at = c.now,
-            event_seq = t.event_seq + 1
-        FROM chosen, f, c
-        WHERE t.task_id = chosen.task_id
-        RETURNING t.task_id, t.event_seq, chosen.attempt, chosen.lease_ttl_s, chosen.plan, chosen.trace_headers,
-                  f.device_id, f.host_id, c.now, c.now + make_interval(secs => chosen.lease_ttl_s) AS expires_at
-    ),
-    -- the attempt and its reservation only for the task moved (the foreign keys are checked at the end)
-    new_attempt AS (
-        INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
-        SELECT task_id, attempt, :lease_id, host_id, device_id, '{_ACTIVE}', now, expires_at FROM moved
-    ),
-    new_reservation AS (
-        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
-        SELECT task_id, attempt, device_id, '{_ACTIVE}', now FROM moved
-    ),
-    event AS (
-        INSERT INTO outbox (kind, data, headers, created_at)
-        SELECT e.kind, e.data, moved.trace_headers, moved.now
-        FROM moved CROSS JOIN LATERAL (VALUES
-            (1, CAST(:assigned_kind AS text), CAST(:assigned_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'seq', moved.event_seq, 'at', {iso_time("moved.now")},
-                'attempt', moved.attempt, 'host_id', moved.host_id, 'device_id', moved.device_id)),
-            (2, CAST(:attempt_kind AS text), CAST(:attempt_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'attempt', moved.attempt, 'lease_id', CAST(:lease_id AS uuid),
-                'host_id', moved.host_id, 'device_id', moved.device_id, 'plan', moved.plan,
-                'ttl_s', moved.lease_ttl_s, 'expires_at', {iso_time("moved.expires_at")}))
-        ) AS e(n, kind, data)
-        ORDER BY e.n
-        RETURNING id, kind, data, headers
-    )
+    {pairing.apply("chosen, f", "f")}
     -- how much of the queue was looked at matters only when the device was there and nothing matched
     SELECT EXISTS (SELECT FROM free) AS free, EXISTS (SELECT FROM f) AS locked, EXISTS (SELECT FROM m) AS matched,
            CASE WHEN EXISTS (SELECT FROM f) AND NOT EXISTS (SELECT FROM m) THEN (SELECT count(*) FROM head) END AS seen,
@@ -137,13 +84,9 @@ async def hand_over(
     params = {
         "task_id": task_id,
         "attempt": attempt,
-        "lease_id": new_lease_id(),
         "scan": candidates.HEAD,
         "limit": _CANDIDATES,
-        "assigned_kind": _ASSIGNED_ROW[0],
-        "assigned_data": _ASSIGNED_ROW[1],
-        "attempt_kind": _ATTEMPT_ROW[0],
-        "attempt_data": _ATTEMPT_ROW[1],
+        **pairing.params(),
         CLOCK_PARAM: clock.bound(),
     }
     row = await db.row(_HAND_OVER, params)

@@ -1,9 +1,9 @@
 """The Store: one method per domain operation, each applied whole.
 
 Most run in one transaction; a submit, a heartbeat and a granted claim, renewal or report are one
-statement each (`Transactor.statements`; a report that hands its device on is two, in one transaction of
-the driver), and a lease request that statement does not grant goes on to the locked transaction that
-names the conflict.
+statement each (`Transactor.statements`; a submit that places its task and a report that hands its device
+on are two, in one transaction of the driver), and a lease request that statement does not grant goes on
+to the locked transaction that names the conflict.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from devsched.store import (
     leasing,
     liveness,
     outbox,
+    placement,
     pruning,
     queries,
     releasing,
@@ -170,28 +171,32 @@ class Store:
     # -- users -------------------------------------------------------------------------------
 
     async def submit(self, new: NewTask) -> Submitted:
-        """Queue a task (or return the existing one for a repeated idempotency key)."""
-        task_id = new_task_id()
+        """Queue a task (or return the existing one for a repeated idempotency key).
 
-        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Submitted:
-            db = await in_transaction(conn)
-            done = await tasks.submit(db, self.clock, new, task_id, changes.inline)
-            if done.created:
-                changes.assignable = True
-                placed = await assignment.assign_submitted(conn, now, changes.outbox, task_id, new.selector, self.clock)
-                changes.assignable = not placed.settled
+        One statement; with `assign_inline`, it and the placement of the new task (`placement`) are one
+        transaction of two statements, run through the driver.
+        """
+        task_id = new_task_id()
+        written: list[OutboxMessage] = []
+        assignable = False
+
+        async def run(db: Driver) -> Submitted:
+            nonlocal assignable
+            written.clear()  # a statement run again starts over
+            if not self.assign_inline:
+                done = await tasks.submit(db, self.clock, new, task_id, written)
+                assignable = done.created
+                return done
+            async with db.transaction():
+                done = await tasks.submit(db, self.clock, new, task_id, written)
+                assignable = False  # a repeated key adds nothing to assign
+                if done.created:
+                    placed = await placement.place(db, self.clock, task_id, new.selector, written)
+                    assignable = not placed.settled
             return done
 
-        written: list[OutboxMessage] = []
-
-        async def alone(db: Driver) -> Submitted:
-            written.clear()  # a statement run again starts over
-            return await tasks.submit(db, self.clock, new, task_id, written)
-
-        if self.assign_inline:  # one transaction: the submit's one statement, then the assignment
-            return await self._write("submit", op, assignable=False)
-        done = await self._tx.statements(alone, name="submit")
-        self._committed("submit", written, assignable=done.created)
+        done = await self._tx.statements(run, name="submit")
+        self._committed("submit", written, assignable=assignable)
         return done
 
     async def request_cancel(self, task_id: uuid.UUID, reason: str | None = None) -> CancelReceipt:

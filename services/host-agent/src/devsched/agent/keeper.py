@@ -1,10 +1,14 @@
 """The lease keeper: renews one attempt's lease and turns what it hears into stops.
 
 It renews at every step boundary (the runner calls `renew` with `progress`), when a nudge arrives, and
-on its own at about a third of the ttl (the `LeaseClock`). A reply with `cancel_requested` is a
-cancellation stop; a rejected renewal (409, or 404: the scheduler no longer knows the task or host) or
-no successful renewal before the local deadline is a lease-loss stop, after which it renews no more.
-Other errors (timeouts, no responders, 503, 500) are retried with backoff until the deadline.
+on its own at about a third of the ttl (the `LeaseClock`). A renewal carries the latest progress only
+until one carrying it is granted (a boundary, or the retry of one whose reply was lost): the scheduler
+records a step in the statement that takes the task's lock, and a renewal without progress needs none.
+
+A reply with `cancel_requested` is a cancellation stop; a rejected renewal (409, or 404: the scheduler
+no longer knows the task or host) or no successful renewal before the local deadline is a lease-loss
+stop, after which it renews no more. Other errors (timeouts, no responders, 503, 500) are retried with
+backoff until the deadline.
 
 It keeps renewing while the run winds down after a cancellation or a shutdown: teardown steps need the
 lease, and a step that finishes before it stops should not lose its device to another attempt meanwhile.
@@ -27,7 +31,7 @@ from devsched.protocol.plans import Progress
 logger = logging.getLogger(__name__)
 
 
-#: Send one renewal (with the latest progress, if any) and return what it granted (the keeper reads
+#: Send one renewal (with progress not yet acknowledged, if any) and return what it granted (the keeper reads
 #: `ttl_s` and `cancel_requested`). Raises `Conflict` or `NotFound` when the lease is gone; any other
 #: exception counts as transient.
 RenewCall = Callable[[Progress | None], Awaitable[Extension]]
@@ -62,7 +66,9 @@ class LeaseKeeper:
         self._lost = False
         self._failures = 0
         self._retry_at: float | None = None
+        #: The latest progress the runner gave, and the latest a granted renewal carried.
         self._progress: Progress | None = None
+        self._acknowledged: Progress | None = None
         #: Successful renewals (claims not counted).
         self.renewals = 0
 
@@ -91,19 +97,20 @@ class LeaseKeeper:
         self._wake.set()
 
     async def renew(self, progress: Progress | None = None) -> None:
-        """Renew now (waiting for one in flight), carrying `progress` if given, else the latest."""
+        """Renew now (waiting for one in flight), carrying `progress` if given, else the latest not yet granted."""
         if progress is not None:
             self._progress = progress
         async with self._lock:
             if self._lost or self._closed:
                 return
             sent_at = self.clock.now()
+            unacknowledged = self._progress if self._progress != self._acknowledged else None
             if not self.clock.live(sent_at):
                 self._lose("no successful renewal within the lease ttl")
                 return
             try:
                 async with asyncio.timeout(min(self._request_timeout_s, self.clock.remaining(sent_at))):
-                    grant = await self._renew_call(self._progress)
+                    grant = await self._renew_call(unacknowledged)
             except Exception as exc:
                 if ends_lease(exc):
                     code = exc.code if isinstance(exc, DevschedError) else type(exc).__name__
@@ -121,6 +128,8 @@ class LeaseKeeper:
                 )
                 return
             self.renewals += 1
+            if unacknowledged is not None:
+                self._acknowledged = unacknowledged
             self.granted(sent_at, grant)
         self._wake.set()
 

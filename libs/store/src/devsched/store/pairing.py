@@ -1,0 +1,93 @@
+"""One queued task onto one device, applied by the statement that chose and locked them.
+
+The statements that assign without a plan in Python (`handover`: the device a report frees; `placement`:
+a submitted task) end alike: the CTE `chosen` holds the locked task (with its next attempt) and the
+device, and `apply` moves the task to `assigned` with its new attempt, lease and reservation and inserts
+the `assigned` event and the `AttemptAssigned` message into the outbox (`devsched.store.inline`), with the
+rows the loop's `assignment` would write for the same pair.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.ids import new_lease_id
+from devsched.core.lifecycle import Trigger
+from devsched.core.status import AttemptStatus, EventKind, TaskStatus
+from devsched.store.inline import PLACEHOLDER_ID, PLACEHOLDER_SEQ, PLACEHOLDER_TIME, iso_time
+from devsched.store.outbox import event_row
+from devsched.store.statuses import entering
+
+_ACTIVE = AttemptStatus.ACTIVE.value
+
+#: The two messages of an assignment as the outbox lays them out; the statement fills in what it chose.
+_ASSIGNED_ROW = event_row(
+    TaskEvent(
+        kind=EventKind.ASSIGNED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.ASSIGNED,
+        at=PLACEHOLDER_TIME, attempt=1, host_id="", device_id="",
+    ),
+    trace={},
+)  # fmt: skip
+_ATTEMPT_ROW = event_row(
+    AttemptAssigned(
+        task_id=PLACEHOLDER_ID, attempt=1, lease_id=PLACEHOLDER_ID, host_id="", device_id="", plan={}, ttl_s=1,
+        expires_at=PLACEHOLDER_TIME,
+    ),
+    trace={},
+)  # fmt: skip
+
+
+def apply(source: str, device: str) -> str:
+    """SQL: the CTEs `moved`, `new_attempt`, `new_reservation` and `event` that apply the chosen pair.
+
+    `source` is the FROM list holding the CTE `chosen` (`task_id`, `attempt`, `lease_ttl_s`, `plan`,
+    `trace_headers` of the locked task) and `device`, the relation with the locked device's `device_id`
+    and `host_id`; the CTE `c` holds `now`. The attempt and its reservation are inserted only for the task
+    moved (the foreign keys are checked at the statement's end); `event` is what `INSERTED` reads.
+    """
+    return f"""
+    moved AS (
+        UPDATE tasks t
+        SET status = {entering(Trigger.ASSIGN)}, attempt_count = chosen.attempt, updated_at = c.now,
+            event_seq = t.event_seq + 1
+        FROM {source}, c
+        WHERE t.task_id = chosen.task_id
+        RETURNING t.task_id, t.event_seq, chosen.attempt, chosen.lease_ttl_s, chosen.plan, chosen.trace_headers,
+                  {device}.device_id, {device}.host_id, c.now,
+                  c.now + make_interval(secs => chosen.lease_ttl_s) AS expires_at
+    ),
+    new_attempt AS (
+        INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
+        SELECT task_id, attempt, :lease_id, host_id, device_id, '{_ACTIVE}', now, expires_at FROM moved
+    ),
+    new_reservation AS (
+        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
+        SELECT task_id, attempt, device_id, '{_ACTIVE}', now FROM moved
+    ),
+    event AS (
+        INSERT INTO outbox (kind, data, headers, created_at)
+        SELECT e.kind, e.data, moved.trace_headers, moved.now
+        FROM moved CROSS JOIN LATERAL (VALUES
+            (1, CAST(:assigned_kind AS text), CAST(:assigned_data AS jsonb) || jsonb_build_object(
+                'task_id', moved.task_id, 'seq', moved.event_seq, 'at', {iso_time("moved.now")},
+                'attempt', moved.attempt, 'host_id', moved.host_id, 'device_id', moved.device_id)),
+            (2, CAST(:attempt_kind AS text), CAST(:attempt_data AS jsonb) || jsonb_build_object(
+                'task_id', moved.task_id, 'attempt', moved.attempt, 'lease_id', CAST(:lease_id AS uuid),
+                'host_id', moved.host_id, 'device_id', moved.device_id, 'plan', moved.plan,
+                'ttl_s', moved.lease_ttl_s, 'expires_at', {iso_time("moved.expires_at")}))
+        ) AS e(n, kind, data)
+        ORDER BY e.n
+        RETURNING id, kind, data, headers
+    )"""
+
+
+def params() -> dict[str, Any]:
+    """The parameters of `apply`: a new lease id, and the two messages' templates."""
+    return {
+        "lease_id": new_lease_id(),
+        "assigned_kind": _ASSIGNED_ROW[0],
+        "assigned_data": _ASSIGNED_ROW[1],
+        "attempt_kind": _ATTEMPT_ROW[0],
+        "attempt_data": _ATTEMPT_ROW[1],
+    }
