@@ -81,7 +81,10 @@ async def test_a_node_of_a_three_node_cluster_killed_under_load_loses_nothing(
         views = await lab.run_all(tasks, within=60)
 
     async def new_leader() -> bool:
-        info = await js.stream_info(events_stream)
+        try:
+            info = await js.stream_info(events_stream)
+        except nats.errors.TimeoutError:  # the stream's group may still be electing: not yet
+            return False
         return info.cluster is not None and info.cluster.leader not in (None, leader)
 
     await eventually(new_leader, timeout=20, message="another node leads the events stream")
