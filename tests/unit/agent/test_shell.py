@@ -83,7 +83,8 @@ async def test_exit_code_decides_the_status(command: str, status: str, code: int
 
 
 async def test_output_tail_keeps_the_last_bytes_of_stdout_and_stderr() -> None:
-    command = "head -c 20000 /dev/zero | tr '\\0' x; echo; echo to-stderr >&2; echo the-end"
+    # stdout and stderr are two pipes, read in the order their output arrives: a pause keeps the order
+    command = "head -c 20000 /dev/zero | tr '\\0' x; echo; sleep 0.2; echo to-stderr >&2; sleep 0.2; echo the-end"
     result = await shell(context({"command": command}))
     assert result.status is StepStatus.DONE
     assert len(result.output_tail.encode()) <= OUTPUT_TAIL_BYTES
