@@ -90,7 +90,13 @@ def test_records_follow_the_order_of_arrival_across_streams_and_steps() -> None:
     ]
     assert [r.seq for r in records] == [1, 2, 3, 4, 5, 6]
     end = records[-1]
-    assert (end.outcome, end.lease_lost, end.output_bytes, end.sent_bytes, end.dropped_bytes) == ("failed", False, 4, 4, 0)
+    assert (end.outcome, end.lease_lost, end.output_bytes, end.sent_bytes, end.dropped_bytes) == (
+        "failed",
+        False,
+        4,
+        4,
+        0,
+    )
     assert b.done
 
 
@@ -223,9 +229,7 @@ def test_utf8_cut() -> None:
     assert utf8_cut(euro, 2) == 2  # the character starts the data: nothing better than the limit
 
 
-chunks = st.lists(
-    st.tuples(st.sampled_from([OUT, ERR]), st.binary(min_size=1, max_size=300)), min_size=1, max_size=40
-)
+chunks = st.lists(st.tuples(st.sampled_from([OUT, ERR]), st.binary(min_size=1, max_size=300)), min_size=1, max_size=40)
 
 
 @given(chunks=chunks, record_bytes=st.integers(1024, 2048), acks=st.booleans())

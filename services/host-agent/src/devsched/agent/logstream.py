@@ -9,8 +9,9 @@ later one, and readers order by `seq`.
 
 Nothing here makes a step wait: a slow or absent NATS only fills the attempt's bounded buffer, and output
 that does not fit is dropped and counted in the stream (`dropped` records). At the attempt's end
-(`finish`) the agent waits for the rest to be stored, as long as publishing makes progress and at most
-`log_flush_s`, while the lease is still renewed; what is left then is given up and logged.
+(`finish`) the agent waits for the rest to be stored, at most `log_flush_s` and, when publishing looks
+hopeless (`LogHealth`), only while records are being stored, with the lease still renewed; what is left
+then is given up and logged.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from nats.aio.client import Client
+from nats.js.errors import NoStreamResponseError
 
 from devsched.agent.logbatch import LogBatcher, LogLimits, Pending
 from devsched.agent.runner import RunResult
@@ -125,8 +127,9 @@ class AttemptLog:
     async def finish(self, result: RunResult, stop: StopSignal, *, flush_s: float, stall_s: float) -> bool:
         """Write the end record and wait until every record is stored; whether all were.
 
-        Waits while publishing makes progress (a record stored within `stall_s`), and `flush_s` at most: a
-        NATS that is away does not hold the report up for long.
+        Waits `flush_s` at most (a NATS that is away for a moment gets that long to come back), and only
+        while records are being stored (one within `stall_s`) when this host's publishing looks hopeless
+        (no logs stream, or nothing ever stored): a missing stream must not delay every report.
         """
         halt = stop.halt
         self.batcher.end(
@@ -136,13 +139,10 @@ class AttemptLog:
             reason=result.reason,
         )
         self._wake.set()
-        start = time.monotonic()
-        deadline = start + flush_s
-        # progress counts from now while the host's publishing works, else only from a record stored
-        since = start if self._health.ok else float("-inf")
+        deadline = time.monotonic() + flush_s
         while not self.batcher.done:
             now = time.monotonic()
-            if now >= deadline or now - max(since, self.last_stored) >= stall_s:
+            if now >= deadline or (self._health.hopeless and now - self.last_stored >= stall_s):
                 break
             await asyncio.sleep(min(0.02, deadline - now))
         done = self.batcher.done
@@ -213,7 +213,7 @@ class AttemptLog:
 
     async def _retry(self, pending: Pending, error: BaseException | None) -> None:
         self._failures += 1
-        self._health.failed()
+        self._health.failed(error)
         if self._failures == 1:
             logger.warning(
                 "step output not stored yet; retrying",
@@ -236,22 +236,32 @@ class AttemptLog:
 
 
 class LogHealth:
-    """Whether this host's log publishing worked lately.
+    """How this host's log publishing fares, shared by its attempts.
 
-    While it does not, an attempt's end waits only for records that are still being stored, not for the
-    whole flush bound: a NATS without the logs stream must not delay every report.
+    `hopeless` while publishing fails and either no stream takes the host's log subjects (an older
+    scheduler, or `create_streams` off and no stream made) or no record was ever stored (permissions that
+    lack the log subjects time out the same way): then an attempt's end waits only for records that are
+    actually being stored.
     """
 
     def __init__(self) -> None:
-        self.ok = True
+        self.ever_stored = False
+        self.failing = False
+        self.no_stream = False
+
+    @property
+    def hopeless(self) -> bool:
+        """Whether waiting for records looks pointless (see the class docstring)."""
+        return self.failing and (self.no_stream or not self.ever_stored)
 
     def stored(self) -> None:
         """A record was stored."""
-        self.ok = True
+        self.ever_stored, self.failing, self.no_stream = True, False, False
 
-    def failed(self) -> None:
-        """A publish failed."""
-        self.ok = False
+    def failed(self, error: BaseException | None) -> None:
+        """A publish failed with `error`."""
+        self.failing = True
+        self.no_stream = isinstance(error, NoStreamResponseError)
 
 
 class LogStreams:
