@@ -92,6 +92,13 @@ async def test_output_tail_keeps_the_last_bytes_of_stdout_and_stderr() -> None:
     assert result.output_tail.startswith("xxx")
 
 
+def test_output_tail_has_no_nul_characters() -> None:
+    # Postgres refuses \u0000 in JSON text: a report with one in its tail could never be recorded
+    tail = OutputTail()
+    tail.feed(b"a\x00b\xff")
+    assert tail.text() == "a\ufffdb\ufffd"
+
+
 def test_output_tail_bounds_memory_and_cuts_cleanly() -> None:
     tail = OutputTail(limit=8)
     for _ in range(100):

@@ -164,7 +164,11 @@ def parse_args(model: type[M], action: str, args: Mapping[str, Any]) -> M:
 
 
 def tail_text(data: bytes | bytearray, limit: int = OUTPUT_TAIL_BYTES) -> str:
-    """The last `limit` bytes of `data` as text, without a broken character at the cut."""
+    """The last `limit` bytes of `data` as text, without a broken character at the cut.
+
+    Undecodable bytes and NUL become U+FFFD: the tail is stored as JSON text in Postgres, which refuses
+    `\u0000` (a report holding one could never be recorded). The full bytes are in the log stream.
+    """
     cut = bytes(data[-limit:])
     if len(data) > limit:
         # Drop UTF-8 continuation bytes left over from a character that was cut in half.
@@ -172,4 +176,4 @@ def tail_text(data: bytes | bytearray, limit: int = OUTPUT_TAIL_BYTES) -> str:
         while start < min(3, len(cut)) and cut[start] & 0xC0 == 0x80:
             start += 1
         cut = cut[start:]
-    return cut.decode("utf-8", errors="replace")
+    return cut.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
