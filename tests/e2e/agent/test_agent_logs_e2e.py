@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -70,7 +69,7 @@ async def client(lab: AgentLab) -> AsyncIterator[Client]:
         yield c
 
 
-async def run_cli(lab: AgentLab, name: str, *args: str, timeout: float = 60.0) -> Cli:
+async def run_cli(lab: AgentLab, name: str, *args: str, timeout: float = 60.0) -> Cli:  # noqa: ASYNC109
     cli = Cli(lab, name, *args)
     code = await cli.wait(timeout)
     assert code == 0, cli.stderr
