@@ -148,6 +148,10 @@ class Subjects:
             raise ValueError(f"attempt must be >= 1, got {attempt}")
         return f"{self.prefix}.host.{_require_token('host id', host_id)}.log.{uuid.UUID(str(task_id))}.{attempt}"
 
+    def host_logs(self, host_id: str) -> str:
+        """`P.host.<host_id>.log.>`: every log subject of one host (what its NATS permissions allow)."""
+        return f"{self.prefix}.host.{_require_token('host id', host_id)}.log.>"
+
     @property
     def host_log_all(self) -> str:
         """`P.host.*.log.>`: the subjects of the logs stream."""
