@@ -139,8 +139,20 @@ def test_bytes_that_are_not_utf8_travel_as_base64_exactly() -> None:
     assert records[0].content() == data
 
 
+def test_text_that_json_would_blow_up_travels_as_base64() -> None:
+    b = batcher()
+    data = b"\x01\x02" * 1000  # valid UTF-8, but six bytes each as JSON escapes
+    b.output("s", 0, OUT, data)
+    b.step_end("s", 0, StepStatus.DONE, 0)
+    pending = b.take()
+    assert pending is not None
+    record = decode(LogRecord, pending.payload)
+    assert (record.encoding, record.content()) == (DataEncoding.BASE64, data)
+    assert len(pending.payload) < len(data) * 4 // 3 + 1024
+
+
 def test_no_record_is_encoded_above_max_payload() -> None:
-    # control characters are escaped six-fold in JSON: the record is split until each half fits
+    # base64 is 4/3 of the bytes: a record of max_payload's size is split until each half fits
     b = batcher(record_bytes=64 * 1024, max_payload=64 * 1024 + 4096 + 1)
     data = b"\x01" * 60000
     b.output("s", 0, OUT, data)

@@ -9,8 +9,9 @@ however slow NATS is, reading a step's output never waits for it.
   following the attempt sees a line soon after it was printed). A full record is cut after a whole UTF-8
   character where it can, so most records travel as text.
 - `buffer_bytes` bounds the output held in memory (in the open record, queued, or sent and not yet
-  acknowledged). Output that does not fit is dropped and counted; the next output that fits, or the step's
-  end, is preceded by a `dropped` record naming the range.
+  acknowledged; encoded, a record is at most 4/3 of its output plus its envelope: text that JSON would
+  escape more than that travels as base64). Output that does not fit is dropped and counted; the next
+  output that fits, or the step's end, is preceded by a `dropped` record naming the range.
 - `max_bytes` caps the output sent per attempt: the output record that reaches it is cut there, a
   `truncated` record follows, and later output is only counted (the end record says how much).
 - Control records (`dropped`, `truncated`, `step_end`, `end`) are small and always queued.
@@ -290,20 +291,25 @@ class LogBatcher:
         self._queue_output(current, current.offset, chunk)
 
     def _queue_output(self, where: _Open, offset: int, chunk: bytes) -> None:
-        encoding, data = _text(chunk)
-        record = self._record(
-            LogKind.OUTPUT,
-            at=where.at,
-            offset=offset,
-            step=where.step,
-            index=where.index,
-            stream=where.stream,
-            encoding=encoding,
-            data=data,
-        )
-        payload = encode(record)
+        def output_record(encoding: DataEncoding, data: str) -> tuple[LogRecord, bytes]:
+            record = self._record(
+                LogKind.OUTPUT,
+                at=where.at,
+                offset=offset,
+                step=where.step,
+                index=where.index,
+                stream=where.stream,
+                encoding=encoding,
+                data=data,
+            )
+            return record, encode(record)
+
+        record, payload = output_record(*_text(chunk))
+        if len(payload) > len(chunk) * 4 // 3 + _ENVELOPE_BYTES:
+            # Text full of escapes (control characters) grows up to six-fold in JSON: base64 bounds every
+            # message, and so the memory the buffer holds, at 4/3 of the output it carries.
+            record, payload = output_record(DataEncoding.BASE64, base64.b64encode(chunk).decode("ascii"))
         if len(payload) > self.limits.max_payload and len(chunk) > 1:
-            # Text full of escapes grows up to six-fold in JSON: send it in halves instead.
             half = utf8_cut(chunk, len(chunk) // 2)
             self._queue_output(where, offset, chunk[:half])
             self._queue_output(where, offset + half, chunk[half:])

@@ -290,5 +290,9 @@ class LogStreams:
         ).start()
 
     async def finish(self, log: AttemptLog, result: RunResult, stop: StopSignal) -> bool:
-        """`log.finish` with the host's bounds."""
-        return await log.finish(result, stop, flush_s=self.flush_s, stall_s=self.stall_s)
+        """`log.finish` with the host's bounds; never raises (the report must go whatever the log does)."""
+        try:
+            return await log.finish(result, stop, flush_s=self.flush_s, stall_s=self.stall_s)
+        except Exception:
+            logger.exception("ending the step output failed; the attempt is reported all the same")
+            return False
