@@ -2,6 +2,7 @@
 
     ./dev run python tests/bench/log_stream_probe.py                    # yes | head -c 100M, 3 runs each
     ./dev run python tests/bench/log_stream_probe.py --mib 20 --runs 5
+    ./dev run python tests/bench/log_stream_probe.py --line "2026-01-02 10:00:00 INFO a log line of 60 bytes"
 
 Starts its own nats-server (JetStream on disk in a temporary directory, the server's default sync), the
 logs stream as the scheduler makes it, a stand-in scheduler in this process (`support.fake_scheduler`)
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -49,7 +51,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 async def run_config(
-    name: str, options: dict[str, Any], *, nats_url: str, work: Path, mib: int, runs: int
+    name: str, options: dict[str, Any], *, nats_url: str, work: Path, mib: int, runs: int, line: str
 ) -> list[dict[str, Any]]:
     subjects = Subjects(f"probe{name}")
     nc = await nats.connect(nats_url)
@@ -79,10 +81,13 @@ async def run_config(
                 work / f"{name}-agent.log", stop_timeout=20.0,
             ).start()  # fmt: skip
             try:
-                agent.wait_ready(lambda: agent.logged("bound to the assignments consumer"), timeout=60)
+                # polled here, not with `wait_ready`, which would block the loop the stand-in scheduler answers on
+                await eventually(lambda: agent.logged("bound to the assignments consumer"), timeout=60, message="agent")
                 assert agent.pid is not None
                 for _ in range(runs):
-                    step = m.Step(name="flood", action="shell", args={"command": f"yes | head -c {mib}M"})
+                    step = m.Step(
+                        name="flood", action="shell", args={"command": f"yes {shlex.quote(line)} | head -c {mib}M"}
+                    )
                     cpu0 = cpu_seconds(agent.pid)
                     row = await scheduler.assign(HOST, DEVICE, [step])
                     await eventually(lambda row=row: row.reports, timeout=600, message="the report")
@@ -126,6 +131,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mib", type=int, default=100, help="MiB the step prints (default 100)")
     parser.add_argument("--runs", type=int, default=3, help="runs per configuration (default 3)")
+    parser.add_argument("--line", default="y", help="the line `yes` prints (default y)")
     args = parser.parse_args()
     configs: list[tuple[str, dict[str, Any]]] = [
         ("off", {"log_streaming": False}),
@@ -141,10 +147,19 @@ async def main() -> None:
         ).start()  # fmt: skip
         try:
             server.wait_ready(lambda: tcp_accepts("127.0.0.1", port), timeout=15)
-            print(f"yes | head -c {args.mib}M, {args.runs} runs per configuration; median (min-max)")
+            print(
+                f"yes {shlex.quote(args.line)} | head -c {args.mib}M, {args.runs} runs per configuration;"
+                " median (min-max)"
+            )
             for name, options in configs:
                 runs = await run_config(
-                    name, options, nats_url=f"nats://127.0.0.1:{port}", work=work, mib=args.mib, runs=args.runs
+                    name,
+                    options,
+                    nats_url=f"nats://127.0.0.1:{port}",
+                    work=work,
+                    mib=args.mib,
+                    runs=args.runs,
+                    line=args.line,
                 )
 
                 def summary(key: str, runs: list[dict[str, Any]] = runs) -> str:

@@ -121,10 +121,11 @@ async def test_a_nats_that_does_not_answer_never_holds_a_step_up_and_drops_are_r
         config = make_config(nats_url=proxy.url(), log_buffer_bytes=256 * 1024)
         await start_agent(config).ready()
         started, gate, printed = tmp_path / "started", tmp_path / "gate", tmp_path / "printed"
+        later = tmp_path / "later"
         steps = [
             shell("wait", f"echo waiting; touch {started}; while [ ! -e {gate} ]; do sleep 0.02; done"),
             shell("flood", f"head -c 2000000 /dev/zero | tr '\\0' y; touch {printed}"),
-            shell("after", "echo after"),
+            shell("after", f"while [ ! -e {later} ]; do sleep 0.02; done; echo after"),
         ]
         row = await scheduler.assign(HOST, config.devices[0].device_id, steps)
         await eventually(started.exists, timeout=20, message="first step started")
@@ -139,6 +140,13 @@ async def test_a_nats_that_does_not_answer_never_holds_a_step_up_and_drops_are_r
         await eventually(printed.exists, timeout=10, message="the flood step printed everything while NATS was away")
         took = time.monotonic() - t0
         proxy.heal()
+
+        async def flood_stored() -> bool:
+            records = await records_of(nc, subjects, row)
+            return any(r.kind is LogKind.STEP_END and r.step == "flood" for r in records)
+
+        await eventually(flood_stored, timeout=30, message="what was kept of the flood is stored once NATS is back")
+        later.touch()
         report = await reported(row, within=60)
     assert report.outcome.value == "done"
     assert took < 10

@@ -109,11 +109,22 @@ def utf8_cut(data: bytes | bytearray, limit: int) -> int:
     return start if start + width > limit else limit
 
 
+def _base64(chunk: bytes) -> tuple[DataEncoding, str]:
+    return DataEncoding.BASE64, base64.b64encode(chunk).decode("ascii")
+
+
 def _text(chunk: bytes) -> tuple[DataEncoding, str]:
+    """The bytes as text when they are UTF-8 whose JSON stays within base64's 4/3, else base64.
+
+    Newlines (escaped as two bytes) are counted up front, cheaply: output that is mostly short lines
+    (`yes`) goes straight to base64 instead of being encoded twice.
+    """
+    if chunk.count(b"\n") * 3 > len(chunk):
+        return _base64(chunk)
     try:
         return DataEncoding.UTF8, chunk.decode("utf-8")
     except UnicodeDecodeError:
-        return DataEncoding.BASE64, base64.b64encode(chunk).decode("ascii")
+        return _base64(chunk)
 
 
 class LogBatcher:
@@ -308,7 +319,7 @@ class LogBatcher:
         if len(payload) > len(chunk) * 4 // 3 + _ENVELOPE_BYTES:
             # Text full of escapes (control characters) grows up to six-fold in JSON: base64 bounds every
             # message, and so the memory the buffer holds, at 4/3 of the output it carries.
-            record, payload = output_record(DataEncoding.BASE64, base64.b64encode(chunk).decode("ascii"))
+            record, payload = output_record(*_base64(chunk))
         if len(payload) > self.limits.max_payload and len(chunk) > 1:
             half = utf8_cut(chunk, len(chunk) // 2)
             self._queue_output(where, offset, chunk[:half])

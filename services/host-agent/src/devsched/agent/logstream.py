@@ -3,7 +3,7 @@
 `LogStreams.open` gives each attempt an `AttemptLog`: the runner's `RunLog` (its steps write into it as
 they read their pipes, `logbatch.py`) and a task that publishes the attempt's records in order on
 `P.host.<host_id>.log.<task_id>.<attempt>` with JetStream publish (acknowledged; `Nats-Msg-Id`
-`<lease_id>.<seq>`, so a retried publish is stored once). Up to `WINDOW` records are in flight at once; a
+`<lease_id>.<seq>`, so a retried publish is stored once). Up to `WINDOW_BYTES` are in flight at once; a
 record whose publish fails is sent again (the same id) after a backoff, so a record may be stored after a
 later one, and readers order by `seq`.
 
@@ -42,9 +42,12 @@ logger = logging.getLogger(__name__)
 #: when it is not stored (timeout, no stream, no connection).
 Publish = Callable[[str, bytes, Mapping[str, str]], Awaitable[Any]]
 
-#: Records of one attempt in flight at once: enough to keep a loopback server busy, few enough that a
-#: renewal queued behind them on the shared connection is not held up (8 x 64 KiB).
-WINDOW = 8
+#: Bytes of one attempt's records in flight at once (sent, not yet acknowledged): enough to keep a server
+#: busy (a step printing 100 MiB at full speed is stored without drops on loopback), little enough that a
+#: renewal queued behind them on the shared connection is not held up on a slow link.
+WINDOW_BYTES = 1024 * 1024
+#: Records in flight at once, whatever their size (a step printing a line at a time makes small ones).
+WINDOW = 64
 #: Backoff of a failed publish: from 50 ms up to 2 s.
 _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 2.0
@@ -94,6 +97,7 @@ class AttemptLog:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._inflight: deque[tuple[Pending, asyncio.Task[Any]]] = deque()
+        self._inflight_bytes = 0
         self._failures = 0
         #: When a record was last stored (monotonic); what `finish` measures progress by.
         self.last_stored = float("-inf")
@@ -170,6 +174,7 @@ class AttemptLog:
         for _, sending in self._inflight:
             sending.cancel()
         self._inflight.clear()
+        self._inflight_bytes = 0
 
     # -- publishing ----------------------------------------------------------------------------------
 
@@ -189,8 +194,9 @@ class AttemptLog:
         while True:
             self._wake.clear()
             batcher.close_lingering()
-            while len(inflight) < WINDOW and (pending := batcher.take()) is not None:
+            while self._room() and (pending := batcher.take()) is not None:
                 inflight.append((pending, self._send(pending)))
+                self._inflight_bytes += len(pending.payload)
             if not inflight:
                 if batcher.done:
                     return
@@ -205,11 +211,16 @@ class AttemptLog:
                 await self._retry(pending, error)
                 continue
             inflight.popleft()
+            self._inflight_bytes -= len(pending.payload)
             batcher.acked(pending)
             self.stored += 1
             self.last_stored = time.monotonic()
             self._health.stored()
             self._failures = 0
+
+    def _room(self) -> bool:
+        """Whether another record may be sent before the first in flight is acknowledged."""
+        return not self._inflight or (len(self._inflight) < WINDOW and self._inflight_bytes < WINDOW_BYTES)
 
     async def _retry(self, pending: Pending, error: BaseException | None) -> None:
         self._failures += 1
