@@ -172,6 +172,8 @@ class AttemptLog:
         if self._task is not None:
             self._task.cancel()
         for _, sending in self._inflight:
+            if sending.done() and not sending.cancelled():
+                sending.exception()  # retrieved: a failure given up is not an error left unseen
             sending.cancel()
         self._inflight.clear()
         self._inflight_bytes = 0
