@@ -21,14 +21,17 @@ account (which exports them in accounts.conf), exactly what `devsched-agent` use
   acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers
   nak and in-progress). The server rewrites the reply of an imported request to a `_R_.` subject
   of the devsched account, so the scheduler answers hosts under `_R_.` (`DEVSCHED_HOST_INBOX_PREFIXES`).
+- service: its step output `P.host.<id>.log.>` (the agent's JetStream publishes into the stream `<PU>_LOGS`,
+  which lives in the devsched account; the stream's acknowledgement comes back as the reply).
 - stream: its nudges `P.host.<id>.nudge` (which also carry the scheduler's drain notice for this host).
 
 Its one user may publish to exactly those subjects and subscribe to its nudges and its own inbox
 `_INBOX.<id>.>` (the agent connects with that inbox prefix). The account's limits bound what one host can
 hold of the server: connections (one agent, plus one more during a restart), subscriptions, payload size.
 
-Everything else does not exist for the host: other hosts' subjects, other consumers, creating or deleting
-consumers and streams, the operator API, the event stream.
+Everything else does not exist for the host: other hosts' subjects (their logs included), other consumers,
+creating or deleting consumers and streams, the operator API, the event stream, and reading the logs stream
+(its own output included: only operators read it).
 
 Standard library only, so it runs anywhere an operator has a Python.
 """
@@ -89,6 +92,11 @@ def jetstream_api(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.js.API"
 
 
+def log_subjects(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """`P.host.<id>.log.>`: where the host's agent publishes its attempts' step output (into `<PU>_LOGS`)."""
+    return f"{prefix}.host.{host_id}.log.>"
+
+
 def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
     """What the host's account imports from the devsched account: (kind, exported subject, local subject)."""
     _token("host id", host_id)
@@ -101,6 +109,7 @@ def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, 
             ("service", f"$JS.API.{api}.{stream}.{consumer}", f"{jetstream_api(prefix)}.{api}.{stream}.{consumer}")
         )
     imports.append(("service", f"$JS.ACK.{stream}.{consumer}.>", ""))
+    imports.append(("service", log_subjects(host_id, prefix), ""))
     imports.append(("stream", f"{prefix}.host.{host_id}.nudge", ""))
     return imports
 
@@ -121,6 +130,7 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
         f"{jetstream_api(prefix)}.CONSUMER.INFO.{stream}.{consumer}",
         f"{jetstream_api(prefix)}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
+        log_subjects(host_id, prefix),
     ]
     subscribe = [f"{prefix}.host.{host_id}.nudge", f"_INBOX.{host_id}.>"]
     return {"publish": publish, "subscribe": subscribe}

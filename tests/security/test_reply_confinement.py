@@ -82,6 +82,7 @@ def host_requests(subjects: Subjects, host_id: str, jetstream_api: str) -> list[
         (f"{jetstream_api}.CONSUMER.INFO.{stream}.{consumer}", b""),
         (f"{jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}", b'{"batch": 5, "no_wait": true}'),
         (f"$JS.ACK.{stream}.{consumer}.1.999.999.0.0", b"+ACK"),
+        (subjects.host_log(host_id, uuid.uuid4(), 1), b"{}"),  # step output: stored, acknowledged to the reply
     ]
 
 

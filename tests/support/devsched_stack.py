@@ -129,14 +129,14 @@ def running_stack(
 
 
 def delete_streams(nats_url: str, prefix: str) -> None:
-    """Remove the prefix's two streams from the shared test server (from any thread without a loop)."""
+    """Remove the prefix's streams from the shared test server (from any thread without a loop)."""
 
     async def run() -> None:
         nc = await nats.connect(nats_url, connect_timeout=2)
         try:
             js = nc.jetstream()
             stream_prefix = prefix.upper().replace("-", "_")
-            for suffix in ("ASSIGNMENTS", "EVENTS"):
+            for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS"):
                 with contextlib.suppress(Exception):
                     await js.delete_stream(f"{stream_prefix}_{suffix}")
         finally:

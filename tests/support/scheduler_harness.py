@@ -333,9 +333,9 @@ async def task_events(js: JetStreamContext, prefix: str, task_id: str) -> list[d
 
 
 async def delete_streams(nc: NatsClient, prefix: str) -> None:
-    """Remove the test's two streams (they would otherwise pile up on the session's server)."""
+    """Remove the test's streams (they would otherwise pile up on the session's server)."""
     js = nc.jetstream()
-    for suffix in ("ASSIGNMENTS", "EVENTS"):
+    for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS"):
         with contextlib.suppress(Exception):
             await js.delete_stream(f"{prefix.upper().replace('-', '_')}_{suffix}")
 

@@ -413,7 +413,7 @@ def test_bash_completion_script_and_completions() -> None:
         env = clean_env(_DEVSCHED_COMPLETE="complete_bash", COMP_WORDS=words, COMP_CWORD=str(cword))
         return ok(run_devsched(env=env)).stdout.split()
 
-    assert complete("devsched l", 1) == ["ls"]
+    assert complete("devsched l", 1) == ["ls", "logs"]
     assert complete("devsched ls --st", 2) == ["--status"]
     assert "--install-completion" in ok(run_devsched("--help")).stdout
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from devsched.client import Client
+from devsched.client import Client, collect_output
 from support.polling import eventually
 from support.scheduler_harness import ServiceProcess, service_env
 from support.secured_nats import AGENT_TOML, SCHEDULER_SETTINGS, SecuredNats, secured_nats
@@ -80,6 +80,8 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
             view = await asyncio.wait_for(client.wait(submitted.task_id), timeout=60)
             assert view.status.value == "done", view
             assert "hi from sim-7" in str(view.result)
+            # the agent streamed the step's output into DEVSCHED_LOGS, and the operator reads it
+            assert await collect_output(client.logs(submitted.task_id)) == b"hi from sim-7\n"
 
         # Another host: its own subjects only. Violations arrive as asynchronous errors.
         violations: list[str] = []

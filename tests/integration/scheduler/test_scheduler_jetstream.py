@@ -33,6 +33,11 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
         async with running_scheduler(scheduler_settings(database_url, nats_url, subject_prefix)):
             assignments = await js.stream_info(f"{pu}_ASSIGNMENTS")
             events = await js.stream_info(f"{pu}_EVENTS")
+            logs = await js.stream_info(f"{pu}_LOGS")
+        assert logs.config.subjects == [f"{subject_prefix}.host.*.log.>"]
+        assert logs.config.retention == RetentionPolicy.LIMITS
+        assert logs.config.storage == StorageType.FILE
+        assert (logs.config.max_age, logs.config.max_bytes, logs.config.discard) == (7 * 86400, -1, "old")
         assert assignments.config.subjects == [f"{subject_prefix}.assign.>"]
         assert assignments.config.retention == RetentionPolicy.WORK_QUEUE
         assert assignments.config.storage == StorageType.FILE
@@ -48,6 +53,11 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
         ):
             assert (await js.stream_info(f"{pu}_EVENTS")).config.max_age == 3600
             assert (await js.stream_info(f"{pu}_ASSIGNMENTS")).config.retention == RetentionPolicy.WORK_QUEUE
+        async with running_scheduler(
+            scheduler_settings(database_url, nats_url, subject_prefix, logs_max_age_s=7200.0, logs_max_bytes=10**9)
+        ):
+            logs = await js.stream_info(f"{pu}_LOGS")
+            assert (logs.config.max_age, logs.config.max_bytes) == (7200, 10**9)
     finally:
         await delete_streams(nc, subject_prefix)
 

@@ -83,12 +83,20 @@ async def test_exit_code_decides_the_status(command: str, status: str, code: int
 
 
 async def test_output_tail_keeps_the_last_bytes_of_stdout_and_stderr() -> None:
-    command = "head -c 20000 /dev/zero | tr '\\0' x; echo; echo to-stderr >&2; echo the-end"
+    # stdout and stderr are two pipes, read in the order their output arrives: a pause keeps the order
+    command = "head -c 20000 /dev/zero | tr '\\0' x; echo; sleep 0.2; echo to-stderr >&2; sleep 0.2; echo the-end"
     result = await shell(context({"command": command}))
     assert result.status is StepStatus.DONE
     assert len(result.output_tail.encode()) <= OUTPUT_TAIL_BYTES
     assert result.output_tail.endswith("to-stderr\nthe-end\n")
     assert result.output_tail.startswith("xxx")
+
+
+def test_output_tail_has_no_nul_characters() -> None:
+    # Postgres refuses \u0000 in JSON text: a report with one in its tail could never be recorded
+    tail = OutputTail()
+    tail.feed(b"a\x00b\xff")
+    assert tail.text() == "a\ufffdb\ufffd"
 
 
 def test_output_tail_bounds_memory_and_cuts_cleanly() -> None:

@@ -125,13 +125,16 @@ def test_accounts_conf_service_users() -> None:
     assert f'"{subjects.events_all}"' in scheduler
     # answers go to requesters only, one each, and not forever (the scheduler checks the inbox itself too)
     assert 'allow_responses: { max: 1, expires: "1m" }' in scheduler
-    for stream in (subjects.assignments_stream, subjects.events_stream):
+    for stream in (subjects.assignments_stream, subjects.events_stream, subjects.logs_stream):
         assert f'"$JS.API.STREAM.CREATE.{stream}"' in scheduler
     assert "$JS.API.>" not in scheduler
     assert '">"' not in scheduler
     operator = _user_block(accounts, "operator")
     assert '"devsched.api.>"' in operator
     assert '"devsched.events.>"' in operator
+    # `devsched logs`: an ordered consumer of the logs stream, no write to it
+    assert f'"$JS.API.CONSUMER.CREATE.{subjects.logs_stream}.>"' in operator
+    assert f'"$JS.FC.{subjects.logs_stream}.>"' in operator
     assert "devsched.host." not in operator, "an operator must not speak for a host"
     sweeper = _user_block(accounts, "sweeper")
     assert _quoted(sweeper) == []
@@ -153,6 +156,7 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
         f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
+        subjects.host_logs("bench-07"),
     ]
     # the drain notice rides on the host's nudge subject: draining needs no subscription of its own
     assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.bench-07.>"]
@@ -173,6 +177,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
         f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
+        subjects.host_logs(host_id),
     ]
     # what the host's account imports from the devsched account, and where
     assert host_user.host_imports(host_id, prefix) == [
@@ -188,6 +193,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
             f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         ),
         ("service", f"$JS.ACK.{stream}.{consumer}.>", ""),
+        ("service", subjects.host_logs(host_id), ""),
         ("stream", subjects.host(host_id, HostVerb.NUDGE), ""),
     ]
     # its own inbox only: exactly the prefix the agent connects with
@@ -198,7 +204,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
 def test_rendered_block_names_only_its_own_host() -> None:
     block = host_user.render("bench-07")
     quoted = _quoted(block)
-    assert len(quoted) == 11
+    assert len(quoted) == 12
     assert all("bench-07" in subject for subject in quoted)
     assert not any("*" in subject for subject in quoted), "no wildcard but the trailing > of its own subjects"
     assert 'user: "host-bench-07"' in block
@@ -266,7 +272,7 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
     devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
     exports = set(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    assert len(exports) == 10, exports
+    assert len(exports) == 11, exports
     for kind, subject, _ in host_user.host_imports("bench-07"):
         assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
     # a pull is answered by many messages, so its export must say so
@@ -281,7 +287,7 @@ def test_a_host_account_is_limited_and_imports_only_its_own_subjects() -> None:
     assert "HOST_bench-07: {" in block
     assert "limits: { max_connections: 2, max_subscriptions: 64, max_payload: 1048576 }" in block
     imported = re.findall(r'subject: "([^"]+)"', block) + re.findall(r'to: "([^"]+)"', block)
-    assert len(imported) == 12
+    assert len(imported) == 13
     assert all("bench-07" in subject for subject in imported)
     assert "jetstream" not in block, "a host account holds no stream"
 

@@ -97,8 +97,8 @@ def _doc_examples() -> list[str]:
     return filled
 
 
-def test_doc_has_the_four_examples() -> None:
-    assert len(_doc_examples()) == 4
+def test_doc_has_the_five_examples() -> None:
+    assert len(_doc_examples()) == 5
 
 
 def test_doc_submit_example_decodes() -> None:
@@ -128,6 +128,13 @@ def test_doc_release_example_decodes() -> None:
     assert release.reason == "shutdown: agent shutting down"
     assert release.result is not None
     assert [s.status for s in release.result.steps] == ["done", "interrupted", "done"]
+
+
+def test_doc_log_record_example_decodes() -> None:
+    record = decode(m.LogRecord, _doc_examples()[4].encode())
+    assert (record.kind, record.stream, record.seq, record.offset) == ("output", "stdout", 7, 131072)
+    assert record.content() == b"flashing...\n"
+    assert json.loads(encode(record)) == json.loads(_doc_examples()[4]), "every field, as the agent writes it"
 
 
 # -- timestamps ------------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from devsched.client.errors import (
     describe,
     field_errors,
 )
+from devsched.client.logs import LogReader, collect_output
 from devsched.client.plans import build_request, load_document, load_request
 from devsched.client.watch import TaskWatch
 from devsched.core.status import TERMINAL, DeviceState, EventKind, TaskStatus
@@ -36,6 +37,9 @@ from devsched.protocol.messages import (
     DeviceDrainView,
     HostView,
     ListTasksReply,
+    LogKind,
+    LogRecord,
+    OutputStream,
     Plan,
     Selector,
     Step,
@@ -61,9 +65,13 @@ __all__ = [
     "Internal",
     "InvalidRequest",
     "ListTasksReply",
+    "LogKind",
+    "LogReader",
+    "LogRecord",
     "NatsUnreachable",
     "NoReply",
     "NotFound",
+    "OutputStream",
     "Plan",
     "PlanFileError",
     "Selector",
@@ -79,6 +87,7 @@ __all__ = [
     "TooLarge",
     "Unavailable",
     "build_request",
+    "collect_output",
     "describe",
     "field_errors",
     "load_document",

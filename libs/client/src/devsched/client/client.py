@@ -10,6 +10,9 @@ async with Client.connect("nats://127.0.0.1:4222") as client:
         async for event in events:
             print(event.seq, event.event, event.status)
     view = await client.get(reply.task_id)
+    async with client.logs(reply.task_id) as records:
+        async for record in records:
+            sys.stdout.buffer.write(record.content())
 ```
 
 Every method sends one request of the protocol (`P.api.tasks.submit`, ...) and returns the reply's model
@@ -36,6 +39,7 @@ from nats.aio.client import Client as NatsClient
 from pydantic import BaseModel, ValidationError
 
 from devsched.client.errors import NatsUnreachable, from_validation, invalid
+from devsched.client.logs import LogReader
 from devsched.client.plans import build_request, load_request
 from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
@@ -257,9 +261,7 @@ class Client:
         except TimeoutError:
             await _close_quietly(nc)
             why = f" ({last_error[0]})" if last_error else ""
-            raise NatsUnreachable(
-                f"cannot connect to NATS at {shown} within {deadline:g} s{why}", url=shown
-            ) from None
+            raise NatsUnreachable(f"cannot connect to NATS at {shown} within {deadline:g} s{why}", url=shown) from None
         except (nats.errors.Error, OSError, ValueError) as exc:
             await _close_quietly(nc)
             raise NatsUnreachable(f"cannot connect to NATS at {shown}: {exc}", url=shown) from None
@@ -448,6 +450,40 @@ class Client:
 
         return TaskWatch(self.nc.jetstream(), self.subjects, tid, probe, idle_check_s=idle_check_s)
 
+    def logs(
+        self, task_id: TaskId, *, attempt: int | None = None, step: str | None = None, follow: bool = False
+    ) -> LogReader:
+        """The task's step output, as `LogRecord`s in order (from the `<PU>_LOGS` stream).
+
+        Use `async with client.logs(id) as records: async for record in records: ...`; `record.content()`
+        gives an `output` record's bytes (`collect_output` joins them). The latest attempt's by default, or
+        attempt `attempt`; only step `step`'s records (and the attempt's `end`) when given. Without
+        `follow`, what is stored now; with it, on while the attempt runs, to its `end` record (and, for the
+        latest attempt, through the attempts that follow until the task ends). See `devsched.client.logs`.
+
+        Raises:
+            InvalidRequest: `task_id` is not a UUID (at once).
+            NotFound: no such task, or no such attempt (when the iteration starts).
+            Unavailable: the logs stream does not exist.
+        """
+        tid = task_uuid(task_id)
+        if attempt is not None and attempt < 1:
+            raise invalid("attempt", "must be 1 or more")
+
+        async def probe() -> TaskView:
+            return await self.get(tid)
+
+        return LogReader(
+            self.nc.jetstream(),
+            self.subjects,
+            tid,
+            probe,
+            attempt=attempt,
+            step=step,
+            follow=follow,
+            read_timeout_s=self.timeout,
+        )
+
     # -- hosts and devices ---------------------------------------------------------------------------------
 
     async def hosts(self) -> builtins.list[HostView]:
@@ -546,6 +582,7 @@ __all__ = [
     "DEFAULT_TIMEOUT_S",
     "Client",
     "Connecting",
+    "LogReader",
     "TaskEvent",
     "task_uuid",
     "wait_for_scheduler",

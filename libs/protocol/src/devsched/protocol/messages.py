@@ -1,6 +1,6 @@
 """Every message of the wire protocol, in one namespace.
 
-The models live in small modules by topic (`plans`, `tasks`, `hosts`, `leases`, `events`); import them
+The models live in small modules by topic (`plans`, `tasks`, `hosts`, `leases`, `events`, `logs`); import them
 from here so callers need not know the split.
 """
 
@@ -41,6 +41,7 @@ from devsched.protocol.leases import (
     ReportReply,
     ReportRequest,
 )
+from devsched.protocol.logs import DataEncoding, LogKind, LogRecord, OutputStream
 from devsched.protocol.plans import (
     BUILTIN_ARGS,
     MAX_STEPS,
@@ -79,6 +80,7 @@ __all__ = [
     "CancelReply",
     "CancelRequest",
     "ClaimRequest",
+    "DataEncoding",
     "DeviceDrainView",
     "DeviceRegistration",
     "DeviceView",
@@ -100,9 +102,12 @@ __all__ = [
     "LeaseRequest",
     "ListTasksReply",
     "ListTasksRequest",
+    "LogKind",
+    "LogRecord",
     "Name",
     "NoopArgs",
     "Nudge",
+    "OutputStream",
     "Plan",
     "Progress",
     "RegisterReply",

@@ -135,6 +135,28 @@ class Subjects:
         """The host id of a concrete host subject (see `parse_host`)."""
         return self.parse_host(subject)[0]
 
+    def host_log(self, host_id: str, task_id: uuid.UUID | str, attempt: int) -> str:
+        """`P.host.<host_id>.log.<task_id>.<attempt>` (an addition): where a host streams an attempt's output.
+
+        Under the host's own subjects, so NATS permissions let a host write only its own logs; readers take
+        the attempt's host from the task view, so another host cannot put lines into it.
+
+        Raises:
+            ValueError: `host_id` is not a token, `task_id` not a UUID, or `attempt` below 1.
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt must be >= 1, got {attempt}")
+        return f"{self.prefix}.host.{_require_token('host id', host_id)}.log.{uuid.UUID(str(task_id))}.{attempt}"
+
+    def host_logs(self, host_id: str) -> str:
+        """`P.host.<host_id>.log.>`: every log subject of one host (what its NATS permissions allow)."""
+        return f"{self.prefix}.host.{_require_token('host id', host_id)}.log.>"
+
+    @property
+    def host_log_all(self) -> str:
+        """`P.host.*.log.>`: the subjects of the logs stream."""
+        return f"{self.prefix}.host.*.log.>"
+
     # -- JetStream ---------------------------------------------------------------------------------------
 
     def assign(self, host_id: str) -> str:
@@ -188,6 +210,11 @@ class Subjects:
         """`<PU>_EVENTS`, e.g. `DEVSCHED_EVENTS`."""
         return f"{self._stream_prefix}_EVENTS"
 
+    @property
+    def logs_stream(self) -> str:
+        """`<PU>_LOGS` (an addition), e.g. `DEVSCHED_LOGS`: step output, `P.host.*.log.>`."""
+        return f"{self._stream_prefix}_LOGS"
+
     @staticmethod
     def consumer(host_id: str) -> str:
         """`host-<host_id>`: the durable pull consumer of one host on the assignments stream."""
@@ -232,3 +259,8 @@ def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
     kinds meet (logs, a tool that reads both streams).
     """
     return f"{uuid.UUID(str(task_id))}:{seq}"
+
+
+def log_msg_id(lease_id: uuid.UUID | str, seq: int) -> str:
+    """`Nats-Msg-Id` of a log record: `<lease_id>.<seq>` (see `devsched.protocol.logs.LogRecord`)."""
+    return f"{uuid.UUID(str(lease_id))}.{seq}"

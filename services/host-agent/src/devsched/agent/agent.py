@@ -14,6 +14,7 @@ notice), and wind down (`shutdown.py`): a drained agent exits 0 once idle.
 | intake | `intake.py` | the assignments consumer `host-<host_id>`: bind, fetch, drop duplicates; nudges |
 | device workers | `workers.py` | one worker per device, one attempt at a time: claim, run, end |
 | report delivery | `delivery.py` | reports and releases delivered in the background, resent at start |
+| log streaming | `logstream.py` | each attempt's step output published live to `<PU>_LOGS` |
 | shutdown | `shutdown.py` | the phases after SIGTERM or a drain: no new work, grace, stop, kill, release |
 """
 
@@ -38,6 +39,7 @@ from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.delivery import ReportDelivery
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
+from devsched.agent.logstream import LogStreams, jetstream_publish
 from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
 from devsched.agent.reporter import Reporter, encode_report
@@ -257,6 +259,18 @@ class Agent:
         registration = Registration(client, config.devices, self.version, registered=self.registered)
         reporter = Reporter(client, taken.spool, on_not_found=registration.reregister)
         reports = ReportDelivery(reporter)
+        logs = (
+            LogStreams(
+                jetstream_publish(nc, timeout_s=config.request_timeout_s),
+                self.subjects,
+                config.host_id,
+                config.log_limits(nc.max_payload),
+                flush_s=config.log_flush_s,
+                stall_s=config.request_timeout_s,
+            )
+            if config.log_streaming
+            else None
+        )
 
         def new_attempt(received: Received, device: DeviceConfig) -> Attempt:
             return Attempt(
@@ -270,6 +284,7 @@ class Agent:
                 received_at=received.received_at,
                 workspace=taken.workspace,
                 groups=taken.groups,
+                logs=logs,
             )
 
         workers = DeviceWorkers(config.devices, new_attempt=new_attempt, reports=reports, held=taken.held)

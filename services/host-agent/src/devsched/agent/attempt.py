@@ -13,6 +13,7 @@ from devsched.agent.actions import ActionRegistry
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import LeaseKeeper, ends_lease
+from devsched.agent.logstream import LogStreams
 from devsched.agent.reporter import Reporter
 from devsched.agent.runner import PlanRunner, RunResult, first_progress, skipped
 from devsched.agent.spool import SpooledReport
@@ -85,6 +86,7 @@ class Attempt:
         received_at: float | None = None,
         workspace: Workspace | None = None,
         groups: GroupLedger | None = None,
+        logs: LogStreams | None = None,
     ) -> None:
         self.assignment = assignment
         self.device = device
@@ -95,6 +97,7 @@ class Attempt:
         self._request_timeout_s = request_timeout_s
         self._workspace = workspace
         self._groups = groups
+        self._logs = logs
         self.stop = StopSignal()
         self.keeper = LeaseKeeper(
             self._renew_call,
@@ -199,6 +202,7 @@ class Attempt:
         identity = RunIdentity(
             task_id=str(a.task_id), attempt=a.attempt, lease_id=str(a.lease_id), device_id=a.device_id
         )
+        log = self._logs.open(a.task_id, a.attempt, a.lease_id) if self._logs is not None else None
         runner = PlanRunner(
             a.plan.steps,
             identity=identity,
@@ -213,11 +217,17 @@ class Attempt:
             user=None if self._workspace is None else self._workspace.user,
             groups=self._groups,
             claimed=self.claimed_with,
+            log=log,
         )
         keeping = asyncio.create_task(self.keeper.run())
         try:
-            return await runner.run()
+            result = await runner.run()
+            if log is not None and self._logs is not None:
+                await self._logs.finish(log, result, self.stop)  # the lease is still renewed meanwhile
+            return result
         finally:
+            if log is not None:
+                log.close()
             self.keeper.close()
             await keeping
 

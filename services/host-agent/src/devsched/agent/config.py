@@ -17,6 +17,9 @@ the other services read), and so do `DEVSCHED_NATS_NKEY_SEED`, `DEVSCHED_NATS_US
 The agent's credentials are files only: every step the agent runs inherits its environment, so a
 `nats_url` with a user, password or token in it (from the file or the environment) is refused at start.
 
+Step output streaming (`log_streaming`, `log_max_bytes`, `log_buffer_bytes`, `log_record_bytes`,
+`log_linger_s`, `log_flush_s`) is described in `logstream.py` and `logbatch.py`.
+
 Optional confinement of steps: `work_dir` (default `devsched-agent` under the system temp dir) and
 `step_user` (an unprivileged user steps run as; checked at the agent's start, `workspace.py`).
 """
@@ -32,6 +35,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from devsched.agent.logbatch import LogLimits, MiB
 from devsched.core.ids import TOKEN_PATTERN
 from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
 
@@ -122,6 +126,21 @@ class AgentConfig(BaseModel):
     #: Run steps as this unprivileged user (and its primary group); None: as the agent's own user.
     step_user: UserName | None = None
 
+    #: Stream each step's output live to the `<PU>_LOGS` stream (`devsched logs`); off: only the report's tail.
+    log_streaming: bool = True
+    #: Output bytes sent per attempt; past it a `truncated` record, and the rest is only counted.
+    log_max_bytes: int = Field(default=64 * MiB, ge=0)
+    #: Output bytes one attempt may hold in memory while NATS is slow or away; past it output is dropped,
+    #: and a `dropped` record says how much. A step never waits for NATS.
+    log_buffer_bytes: int = Field(default=8 * MiB, ge=64 * 1024)
+    #: Output bytes per record (one JetStream message); lowered to fit the server's max_payload.
+    log_record_bytes: int = Field(default=64 * 1024, ge=1024, le=512 * 1024)
+    #: How long output that does not fill a record waits for more before it is sent (`logs -f` latency).
+    log_linger_s: Seconds = 0.1
+    #: At an attempt's end, how long the agent may wait for its output to be stored before it reports
+    #: (only while publishing makes progress; the lease is renewed meanwhile).
+    log_flush_s: Seconds = 10.0
+
     @field_validator("nats_url")
     @classmethod
     def _no_credentials_in_url(cls, url: str) -> str:
@@ -167,6 +186,16 @@ class AgentConfig(BaseModel):
         if work == spool or spool in work.parents or work in spool.parents:
             raise ValueError(f"work_dir {self.work_dir} and spool_dir {self.spool_dir} must not contain each other")
         return self
+
+    def log_limits(self, max_payload: int) -> LogLimits:
+        """How attempts' output is batched and bounded, for a server that takes messages of `max_payload`."""
+        return LogLimits(
+            max_bytes=self.log_max_bytes,
+            buffer_bytes=self.log_buffer_bytes,
+            record_bytes=self.log_record_bytes,
+            max_payload=max_payload,
+            linger_s=self.log_linger_s,
+        )
 
     def device(self, device_id: str) -> DeviceConfig | None:
         """The configured device with this id, if any."""

@@ -37,7 +37,9 @@ from devsched.agent.steps import (
     ActionError,
     ActionResult,
     GroupLedger,
+    OutputSink,
     RunIdentity,
+    RunLog,
     StepContext,
     StepUser,
 )
@@ -167,6 +169,7 @@ class PlanRunner:
         user: StepUser | None = None,
         groups: GroupLedger | None = None,
         claimed: Progress | None = None,
+        log: RunLog | None = None,
     ) -> None:
         self._steps = tuple(steps)
         #: The progress the (successful) claim carried: the boundary of that step does not renew again.
@@ -183,6 +186,7 @@ class PlanRunner:
         self._artifacts_dir = artifacts_dir
         self._user = user
         self._groups = groups
+        self._log = log
         #: The first step failure that happened before any stop: the run's cause, if it is one.
         self._failure: str | None = None
         #: Failures after the first cause, for the reason.
@@ -217,7 +221,7 @@ class PlanRunner:
             if skip is not None:
                 reports.append(skipped(step.name, skip))
                 continue
-            report = await self._run_step(step)
+            report = await self._run_step(step, index)
             reports.append(report)
             if report.status in FAILURES:
                 self._broken = True
@@ -260,14 +264,17 @@ class PlanRunner:
             return StopLevel.KILL
         return StopLevel.HALT if step.always else StopLevel.STOP
 
-    async def _run_step(self, step: StepSpec) -> StepResult:
+    async def _run_step(self, step: StepSpec, index: int) -> StepResult:
         started_at = self._now()
         log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
         logger.info("step started", extra=log)
+        output = self._log.step(step.name, index) if self._log is not None else None
         with self._stop.interrupt(self._threshold(step)) as interrupt:
-            result = await self._call(step, interrupt)
+            result = await self._call(step, interrupt, output)
         finished_at = self._now()
         logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
+        if self._log is not None:
+            self._log.step_end(step.name, index, result.status, result.exit_code)
         # Whatever the status: a failed or timed-out test run is when its results matter most.
         results = await summarise(step.results, self._artifacts_dir, self._user)
         return StepResult(
@@ -280,7 +287,7 @@ class PlanRunner:
             results=results,
         )
 
-    async def _call(self, step: StepSpec, interrupt: asyncio.Event) -> ActionResult:
+    async def _call(self, step: StepSpec, interrupt: asyncio.Event, output: OutputSink | None) -> ActionResult:
         ctx = StepContext(
             args=step.args,
             device_env=self._device_env,
@@ -292,6 +299,7 @@ class PlanRunner:
             artifacts_dir=self._artifacts_dir,
             user=self._user,
             groups=self._groups,
+            output=output,
         )
         backstop = asyncio.timeout(step.timeout_s + 2 * self._stop_grace_s + BACKSTOP_S)
         try:

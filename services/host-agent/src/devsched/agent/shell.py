@@ -9,9 +9,11 @@ Nor does a step outlive the agent (`orphans.py`): the kernel SIGKILLs the step's
 dies, and the command runs only once its process group is recorded in the spool (the shell waits on
 stdin for the go), so the next start of the agent kills whatever the shell started.
 
-Output goes to a pipe that the agent owns (not an asyncio subprocess pipe): in Python 3.11
-`Process.wait()` waits for the subprocess pipes to close, so a background process holding stdout
-would hang it. Here the exit and the end of output are awaited separately, each bounded.
+Output goes to two pipes that the agent owns, stdout and stderr (not asyncio subprocess pipes: in
+Python 3.11 `Process.wait()` waits for the subprocess pipes to close, so a background process holding
+stdout would hang it). Here the exit and the end of output are awaited separately, each bounded. Both
+pipes are read at once; what is read goes, in the order read, into the report's tail (one tail for both)
+and to the step's output sink (the attempt's log stream), which never makes the reading wait.
 
 The step's environment is built by `step_env.step_environment` (never the agent's own), and with a step
 user its processes run as that user and its primary group (no supplementary groups). The agent stays
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import tempfile
@@ -30,8 +33,18 @@ from typing import Any
 from devsched.agent.orphans import die_with_agent
 from devsched.agent.procfs import has_proc, processes
 from devsched.agent.step_env import StepEnvError, step_environment
-from devsched.agent.steps import OUTPUT_TAIL_BYTES, ActionResult, StepContext, parse_args, tail_text
+from devsched.agent.steps import (
+    OUTPUT_TAIL_BYTES,
+    ActionResult,
+    OutputSink,
+    StepContext,
+    parse_args,
+    tail_text,
+)
+from devsched.protocol.logs import OutputStream
 from devsched.protocol.plans import ShellArgs, StepStatus
+
+logger = logging.getLogger(__name__)
 
 #: How often a process group is checked for having emptied.
 _POLL_S = 0.02
@@ -105,9 +118,24 @@ async def stop_group(process: asyncio.subprocess.Process, grace_s: float) -> Non
         await process.wait()
 
 
-async def _pump(reader: asyncio.StreamReader, tail: OutputTail) -> None:
+async def _pump(reader: asyncio.StreamReader, tail: OutputTail, sink: OutputSink | None, stream: OutputStream) -> None:
     while chunk := await reader.read(_READ_CHUNK):
         tail.feed(chunk)
+        if sink is not None:
+            try:
+                sink.write(stream, chunk)
+            except Exception:
+                # The pipe must still be read, or the step would block on a full pipe: go on without the sink.
+                logger.exception("step output sink failed; the step's output goes to its tail only")
+                sink = None
+
+
+async def _open_reader(read_fd: int) -> tuple[asyncio.StreamReader, asyncio.BaseTransport]:
+    reader = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+    )
+    return reader, transport
 
 
 async def _supervise(process: asyncio.subprocess.Process, ctx: StepContext) -> StepStatus:
@@ -145,7 +173,8 @@ async def shell(ctx: StepContext) -> ActionResult:
     if ctx.user is not None:
         as_user = {"user": ctx.user.uid, "group": ctx.user.gid, "extra_groups": []}
     gate_read, gate_write = os.pipe()
-    read_fd, write_fd = os.pipe()
+    out_read, out_write = os.pipe()
+    err_read, err_write = os.pipe()
     try:
         # From this (the event loop's) thread: the parent-death signal comes when the forking thread exits.
         process = await asyncio.create_subprocess_exec(
@@ -155,8 +184,8 @@ async def shell(ctx: StepContext) -> ActionResult:
             "devsched-step",
             args.command,
             stdin=gate_read,
-            stdout=write_fd,
-            stderr=write_fd,
+            stdout=out_write,
+            stderr=err_write,
             env=env,
             cwd=args.cwd if args.cwd is not None else ctx.tmpdir,
             start_new_session=True,
@@ -164,19 +193,22 @@ async def shell(ctx: StepContext) -> ActionResult:
             **as_user,
         )
     except OSError as exc:
-        os.close(read_fd)
+        os.close(out_read)
+        os.close(err_read)
         os.close(gate_write)
         return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")
     finally:
-        os.close(write_fd)
+        os.close(out_write)
+        os.close(err_write)
         os.close(gate_read)
 
-    reader = asyncio.StreamReader()
-    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
-    )
+    out_reader, out_transport = await _open_reader(out_read)
+    err_reader, err_transport = await _open_reader(err_read)
     tail = OutputTail()
-    pump = asyncio.create_task(_pump(reader, tail))
+    pumps = asyncio.gather(
+        _pump(out_reader, tail, ctx.output, OutputStream.STDOUT),
+        _pump(err_reader, tail, ctx.output, OutputStream.STDERR),
+    )
     note = ""
     try:
         try:
@@ -191,13 +223,14 @@ async def shell(ctx: StepContext) -> ActionResult:
             note = "\n[devsched-agent: stopped processes the step left running]\n"
             await stop_group(process, ctx.stop_grace_s)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(pump, _DRAIN_S)
+            await asyncio.wait_for(pumps, _DRAIN_S)
     finally:
         # Reached with the group still alive only when this task is cancelled: leave nothing behind.
         if process.returncode is None or group_alive(process.pid):
             _signal_group(process.pid, signal.SIGKILL)
-        pump.cancel()
-        transport.close()
+        pumps.cancel()
+        out_transport.close()
+        err_transport.close()
         if process.returncode is None:
             # Reap the killed shell (prompt after SIGKILL) so no zombie or open transport is left.
             with contextlib.suppress(TimeoutError):

@@ -8,9 +8,10 @@ from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from devsched.protocol.logs import OutputStream
 from devsched.protocol.plans import StepStatus
 
-#: How much of a step's combined stdout/stderr is kept for the report (the last bytes).
+#: How much of a step's combined stdout/stderr is kept for the report (the last bytes, in the order read).
 OUTPUT_TAIL_BYTES = 4096
 
 
@@ -65,6 +66,29 @@ class GroupLedger(Protocol):
         ...
 
 
+class OutputSink(Protocol):
+    """Where an action hands the output of its step as it reads it (the attempt's log stream).
+
+    `write` is called from the reading loop and returns at once: it never waits for the network.
+    """
+
+    def write(self, stream: OutputStream, data: bytes) -> None:
+        """Take `data` the step wrote to `stream`."""
+        ...
+
+
+class RunLog(Protocol):
+    """The output of one attempt's steps as the runner sees it: one sink per step, and each step's end."""
+
+    def step(self, name: str, index: int) -> OutputSink:
+        """The sink of the step `name` at plan index `index`, about to start."""
+        ...
+
+    def step_end(self, name: str, index: int, status: StepStatus, exit_code: int | None) -> None:
+        """The step at `index` has ended."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class StepUser:
     """The unprivileged user that steps run as (`step_user` in agent.toml), resolved at the agent's start."""
@@ -100,6 +124,8 @@ class StepContext:
     user: StepUser | None = None
     #: Where the step's process groups are recorded; None: nowhere (outside an agent).
     groups: GroupLedger | None = None
+    #: Where the step's output goes as it is read (the attempt's log stream); None: only the report's tail.
+    output: OutputSink | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +166,11 @@ def parse_args(model: type[M], action: str, args: Mapping[str, Any]) -> M:
 
 
 def tail_text(data: bytes | bytearray, limit: int = OUTPUT_TAIL_BYTES) -> str:
-    """The last `limit` bytes of `data` as text, without a broken character at the cut."""
+    """The last `limit` bytes of `data` as text, without a broken character at the cut.
+
+    Undecodable bytes and NUL become U+FFFD: the tail is stored as JSON text in Postgres, which refuses
+    `\u0000` (a report holding one could never be recorded). The full bytes are in the log stream.
+    """
     cut = bytes(data[-limit:])
     if len(data) > limit:
         # Drop UTF-8 continuation bytes left over from a character that was cut in half.
@@ -148,4 +178,4 @@ def tail_text(data: bytes | bytearray, limit: int = OUTPUT_TAIL_BYTES) -> str:
         while start < min(3, len(cut)) and cut[start] & 0xC0 == 0x80:
             start += 1
         cut = cut[start:]
-    return cut.decode("utf-8", errors="replace")
+    return cut.decode("utf-8", errors="replace").replace("\x00", "\ufffd")

@@ -1,4 +1,4 @@
-"""The two streams and the per-host consumers, created idempotently.
+"""The streams and the per-host consumers, created idempotently.
 
 Assignments: WORK-QUEUE retention. An assignment is a command for one host, useless once acked, so the
 stream keeps only what is not yet acked (no unbounded growth, and a host consumer that is deleted and
@@ -9,7 +9,9 @@ that never comes back leaves behind; its leases expired long before.
 Events: LIMITS retention with a max age (7 days by default) and an optional size cap: an audit log that
 any number of watchers read, with their own consumers, at their own pace.
 
-Both: file storage, a de-duplication window long enough to cover a relay that crashed between publishing
+Logs (an addition): LIMITS retention by age and optional total size, for step output (`logs_stream_config`).
+
+All: file storage, a de-duplication window long enough to cover a relay that crashed between publishing
 and marking a row (the next relay republishes within seconds; the window is minutes), configurable replicas.
 """
 
@@ -40,7 +42,7 @@ _STREAM_NAME_IN_USE = 10058
 
 
 def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[StreamConfig]:
-    """The configuration of `<PU>_ASSIGNMENTS` and `<PU>_EVENTS`."""
+    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS` and `<PU>_LOGS`."""
     storage = StorageType(settings.stream_storage)
     return [
         StreamConfig(
@@ -67,11 +69,33 @@ def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[Stre
             discard=DiscardPolicy.OLD,
             allow_direct=True,
         ),
+        logs_stream_config(subjects, settings),
     ]
 
 
+def logs_stream_config(subjects: Subjects, settings: SchedulerSettings) -> StreamConfig:
+    """`<PU>_LOGS`: step output as the agents stream it (`P.host.*.log.>`).
+
+    LIMITS retention, oldest dropped first, by age (7 days by default) and optionally by total size; each
+    agent caps its attempts' output itself. Hosts publish into it through their own subjects only (deploy
+    accounts) and cannot read it; operators read it with ordered consumers.
+    """
+    return StreamConfig(
+        name=subjects.logs_stream,
+        description=f"devsched step output ({subjects.prefix}): records of each attempt's stdout and stderr",
+        subjects=[subjects.host_log_all],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType(settings.stream_storage),
+        num_replicas=settings.stream_replicas,
+        max_age=settings.logs_max_age_s,
+        max_bytes=settings.logs_max_bytes,
+        duplicate_window=settings.duplicate_window_s,
+        discard=DiscardPolicy.OLD,
+    )
+
+
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, settings: SchedulerSettings) -> None:
-    """Create both streams, or bring existing ones to our configuration.
+    """Create the streams, or bring existing ones to our configuration.
 
     An existing stream whose configuration cannot be changed in place (its retention, say) is left as
     it is with an error logged: it still carries the messages, and replacing it would lose them.

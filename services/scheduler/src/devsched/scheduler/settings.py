@@ -18,7 +18,7 @@ class SchedulerSettings(ServiceSettings):
     """Everything `devsched-scheduler` reads (`DEVSCHED_<NAME>` or `--<name>`)."""
 
     create_streams: bool = True
-    """Create or update the two JetStream streams at start; off when an operator manages them."""
+    """Create or update the JetStream streams at start; off when an operator manages them."""
     stream_replicas: int = Field(default=1, ge=1, le=5)
     """Replicas of each stream (3 on a NATS cluster)."""
     stream_storage: Literal["file", "memory"] = "file"
@@ -31,6 +31,11 @@ class SchedulerSettings(ServiceSettings):
     """Oldest event kept in the events stream."""
     events_max_bytes: int = Field(default=-1, ge=-1)
     """Size cap of the events stream in bytes (oldest dropped first); -1 for none."""
+    logs_max_age_s: Seconds = 7 * 86400.0
+    """Oldest step output kept in the logs stream (`<PU>_LOGS`)."""
+    logs_max_bytes: int = Field(default=-1, ge=-1)
+    """Size cap of the logs stream in bytes, oldest output dropped first; -1 for none (only the max age).
+    Each attempt's output is capped by its agent (`log_max_bytes`, 64 MiB by default)."""
     consumer_ack_wait_s: Seconds = 30.0
     """How long an agent has to ack an assignment before JetStream redelivers it."""
     consumer_max_deliver: int = Field(default=10, ge=1)
@@ -103,7 +108,7 @@ class SchedulerSettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _window_within_ages(self) -> SchedulerSettings:
-        shortest = min(self.assignments_max_age_s, self.events_max_age_s)
+        shortest = min(self.assignments_max_age_s, self.events_max_age_s, self.logs_max_age_s)
         if self.duplicate_window_s > shortest:
             raise ValueError(f"duplicate_window_s must not exceed the streams' max age ({shortest} s)")
         return self

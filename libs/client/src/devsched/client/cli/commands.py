@@ -1,8 +1,9 @@
-"""The task and host commands: submit, get, ls, cancel, watch, hosts, drain."""
+"""The task and host commands: submit, get, ls, cancel, watch, hosts, drain (and `logs` in `logs.py`)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -24,12 +25,16 @@ from devsched.client.cli.common import (
     run,
     with_client,
 )
+from devsched.client.cli.logs import print_output_lines
 from devsched.client.cli.render import event_line, hosts_table, print_table, status_text, task_detail, tasks_table
 from devsched.client.client import Client, task_uuid
 from devsched.client.plans import load_request, parse_labels
 from devsched.core.limits import LIST_LIMIT_MAX
 from devsched.core.status import TERMINAL, TaskStatus
 from devsched.protocol.messages import SubmitRequest, TaskSummary, TaskView
+
+#: Seconds `watch --logs` waits, after the task's last event, for the rest of its output.
+OUTPUT_GRACE_S = 10.0
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON document instead of a table.")]
 
@@ -43,11 +48,19 @@ def _summary(view: TaskView) -> Text:
     return line
 
 
-async def follow(client: Client, task_id: Any, *, json_lines: bool, quiet: bool) -> TaskView:
-    """Print the task's events as they come (unless `quiet`) and return its final view."""
+async def follow(client: Client, task_id: Any, *, json_lines: bool, quiet: bool, output: bool = False) -> TaskView:
+    """Print the task's events as they come (unless `quiet`) and return its final view.
+
+    With `output`, the steps' output lines are printed too, as they come (`devsched watch --logs`).
+    """
     tid = task_uuid(task_id)
     started = time.monotonic()
-    status = err.status("waiting for events...", spinner="dots") if not (quiet or json_lines) else None
+    status = err.status("waiting for events...", spinner="dots") if not (quiet or json_lines or output) else None
+    printing = (
+        asyncio.create_task(print_output_lines(client.logs(tid, follow=True), json_lines=json_lines))
+        if output
+        else None
+    )
     try:
         if status is not None:
             status.start()
@@ -64,9 +77,16 @@ async def follow(client: Client, task_id: Any, *, json_lines: bool, quiet: bool)
                         else ""
                     )
                     status.update(f"{event.status}{step} · {time.monotonic() - started:.0f} s")
+        if printing is not None:
+            with contextlib.suppress(TimeoutError):  # the output ends with the task: bounded, in case it did not
+                await asyncio.wait_for(asyncio.shield(printing), OUTPUT_GRACE_S)
     finally:
         if status is not None:
             status.stop()
+        if printing is not None and not printing.done():
+            printing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await printing
     view = await client.get(tid)
     while view.status not in TERMINAL:  # the stream went quiet before the row changed: ask again
         await asyncio.sleep(0.2)
@@ -251,12 +271,16 @@ def watch(
     ctx: typer.Context,
     task_id: Annotated[str, typer.Argument(help="The task's id.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print each event as one JSON line (JSON Lines).")] = False,
+    logs: Annotated[
+        bool,
+        typer.Option("--logs", "-l", help="Show the steps' output lines too (with --json: their log records)."),
+    ] = False,
 ) -> None:
     """Follow a task's events from its start to its end; the exit code tells how it ended."""
     tid = check(lambda: task_uuid(task_id))
 
     async def main(client: Client) -> ExitCode:
-        view = await follow(client, tid, json_lines=json_out, quiet=False)
+        view = await follow(client, tid, json_lines=json_out, quiet=False, output=logs)
         return exit_code_of_status(view.status)
 
     raise typer.Exit(int(run(lambda: with_client(ctx, main))))

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from devsched.client.cli import commands
+from devsched.client.cli import logs as log_commands
 from devsched.client.cli.common import ExitCode, Settings, fail
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
 from devsched.protocol.subjects import DEFAULT_PREFIX
@@ -119,6 +120,7 @@ app.command()(commands.get)
 app.command("ls")(commands.ls)
 app.command()(commands.cancel)
 app.command()(commands.watch)
+app.command()(log_commands.logs)
 app.command()(commands.hosts)
 app.command()(commands.drain)
 

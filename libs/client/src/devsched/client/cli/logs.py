@@ -1,0 +1,166 @@
+"""`devsched logs`: a task's step output, byte for byte; and the output lines `devsched watch --logs` shows.
+
+The output bytes go to stdout exactly as the steps wrote them (stdout and stderr in the order the agent
+read them, or one of them with `--stream`); what the agent says about the output (dropped while NATS was
+away, cut at the attempt's cap, an attempt that lost its lease, the next attempt starting) goes to stderr
+as `devsched: ...` lines, so a redirected stdout holds only the steps' bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from devsched.client.cli.common import check, err, out, print_json_line, run, with_client
+from devsched.client.client import Client, task_uuid
+from devsched.client.errors import DevschedError, describe
+from devsched.client.logs import LogReader
+from devsched.protocol.logs import LogKind, LogRecord, OutputStream
+
+MiB = 1024 * 1024
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n} bytes"
+
+
+def note_of(record: LogRecord) -> str | None:
+    """What a control record tells a person, if anything (one line, no trailing newline)."""
+    head = f"attempt {record.attempt}"
+    if record.kind is LogKind.DROPPED:
+        return (
+            f"{head}: {_size(record.dropped_bytes or 0)} of output of step {record.step!r} dropped by the agent "
+            "(its buffer was full while NATS was slow or away)"
+        )
+    if record.kind is LogKind.TRUNCATED:
+        return f"{head}: output cut at the attempt's cap of {_size(record.cap_bytes or 0)}; the rest is not stored"
+    if record.kind is LogKind.END:
+        parts = []
+        if record.lease_lost:
+            parts.append(f"{head} lost its lease: its output is kept up to here")
+        cut = (record.output_bytes or 0) - (record.sent_bytes or 0) - (record.dropped_bytes or 0)
+        if cut > 0:
+            parts.append(f"{head}: {_size(cut)} of output past the cap not stored")
+        return "; ".join(parts) or None
+    return None
+
+
+def _note(text: str) -> None:
+    sys.stdout.flush()  # keep the order of stdout and stderr on a terminal
+    sys.stderr.write(f"devsched: {text}\n")
+    sys.stderr.flush()
+
+
+class LineSplitter:
+    """Output bytes cut into whole lines per step and stream (for `watch --logs`), the rest kept for later."""
+
+    def __init__(self) -> None:
+        self._partial: dict[tuple[int, str | None, OutputStream | None], bytes] = {}
+
+    def feed(self, record: LogRecord) -> list[tuple[LogRecord, str]]:
+        """The complete lines a record finishes, each with the record it ends in.
+
+        The partial lines of a step that ended, or of an attempt that ended, come out whole.
+        """
+        if record.kind is LogKind.OUTPUT:
+            key = (record.attempt, record.step, record.stream)
+            data = self._partial.pop(key, b"") + record.content()
+            *lines, rest = data.split(b"\n")
+            if rest:
+                self._partial[key] = rest
+            return [(record, line.decode("utf-8", "replace")) for line in lines]
+        if record.kind in (LogKind.STEP_END, LogKind.END):
+            done = [k for k in self._partial if k[0] == record.attempt and record.step in (None, k[1])]
+            return [(record, self._partial.pop(k).decode("utf-8", "replace")) for k in done]
+        return []
+
+
+def output_line(step: str | None, stream: OutputStream | None, text: str) -> Text:
+    """One line of a step's output as `watch --logs` shows it: `  │ step │ text` (stderr in yellow)."""
+    line = Text("  │ ", style="dim")
+    line.append(f"{step or '-'}", style="bold dim")
+    line.append(" │ ", style="dim")
+    line.append(text, style="yellow" if stream is OutputStream.STDERR else "")
+    return line
+
+
+async def print_output_lines(reader: LogReader, *, json_lines: bool) -> None:
+    """Print a followed reader's output as lines (or its records as JSON lines) until it ends.
+
+    The output cannot be read (no logs stream, NATS away): one line on stderr, and the events go on.
+    """
+    lines = LineSplitter()
+    try:
+        async with reader:
+            async for record in reader:
+                if json_lines:
+                    print_json_line(record)
+                    continue
+                note = note_of(record)
+                if note is not None:
+                    err.print(Text(f"devsched: {note}", style="dim"))
+                for source, text in lines.feed(record):
+                    out.print(output_line(source.step, source.stream, text))
+    except DevschedError as exc:
+        err.print(Text(f"devsched: the steps' output cannot be shown: {describe(exc)}", style="dim"))
+
+
+def _raw_printer(stream: OutputStream | None) -> Callable[[LogRecord], None]:
+    attempt: list[int] = []
+
+    def show(record: LogRecord) -> None:
+        if attempt and attempt[0] != record.attempt:
+            _note(f"attempt {record.attempt} follows")
+        attempt[:] = [record.attempt]
+        if record.kind is LogKind.OUTPUT:
+            if stream is None or record.stream is stream:
+                sys.stdout.buffer.write(record.content())
+                sys.stdout.buffer.flush()
+            return
+        note = note_of(record)
+        if note is not None:
+            _note(note)
+
+    return show
+
+
+def logs(
+    ctx: typer.Context,
+    task_id: Annotated[str, typer.Argument(help="The task's id.")],
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", min=1, help="This attempt's output [default: the latest attempt].")
+    ] = None,
+    step: Annotated[str | None, typer.Option("--step", help="Only this step's output.")] = None,
+    stream: Annotated[
+        OutputStream | None, typer.Option("--stream", help="Only the steps' stdout, or only their stderr.")
+    ] = None,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Go on printing while the attempt runs; stop when the task (or --attempt) ends."
+        ),
+    ] = False,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print each record as one JSON line (JSON Lines), control records too.")
+    ] = False,
+) -> None:
+    """Print a task's step output, byte for byte: stdout and stderr in the order the agent read them."""
+    tid = check(lambda: task_uuid(task_id))
+
+    async def main(client: Client) -> None:
+        show = _raw_printer(stream)
+        async with client.logs(tid, attempt=attempt, step=step, follow=follow) as records:
+            async for record in records:
+                if json_out:
+                    if record.kind is not LogKind.OUTPUT or stream is None or record.stream is stream:
+                        print_json_line(record)
+                else:
+                    show(record)
+            if records.current_attempt is None:
+                _note(f"task {tid} has no attempt yet: no output")
+
+    run(lambda: with_client(ctx, main))

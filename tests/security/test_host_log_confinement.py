@@ -1,0 +1,184 @@
+"""Step output under the deploy permissions: a host writes logs only for its own subjects (with the stream's
+acknowledgement), reads none (not even its own), and cannot write into another host's; operators read them.
+
+Proven against a real nats-server with the committed accounts (deploy/nats/accounts.conf, host_user.py);
+the logs stream is created by the scheduler's own user, as the scheduler does at start.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+import pytest
+from nats.aio.client import Client as NatsClient
+
+from devsched.client.logs import LogReader, collect_output
+from devsched.protocol import messages as m
+from devsched.protocol.codec import encode
+from devsched.protocol.logs import LogKind, LogRecord, OutputStream
+from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
+from devsched.scheduler.jetstream import ensure_streams
+from devsched.scheduler.settings import SchedulerSettings
+from support.log_stream import task_view
+from support.polling import eventually
+from support.secured_nats import SecuredNats, secured_nats
+
+pytestmark = [pytest.mark.security, pytest.mark.integration]
+
+SUBJECTS = Subjects("devsched")
+#: How long a refused or stray message would take to show up, at most, on loopback.
+WATCH_S = 1.0
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredNats]:
+    with secured_nats(tmp_path / "nats") as server:
+        yield server
+
+
+class Host:
+    """A host's own connection (its inbox prefix, as the agent connects), with the errors the server sent."""
+
+    def __init__(self, host_id: str) -> None:
+        self.host_id = host_id
+        self.violations: list[str] = []
+        self.nc: NatsClient | None = None
+
+    async def connect(self, server: SecuredNats) -> NatsClient:
+        async def on_error(exc: Exception) -> None:
+            self.violations.append(str(exc).lower())
+
+        self.nc = await nats.connect(
+            server.url(self.host_id), inbox_prefix=f"_INBOX.{self.host_id}", error_cb=on_error, allow_reconnect=False
+        )
+        return self.nc
+
+
+@pytest.fixture
+async def hosts(secured: SecuredNats) -> AsyncIterator[tuple[Host, Host]]:
+    scheduler = await nats.connect(secured.url("scheduler"))
+    try:
+        await ensure_streams(scheduler.jetstream(), SUBJECTS, SchedulerSettings(subject_prefix="devsched"))
+    finally:
+        await scheduler.close()
+    owner, neighbour = Host("bench-07"), Host("bench-08")
+    await owner.connect(secured)
+    await neighbour.connect(secured)
+    yield owner, neighbour
+    for host in (owner, neighbour):
+        if host.nc is not None:
+            await host.nc.close()
+
+
+def record(task_id: uuid.UUID, seq: int, text: str) -> bytes:
+    return encode(
+        LogRecord(
+            task_id=task_id,
+            attempt=1,
+            seq=seq,
+            kind=LogKind.OUTPUT,
+            at=datetime.now(UTC),
+            offset=0,
+            step="s",
+            index=0,
+            stream=OutputStream.STDOUT,
+            encoding="utf-8",
+            data=text,
+        )
+    )
+
+
+async def stored(operator: NatsClient, subject: str) -> int:
+    info = await operator.jetstream().stream_info(SUBJECTS.logs_stream, subjects_filter=subject)
+    return (info.state.subjects or {}).get(subject, 0)
+
+
+async def test_a_host_writes_its_own_logs_and_an_operator_reads_them(
+    secured: SecuredNats, hosts: tuple[Host, Host]
+) -> None:
+    owner, _ = hosts
+    assert owner.nc is not None
+    task = uuid.uuid4()
+    subject = SUBJECTS.host_log("bench-07", task, 1)
+    ack = await owner.nc.jetstream().publish(
+        subject, record(task, 1, "from bench-07\n"), headers={MSG_ID_HEADER: log_msg_id(uuid.uuid4(), 1)}
+    )
+    assert (ack.stream, ack.seq) == (SUBJECTS.logs_stream, 1), "the stream's acknowledgement reaches the host"
+    assert owner.violations == []
+
+    operator = await nats.connect(secured.url("operator"))
+    try:
+
+        async def probe() -> m.TaskView:
+            return task_view(task, "bench-07", (1, "done"), status="done")
+
+        reader = LogReader(operator.jetstream(), SUBJECTS, task, probe)
+        assert await collect_output(reader) == b"from bench-07\n"
+    finally:
+        await operator.close()
+
+
+async def test_a_host_cannot_write_into_another_hosts_logs(secured: SecuredNats, hosts: tuple[Host, Host]) -> None:
+    owner, neighbour = hosts
+    assert neighbour.nc is not None
+    task = uuid.uuid4()
+    victim = SUBJECTS.host_log("bench-07", task, 1)
+    with pytest.raises(nats.errors.TimeoutError):  # no acknowledgement: the server drops it
+        await neighbour.nc.jetstream().publish(victim, record(task, 1, "injected\n"), timeout=WATCH_S)
+    await eventually(lambda: neighbour.violations, message="the server refuses the publish")
+    assert any("publish" in v and victim in v for v in neighbour.violations), neighbour.violations
+    operator = await nats.connect(secured.url("operator"))
+    try:
+        assert await stored(operator, victim) == 0
+        assert await stored(operator, SUBJECTS.host_logs("bench-07")) == 0
+    finally:
+        await operator.close()
+    assert owner.violations == []
+
+
+@pytest.mark.parametrize("who", ["bench-08", "bench-07"])
+async def test_a_host_reads_no_logs_not_even_its_own(secured: SecuredNats, hosts: tuple[Host, Host], who: str) -> None:
+    owner, neighbour = hosts
+    assert owner.nc is not None
+    task = uuid.uuid4()
+    subject = SUBJECTS.host_log("bench-07", task, 1)
+    await owner.nc.jetstream().publish(subject, record(task, 1, "secret output\n"))
+    reader = owner if who == "bench-07" else neighbour
+    assert reader.nc is not None
+    nc = reader.nc
+    before = len(reader.violations)
+    # the subjects themselves: a subscription is refused, nothing is heard
+    heard: list[bytes] = []
+
+    async def hear(msg: nats.aio.msg.Msg) -> None:
+        heard.append(msg.data)
+
+    await nc.subscribe(SUBJECTS.host_log_all, cb=hear)
+    await nc.subscribe(SUBJECTS.host_logs("bench-07"), cb=hear)
+    await nc.flush()
+    # the stream through the JetStream API, directly or mapped the way the host's consumer is
+    for api in ("$JS.API", SUBJECTS.host_jetstream_api):
+        for call in (
+            f"{api}.STREAM.INFO.{SUBJECTS.logs_stream}",
+            f"{api}.CONSUMER.CREATE.{SUBJECTS.logs_stream}",
+            f"{api}.STREAM.MSG.GET.{SUBJECTS.logs_stream}",
+            f"{api}.DIRECT.GET.{SUBJECTS.logs_stream}.{subject}",
+        ):
+            try:
+                reply = await nc.request(call, b'{"last_by_subj": "' + subject.encode() + b'"}', timeout=WATCH_S)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+                continue  # refused, or nothing there
+            # the host's own account answers `$JS.API` itself: JetStream is not enabled there
+            assert b"secret output" not in reply.data, call
+            assert b'"error"' in reply.data, (call, reply.data)
+    await owner.nc.jetstream().publish(subject, record(task, 2, "more secret output\n"))
+    await eventually(lambda: len(reader.violations) >= before + 2, message="the subscriptions are refused")
+    subscribe = [v for v in reader.violations if "subscription" in v]
+    assert any(SUBJECTS.host_log_all.lower() in v for v in subscribe), reader.violations
+    assert heard == [], "no host hears any step output"
