@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from devsched.core.events import AttemptAssigned
+from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.records import LeaseRef, Selector
-from devsched.store import DeviceSpec, ManualClock, NewTask, Store
+from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store
 
 PLAN: Mapping[str, Any] = {"steps": [{"name": "flash", "action": "noop", "args": {}}]}
 
@@ -58,6 +58,11 @@ class Lab:
     async def alive(self) -> None:
         for h in await self.store.list_hosts():
             await self.store.heartbeat(h.host_id)
+
+
+def kinds(c: Committed) -> list[str]:
+    """The kinds of the messages a commit wrote, in order (`assignment` for an assignment)."""
+    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
 
 
 def ref(m: AttemptAssigned) -> LeaseRef:

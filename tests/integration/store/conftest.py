@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from devsched.store import ManualClock, Store
+from devsched.store import Committed, ManualClock, Store
 from support.store_lab import Lab
 
 
@@ -27,3 +27,15 @@ async def store(database_url: str, clock: ManualClock) -> AsyncIterator[Store]:
 @pytest.fixture
 async def lab(store: Store, clock: ManualClock) -> Lab:
     return Lab(store, clock)
+
+
+@pytest.fixture
+async def inline(database_url: str, clock: ManualClock) -> AsyncIterator[tuple[Lab, list[Committed]]]:
+    """A lab whose store assigns inline, and the list its `on_commit` fills."""
+    store = Store.connect(database_url, clock=clock, assign_inline=True)
+    heard: list[Committed] = []
+    store.on_commit = heard.append
+    try:
+        yield Lab(store, clock), heard
+    finally:
+        await store.close()

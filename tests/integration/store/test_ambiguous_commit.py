@@ -63,4 +63,3 @@ async def test_an_unreachable_database_before_anything_was_sent_says_nothing_of_
     finally:
         await proxied.close()
     assert "outcome" not in raised.value.details
-

@@ -5,7 +5,6 @@ assignment loop may still find work."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy import text
@@ -13,28 +12,12 @@ from sqlalchemy import text
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
-from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store
+from devsched.store import Committed, DeviceSpec, NewTask
 from devsched.store.candidates import HEAD
 from support.sql_log import logged, statements
-from support.store_lab import PLAN, Lab, ref
+from support.store_lab import PLAN, Lab, kinds, ref
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def inline(database_url: str, clock: ManualClock) -> AsyncIterator[tuple[Lab, list[Committed]]]:
-    """A lab whose store assigns inline, and the list its `on_commit` fills."""
-    store = Store.connect(database_url, clock=clock, assign_inline=True)
-    heard: list[Committed] = []
-    store.on_commit = heard.append
-    try:
-        yield Lab(store, clock), heard
-    finally:
-        await store.close()
-
-
-def kinds(c: Committed) -> list[str]:
-    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
 
 
 async def test_a_submit_with_a_free_device_is_assigned_in_its_own_transaction(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,7 +23,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import LeaseExpired, LeaseForeign
-from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.events import AttemptAssigned
 from devsched.core.matching import matches
 from devsched.core.records import DeviceRecord, LeaseRef, Selector
 from devsched.core.status import Outcome, TaskStatus
@@ -33,25 +33,9 @@ from devsched.store.outbox import Outbox
 from devsched.store.views import OutboxMessage
 from support.polling import eventually
 from support.sql_log import logged, statements
-from support.store_lab import Lab, ref
+from support.store_lab import Lab, kinds, ref
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def inline(database_url: str, clock: ManualClock) -> AsyncIterator[tuple[Lab, list[Committed]]]:
-    """A lab whose store assigns inline, and the list its `on_commit` fills."""
-    store = Store.connect(database_url, clock=clock, assign_inline=True)
-    heard: list[Committed] = []
-    store.on_commit = heard.append
-    try:
-        yield Lab(store, clock), heard
-    finally:
-        await store.close()
-
-
-def kinds(c: Committed) -> list[str]:
-    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
 
 
 def leases(c: Committed) -> list[LeaseRef]:

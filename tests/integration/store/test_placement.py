@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.events import AttemptAssigned
 from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import TaskStatus
@@ -32,25 +32,9 @@ from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
 from devsched.store.views import OutboxMessage
 from support.sql_log import logged, statements
-from support.store_lab import PLAN, Lab
+from support.store_lab import PLAN, Lab, kinds
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def inline(database_url: str, clock: ManualClock) -> AsyncIterator[tuple[Lab, list[Committed]]]:
-    """A lab whose store assigns inline, and the list its `on_commit` fills."""
-    store = Store.connect(database_url, clock=clock, assign_inline=True)
-    heard: list[Committed] = []
-    store.on_commit = heard.append
-    try:
-        yield Lab(store, clock), heard
-    finally:
-        await store.close()
-
-
-def kinds(c: Committed) -> list[str]:
-    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
 
 
 def placed(c: Committed) -> list[tuple[uuid.UUID, str]]:

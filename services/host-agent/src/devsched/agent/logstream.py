@@ -38,6 +38,9 @@ from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
 
 logger = logging.getLogger(__name__)
 
+#: How often `finish` looks again at whether waiting still helps (the wait itself ends when the last
+#: record is stored).
+_FINISH_CHECK_S = 0.1
 #: Publish one message and wait for the stream's acknowledgement: `(subject, payload, headers)`; raises
 #: when it is not stored (timeout, no stream, no connection).
 Publish = Callable[[str, bytes, Mapping[str, str]], Awaitable[Any]]
@@ -144,11 +147,16 @@ class AttemptLog:
         )
         self._wake.set()
         deadline = time.monotonic() + flush_s
+        publishing = self._task
         while not self.batcher.done:
             now = time.monotonic()
             if now >= deadline or (self._health.hopeless and now - self.last_stored >= stall_s):
                 break
-            await asyncio.sleep(min(0.02, deadline - now))
+            if publishing is None or publishing.done():  # nothing left that could store the rest
+                break
+            # The publisher returns once the last record is stored: woken by that, not by polling, so a
+            # report waits for its output no longer than the stream takes to acknowledge it.
+            await asyncio.wait({publishing}, timeout=min(_FINISH_CHECK_S, deadline - now))
         done = self.batcher.done
         b = self.batcher
         fields = {
