@@ -40,6 +40,9 @@ READ_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 5.0
 #: Connections served at once; more are answered 503 and closed.
 MAX_CONNECTIONS = 64
+#: After answering, how long and how much of what a client still sends is read before closing.
+LINGER_S = 0.5
+LINGER_BYTES = 64 * 1024
 #: Longest reason kept from a failing check.
 MAX_REASON_CHARS = 300
 
@@ -173,7 +176,7 @@ class HealthServer:
         self.read_timeout_s = read_timeout_s
         self._routes: dict[str, Route] = {}
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[Any]] = set()
+        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
         self._started = time.monotonic()
         self.route("/healthz", self._healthz)
         self.route("/readyz", self._readyz)
@@ -208,9 +211,14 @@ class HealthServer:
         if self._server is None:
             return
         self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        await asyncio.gather(*self._connections, return_exceptions=True)
+        # Closing their sockets ends the connections' reads (cancelling them would make Python 3.11's
+        # stream protocol log the cancellation as an error).
+        for writer in self._connections.values():
+            writer.close()
+        if self._connections:
+            _, late = await asyncio.wait(set(self._connections), timeout=2.0)
+            for task in late:
+                task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self._server.wait_closed(), timeout=2.0)
         self._server = None
@@ -218,16 +226,18 @@ class HealthServer:
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
+        self._connections[task] = writer
         try:
             if len(self._connections) > self.max_connections:
-                await self._send(writer, Response.json(503, {"error": "too many connections"}))
-                return
-            await self._send(writer, await self._respond(reader))
+                response = Response.json(503, {"error": "too many connections"})
+            else:
+                response = await self._respond(reader)
+            await self._send(writer, response)
+            await _linger(reader, writer)
         except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
             pass  # the client went away or stalled: nothing to answer
         finally:
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(writer.wait_closed(), timeout=1.0)
@@ -280,6 +290,18 @@ class HealthServer:
     async def _readyz(self) -> Response:
         verdict = await self.readiness.verdict()
         return Response.json(200 if verdict.ready else 503, {"service": self.service, **verdict.to_json()})
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close, then read what the client still sends (bounded), so that closing does not reset the
+    connection under a response it has not read yet (a socket closed with unread input sends RST)."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    left = LINGER_BYTES
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(LINGER_S):
+            while left > 0 and (chunk := await reader.read(min(left, 4096))):
+                left -= len(chunk)
 
 
 @contextlib.asynccontextmanager
