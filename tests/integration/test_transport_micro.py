@@ -235,7 +235,9 @@ async def test_micro_stats_count_error_replies_and_time_the_whole_handler(
             raise NotFound("no such task", task_id=str(req.task_id))
         return m.CancelReply(task_id=req.task_id, status=TaskStatus.QUEUED, cancel_requested=False)
 
-    svc = await nats.micro.add_service(nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group)
+    svc = await nats.micro.add_service(
+        nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group
+    )
     try:
         tally = await add_typed_endpoint(
             svc,
@@ -272,7 +274,9 @@ async def test_micro_stats_last_error_names_status_code_and_message(nc: Client, 
     async def missing(req: m.GetTaskRequest, subject: str) -> m.CancelReply:
         raise NotFound("no such task", task_id=str(req.task_id))
 
-    svc = await nats.micro.add_service(nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group)
+    svc = await nats.micro.add_service(
+        nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group
+    )
     try:
         await add_typed_endpoint(
             svc, name="tasks-get", subject=subjects.tasks_get, request_type=m.GetTaskRequest, handler=missing

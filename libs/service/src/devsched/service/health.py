@@ -293,8 +293,10 @@ class HealthServer:
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Half-close, then read what the client still sends (bounded), so that closing does not reset the
-    connection under a response it has not read yet (a socket closed with unread input sends RST)."""
+    """Half-close, then read what the client still sends (bounded) before the close.
+
+    A socket closed with unread input sends RST, which can destroy a response the client has not read yet.
+    """
     if writer.can_write_eof():
         writer.write_eof()
     left = LINGER_BYTES
