@@ -252,7 +252,8 @@ async def test_micro_stats_count_error_replies_and_time_the_whole_handler(
         with pytest.raises(NotFound):
             await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=uuid.uuid4()), m.CancelReply, timeout=2)
         bad = await nc.request(subjects.tasks_get, b"not json", timeout=2)
-        assert bad.headers is not None and bad.headers[ERROR_CODE_HEADER] == "400"
+        assert bad.headers is not None
+        assert bad.headers[ERROR_CODE_HEADER] == "400"
 
         # The tally records right after the reply went out: poll until the third one is in.
         async def counted() -> dict[str, Any] | None:
