@@ -335,3 +335,14 @@ async def check_nats(nc: Client | None, timeout: float = 2.0) -> None:  # noqa: 
         await nc.flush(timeout=timeout)  # type: ignore[arg-type]  # nats-py annotates it int
     except Exception as exc:
         raise NotReady(f"no answer from the server: {type(exc).__name__}") from None
+
+
+async def plainly(work: Awaitable[None], *errors: type[Exception]) -> None:
+    """Await `work`; an error of the types given fails the check with its message alone.
+
+    For errors whose message is a whole sentence (the store's `DatabaseNotReady`): their type name adds nothing.
+    """
+    try:
+        await work
+    except errors as exc:
+        raise NotReady(str(exc)) from None

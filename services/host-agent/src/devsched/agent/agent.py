@@ -56,7 +56,7 @@ from devsched.agent.workspace import (
 )
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
-from devsched.service import ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
+from devsched.service import HealthServer, ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,8 @@ class Agent:
         self._drained_by_scheduler = False
         #: The NATS connection once made (for the readiness checks).
         self.nc: Client | None = None
+        #: The health endpoints while serving, when `metrics_port` is set.
+        self.health: HealthServer | None = None
 
     def request_drain(self, source: str, reason: str | None = None) -> None:
         """Drain: finish the running attempts, take no more work, and exit 0 once idle.
@@ -132,6 +134,7 @@ class Agent:
         async with serving_health(config.metrics_host, config.metrics_port, service="devsched-agent") as health:
             if health is not None:
                 add_checks(health, self)
+            self.health = health
             return await self._serve(stop)
 
     async def _serve(self, stop: asyncio.Event) -> int:

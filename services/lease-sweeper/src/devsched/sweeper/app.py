@@ -37,8 +37,9 @@ from devsched.service import (
     sleep_or_stop,
     wake_subject,
 )
+from devsched.service.health import plainly
 from devsched.store import ExpiredLease, Store
-from devsched.store.health import check_schema, ping
+from devsched.store.health import DatabaseNotReady, check_schema, ping
 
 log = logging.getLogger("devsched.sweeper")
 
@@ -112,12 +113,12 @@ class Sweeper:
         async def database() -> None:
             if self._store is None:
                 raise NotReady("not connected yet")
-            await ping(self._store.engine)
+            await plainly(ping(self._store.engine), DatabaseNotReady)
 
         async def schema() -> None:
             if self._store is None:
                 raise NotReady("not connected yet")
-            await check_schema(self._store.engine)
+            await plainly(check_schema(self._store.engine), DatabaseNotReady)
 
         health.check("database", database)
         health.check("schema", schema)

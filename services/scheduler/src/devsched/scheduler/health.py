@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from devsched.scheduler.service import endpoints_registered
 from devsched.service import HealthServer, NotReady, check_nats
-from devsched.store.health import check_schema, ping
+from devsched.service.health import plainly
+from devsched.store.health import DatabaseNotReady, check_schema, ping
 
 if TYPE_CHECKING:
     from devsched.scheduler.app import Scheduler
@@ -32,12 +33,12 @@ def add_checks(health: HealthServer, scheduler: Scheduler) -> None:
     async def database() -> None:
         if scheduler.store is None:
             raise NotReady("not connected yet")
-        await ping(scheduler.store.engine)
+        await plainly(ping(scheduler.store.engine), DatabaseNotReady)
 
     async def schema() -> None:
         if scheduler.store is None:
             raise NotReady("not connected yet")
-        await check_schema(scheduler.store.engine)
+        await plainly(check_schema(scheduler.store.engine), DatabaseNotReady)
 
     async def service() -> None:
         if scheduler.service is None:
