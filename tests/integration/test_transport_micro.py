@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.micro
 import pytest
 from nats.aio.client import Client
+from nats.micro.request import Handler, Request
 from opentelemetry import trace
 
 from devsched.core.errors import InvalidRequest, LeaseForeign, NotFound, TooLarge
@@ -23,7 +26,8 @@ from devsched.protocol import messages as m
 from devsched.protocol.codec import ERROR_CODE_HEADER, ERROR_HEADER
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import TRACEPARENT, extract, use_context
-from devsched.protocol.transport import NoReply, add_typed_endpoint, request
+from devsched.protocol.transport import EndpointTally, HandOff, NoReply, add_typed_endpoint, request
+from support.polling import eventually
 
 NATS_SERVER = Path(sys.prefix) / "bin" / "nats-server"
 
@@ -195,3 +199,93 @@ async def test_the_service_is_discoverable(nc: Client, subjects: Subjects, sched
         ("tasks-get", subjects.tasks_get, subjects.queue_group),
         ("host-claim", subjects.host_endpoint(HostVerb.CLAIM), subjects.queue_group),
     }
+
+
+# -- what `nats micro stats` reports -----------------------------------------------------------------------
+
+HANDLER_S = 0.05
+
+
+async def micro_stats(nc: Client, service_name: str, endpoint: str) -> dict[str, Any]:
+    """The endpoint's entry of `$SRV.STATS.<name>`: the request `nats micro stats <name>` sends."""
+    reply = await nc.request(f"$SRV.STATS.{service_name}", b"", timeout=2)
+    stats = json.loads(reply.data)
+    return next(e for e in stats["endpoints"] if e["name"] == endpoint)
+
+
+def in_a_task(handler: Handler, tally: EndpointTally) -> Handler:
+    """A hand-off like the scheduler's dispatcher: micro's callback returns before the request is served."""
+    running: set[asyncio.Task[None]] = set()
+
+    async def dispatch(req: Request) -> None:
+        task = asyncio.ensure_future(handler(req))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    return dispatch
+
+
+@pytest.mark.parametrize("hand_off", [None, in_a_task], ids=["in-micro", "handed-off"])
+async def test_micro_stats_count_error_replies_and_time_the_whole_handler(
+    nc: Client, subjects: Subjects, hand_off: HandOff | None
+) -> None:
+    async def slow_get(req: m.GetTaskRequest, subject: str) -> m.CancelReply:
+        await asyncio.sleep(HANDLER_S)
+        if req.task_id != TASK_ID:
+            raise NotFound("no such task", task_id=str(req.task_id))
+        return m.CancelReply(task_id=req.task_id, status=TaskStatus.QUEUED, cancel_requested=False)
+
+    svc = await nats.micro.add_service(
+        nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group
+    )
+    try:
+        tally = await add_typed_endpoint(
+            svc,
+            name="tasks-get",
+            subject=subjects.tasks_get,
+            request_type=m.GetTaskRequest,
+            handler=slow_get,
+            hand_off=hand_off,
+        )
+        assert tally.attached, "nats-py's micro Endpoint changed: see transport._micro_endpoint"
+        await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+        with pytest.raises(NotFound):
+            await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=uuid.uuid4()), m.CancelReply, timeout=2)
+        bad = await nc.request(subjects.tasks_get, b"not json", timeout=2)
+        assert bad.headers is not None
+        assert bad.headers[ERROR_CODE_HEADER] == "400"
+
+        # The tally records right after the reply went out: poll until the third one is in.
+        async def counted() -> dict[str, Any] | None:
+            stats = await micro_stats(nc, subjects.service_name, "tasks-get")
+            return stats if stats["num_errors"] == 2 else None
+
+        stats = await eventually(counted, message="both error replies counted")
+        assert stats["num_requests"] == 3
+        assert stats["last_error"].startswith("400:invalid_request ")
+        # Two requests slept HANDLER_S each; micro's own timer saw only the hand-off in the second case.
+        assert stats["processing_time"] >= 2 * HANDLER_S * 1e9
+        assert stats["average_processing_time"] >= (2 * HANDLER_S / 3) * 1e9
+        assert stats["average_processing_time"] == stats["processing_time"] // 3
+    finally:
+        await svc.stop()
+
+
+async def test_micro_stats_last_error_names_status_code_and_message(nc: Client, subjects: Subjects) -> None:
+    async def missing(req: m.GetTaskRequest, subject: str) -> m.CancelReply:
+        raise NotFound("no such task", task_id=str(req.task_id))
+
+    svc = await nats.micro.add_service(
+        nc, name=subjects.service_name, version="0.1.0", queue_group=subjects.queue_group
+    )
+    try:
+        await add_typed_endpoint(
+            svc, name="tasks-get", subject=subjects.tasks_get, request_type=m.GetTaskRequest, handler=missing
+        )
+        with pytest.raises(NotFound):
+            await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+        stats = await micro_stats(nc, subjects.service_name, "tasks-get")
+        assert (stats["num_requests"], stats["num_errors"]) == (1, 1)
+        assert stats["last_error"] == "404:not_found no such task"
+    finally:
+        await svc.stop()

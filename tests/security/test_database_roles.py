@@ -23,6 +23,7 @@ import pytest
 
 from devsched.core.status import TaskStatus
 from devsched.store import ManualClock, Store
+from devsched.store.health import expected_revision
 from devsched.store.migrations import downgrade, upgrade
 from devsched.store.roles import (
     GRANTS,
@@ -325,6 +326,28 @@ async def test_rerunning_migrate_is_idempotent_and_converges(database_url: str, 
     assert not any(g == ROLES.sweeper and p == "INSERT" and t != "outbox" for g, t, p in table_grants)
     assert (ROLES.sweeper, "tasks", "plan", "UPDATE") not in set(first["columns"])
     assert (ROLES.sweeper, "tasks", "status", "UPDATE") in set(first["columns"])
+
+
+async def test_the_service_roles_read_the_schema_version_and_cannot_change_it(
+    database_url: str, admin: asyncpg.Connection
+) -> None:
+    """Their readiness compares `alembic_version` with the release's migrations: read it, nothing more."""
+    migrate_as_owner(database_url)
+    for role in ("scheduler", "sweeper"):
+        conn = await connect_as(database_url, role)
+        try:
+            assert await conn.fetchval("SELECT version_num FROM alembic_version") == expected_revision()
+            for statement in (
+                "UPDATE alembic_version SET version_num = '0001'",
+                "DELETE FROM alembic_version",
+                "INSERT INTO alembic_version VALUES ('9999')",
+                "TRUNCATE alembic_version",
+            ):
+                with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                    await conn.execute(statement)
+        finally:
+            await conn.close()
+    assert await admin.fetchval("SELECT version_num FROM alembic_version") == expected_revision()
 
 
 async def test_every_table_has_its_grants(admin: asyncpg.Connection) -> None:

@@ -255,8 +255,42 @@ def test_disruption_budgets_cover_the_deployments(name: str) -> None:
             for budget in budgets
         ), deployment["metadata"]["name"]
         strategy = deployment["spec"]["strategy"]["rollingUpdate"]
-        assert strategy["maxUnavailable"] == 0, "no readiness probe: never stop an old pod before a new one is up"
+        assert strategy["maxUnavailable"] == 0, "never stop an old pod before a new one is ready"
         assert deployment["spec"]["minReadySeconds"] > 0
+
+
+@pytest.mark.parametrize("name", [*OVERLAYS, "base/control-plane", "base/agent"])
+def test_every_service_container_is_probed_on_its_health_port(name: str) -> None:
+    """Liveness on /healthz and readiness on /readyz, on the named port the service listens on (its env)."""
+    docs = render(name)
+    probed = 0
+    for workload in workloads(docs):
+        if workload["kind"] == "Job":  # the migration runs to completion: nothing to probe
+            assert all("readinessProbe" not in c for c in containers(pod_spec(workload)))
+            continue
+        (container,) = pod_spec(workload)["containers"]
+        where = f"{name}: {workload['metadata']['name']}"
+        env = {entry["name"]: entry.get("value") for entry in container.get("env", [])}
+        ports = {port["name"]: port for port in container.get("ports", [])}
+        assert "metrics" in ports, f"{where}: no port named metrics"
+        assert ports["metrics"]["protocol"] == "TCP"
+        assert int(env["DEVSCHED_METRICS_PORT"]) == ports["metrics"]["containerPort"], where
+        assert env["DEVSCHED_METRICS_HOST"] == "0.0.0.0", f"{where}: the kubelet probes the pod's address"
+        for kind, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+            probe = container[kind]
+            assert probe["httpGet"] == {"path": path, "port": "metrics"}, f"{where}: {kind}"
+            # the service bounds each check to 3 s: the kubelet must wait longer than that
+            assert probe["timeoutSeconds"] >= 5, f"{where}: {kind}"
+            assert probe["periodSeconds"] >= 5, f"{where}: {kind}"
+        liveness = container["livenessProbe"]
+        patience = liveness["periodSeconds"] * liveness["failureThreshold"]
+        assert patience >= (180 if component(workload) == "agent" else 60), f"{where}: liveness too eager"
+        assert "startupProbe" not in container, f"{where}: the listener is up before anything slow starts"
+        probed += 1
+    assert probed, f"{name}: no workload probed"
+    settings = ServiceSettings(metrics_port=9464, metrics_host="0.0.0.0")  # the values are valid settings
+    assert settings.metrics_port == 9464
+    assert AgentConfig.model_fields["metrics_port"].default is None  # off unless a deployment asks
 
 
 def pod_spec_labels(workload: dict[str, Any]) -> dict[str, str]:

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
 from nats.micro.request import Handler, Request
-from nats.micro.service import EndpointManager
+from nats.micro.service import Service
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel
 
 from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, TooLarge
-from devsched.protocol.codec import decode, encode, encode_error, raise_for_error
+from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error
 from devsched.protocol.tracing import extract, inject, messaging_attributes, tracer, use_context
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ def typed_handler(
     handler: TypedHandler[Req],
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    tally: EndpointTally | None = None,
 ) -> Handler:
     """Wrap a model-in, model-out coroutine as a nats-py `micro` endpoint handler.
 
@@ -117,10 +119,21 @@ def typed_handler(
     and answered as `internal` (500) without its text, which could leak internals.
 
     Error replies are sent by this wrapper, not raised to `micro`, because `micro`'s `ServiceError`
-    path sends no body; so `nats micro stats` counts them as successful requests.
+    path sends no body; `tally` (see `EndpointTally`) has `nats micro stats` count them as errors anyway,
+    and, when the endpoint hands requests off to tasks, time them from here to the reply.
     """
 
     async def handle(req: Request) -> None:
+        started = time.perf_counter_ns()
+        error: str | None = None
+        try:
+            error = await answer(req)
+        finally:
+            if tally is not None:
+                tally.record(time.perf_counter_ns() - started, error)
+
+    async def answer(req: Request) -> str | None:
+        """Serve `req`; returns the error reply's `nats micro stats` text, None after a reply of success."""
         subject = req.subject
         data = req.data
         context = extract(req.headers)
@@ -143,7 +156,7 @@ def typed_handler(
                 _record(span, err)
                 headers, body = encode_error(err)
                 await req.respond(body, headers=headers)
-                return
+                return stats_error(err, headers)
             except Exception as exc:
                 log.exception("unhandled error serving %s", subject)
                 span.record_exception(exc)
@@ -151,10 +164,22 @@ def typed_handler(
                 _record(span, internal)
                 headers, body = encode_error(internal)
                 await req.respond(body, headers=headers)
-                return
+                return stats_error(internal, headers)
             await req.respond(reply)
+            return None
 
     return handle
+
+
+def stats_error(err: DevschedError, headers: Mapping[str, str] | None = None) -> str:
+    """The `last_error` of `nats micro stats` for an error reply: `"<status>:<code> <message>"`.
+
+    micro's own form is `"<Nats-Service-Error-Code>:<Nats-Service-Error>"` (`404:no such task`); the
+    protocol's machine code goes between, so that `409:lease_expired ...` reads at a glance. The message is
+    the header's (one line, at most 200 characters), never more than the reply itself said.
+    """
+    message = (headers or encode_error(err)[0]).get(ERROR_HEADER, "")
+    return f"{err.status}:{err.code} {message}".rstrip()
 
 
 def _record(span: trace.Span, err: DevschedError) -> None:
@@ -163,25 +188,104 @@ def _record(span: trace.Span, err: DevschedError) -> None:
         span.set_status(Status(StatusCode.ERROR, err.code))
 
 
+#: What an endpoint may put between micro and the typed handler: given the handler and the endpoint's
+#: tally, a micro handler that hands each request off (to a task of its own, say) and returns.
+HandOff = Callable[[Handler, "EndpointTally"], Handler]
+
+
 async def add_typed_endpoint(
-    service: EndpointManager,
+    service: Service,
     *,
     name: str,
     subject: str,
     request_type: type[Req],
     handler: TypedHandler[Req],
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    hand_off: HandOff | None = None,
     **endpoint_options: Any,
-) -> None:
-    """`service.add_endpoint` with a `typed_handler`.
+) -> EndpointTally:
+    """`service.add_endpoint` with a `typed_handler`, whose error replies `nats micro stats` counts.
 
-    Pass the micro `Service` itself with the full subjects of `Subjects`: a micro `Group` prefixes its
-    name to every endpoint subject. Give the service `queue_group=Subjects.queue_group` so that every
-    replica shares the load.
+    Pass the micro `Service` itself with the full subjects of `Subjects` (a micro `Group` prefixes its name
+    to every endpoint subject). Give the service `queue_group=Subjects.queue_group` so that every replica
+    shares the load. `hand_off` wraps the typed handler when requests run outside micro's callback (the
+    scheduler's dispatcher): the endpoint's processing time then covers each request until its reply.
+    Returns the endpoint's tally (for error replies sent outside the typed handler, such as a 429).
     """
+    tally = EndpointTally(times=hand_off is not None)
+    typed = typed_handler(request_type, handler, max_payload_bytes=max_payload_bytes, tally=tally)
     await service.add_endpoint(
         name=name,
         subject=subject,
-        handler=typed_handler(request_type, handler, max_payload_bytes=max_payload_bytes),
+        handler=typed if hand_off is None else hand_off(typed, tally),
         **endpoint_options,
     )
+    tally.attach(service, name)
+    return tally
+
+
+class EndpointTally:
+    """Puts into an endpoint's `nats micro stats` what micro cannot see: our error replies and handed-off time.
+
+    nats-py's micro (2.16) counts a request as an error only when its handler raises, and then replies
+    without a body; the protocol's error replies carry a JSON body, so they are sent by `typed_handler` and
+    micro counts them as successes. And micro times its handler callback, which for a handler that hands the
+    request to a task of its own (the scheduler's dispatcher, for concurrency) is only the hand-off.
+    `record` adds both to micro's own counters (`_add_to_micro_stats`); with `times` off (micro runs the
+    typed handler itself, so it times it whole) only the errors.
+    """
+
+    def __init__(self, *, times: bool) -> None:
+        self.times = times
+        self._endpoint: Any = None
+
+    @property
+    def attached(self) -> bool:
+        """Whether this tally found its micro endpoint's counters (see `_micro_endpoint`)."""
+        return self._endpoint is not None
+
+    def attach(self, service: Service, name: str) -> None:
+        """Find the micro endpoint `name` of `service`; if nats-py changed, log it and count nothing."""
+        self._endpoint = _micro_endpoint(service, name)
+        if self._endpoint is None:
+            log.warning("nats micro stats of endpoint %s: counters not found; error replies count as successes", name)
+
+    def record(self, elapsed_ns: int, error: str | None) -> None:
+        """One request answered after `elapsed_ns`; `error` is its `stats_error` text for an error reply."""
+        if self._endpoint is not None:
+            _add_to_micro_stats(self._endpoint, elapsed_ns if self.times else 0, error)
+
+    def error(self, err: DevschedError, headers: Mapping[str, str] | None = None) -> None:
+        """Count an error reply sent outside the typed handler (micro timed its callback already)."""
+        if self._endpoint is not None:
+            _add_to_micro_stats(self._endpoint, 0, stats_error(err, headers))
+
+
+#: The private counters of nats-py micro's `Endpoint` (2.16) that `Service.stats()` reports.
+MICRO_COUNTERS = ("_num_requests", "_num_errors", "_processing_time", "_average_processing_time", "_last_error")
+
+
+def _micro_endpoint(service: Service, name: str) -> Any:
+    """The micro `Endpoint` object named `name`, if it still has the counters `MICRO_COUNTERS`; else None.
+
+    The one place that reaches into nats-py's micro internals (with `_add_to_micro_stats`): micro has no
+    API to count an error whose reply carries a body, nor to time work done after its callback returned.
+    tests/integration/test_transport_micro.py fails if a nats-py release changes them.
+    """
+    owner = getattr(service, "_service", service)  # a micro Group keeps its endpoints in its service
+    for endpoint in getattr(owner, "_endpoints", ()):
+        if getattr(endpoint, "_name", None) == name:
+            if all(isinstance(getattr(endpoint, c, None), int) for c in MICRO_COUNTERS[:3]):
+                return endpoint
+            return None
+    return None
+
+
+def _add_to_micro_stats(endpoint: Any, elapsed_ns: int, error: str | None) -> None:
+    # micro counted the request (and timed its callback) before our handler ran; see `_micro_endpoint`.
+    endpoint._processing_time += elapsed_ns
+    if endpoint._num_requests:
+        endpoint._average_processing_time = endpoint._processing_time // endpoint._num_requests
+    if error is not None:
+        endpoint._num_errors += 1
+        endpoint._last_error = error

@@ -1,6 +1,7 @@
 """devsched.service: plumbing shared by the control-plane services (never imported by libraries)."""
 
 from devsched.service.connection import Stopped, close_nats, connect_nats, flush_subscriptions, wake_subject
+from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
 from devsched.service.heap import settle_heap
 from devsched.service.lifecycle import Backoff, run, sleep_or_stop
 from devsched.service.logs import bind, configure_logging
@@ -9,16 +10,20 @@ from devsched.service.tracing import setup_tracing
 
 __all__ = [
     "Backoff",
+    "HealthServer",
+    "NotReady",
     "ServiceSettings",
     "SettingsError",
     "Stopped",
     "bind",
+    "check_nats",
     "close_nats",
     "configure_logging",
     "connect_nats",
     "flush_subscriptions",
     "parse_settings",
     "run",
+    "serving_health",
     "settings_from",
     "settle_heap",
     "setup_tracing",

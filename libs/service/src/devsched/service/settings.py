@@ -84,6 +84,10 @@ class ServiceSettings(BaseSettings):
     """Client certificate for Postgres (`sslcert`)."""
     database_ssl_key: Path | None = None
     """Private key of `database_ssl_cert` (`sslkey`)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the HTTP health endpoints (`/healthz`, `/readyz`); unset: no listener (0: any free port)."""
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the health endpoints listen on; `0.0.0.0` in a container, for the kubelet's probes."""
 
     @model_validator(mode="after")
     def _check_nats_access(self) -> ServiceSettings:

@@ -7,7 +7,8 @@ Who does what:
   assignment loop and the outbox relay write (a task's `releases` count included: releases come through
   its API; of an outbox row, only its `sent_at` mark: the events themselves are never rewritten); it
   deletes nothing and cannot change the schema;
-- the sweeper (`devsched_sweeper`) reads tasks, attempts, devices and cancellation requests, updates only
+- the sweeper (`devsched_sweeper`) reads tasks, attempts, devices, cancellation requests and the schema's
+  migration (`alembic_version`, for its readiness check), updates only
   the columns a sweep writes (a task's status, reason, updated_at and event_seq; an attempt's status,
   end_reason and ended_at; a device's available_after) and inserts outbox rows: it cannot submit a task,
   rewrite a plan, or count a release (which would let a task run past its `max_attempts`); it deletes
@@ -44,6 +45,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "reservations": "SELECT, INSERT",
         "cancel_requests": "SELECT, INSERT",
         "outbox": "SELECT, INSERT, UPDATE (sent_at)",
+        "alembic_version": "SELECT",  # readiness: the schema is this release's (store/health.py)
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
@@ -52,6 +54,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "devices": "SELECT, UPDATE (available_after)",
         "cancel_requests": "SELECT",
         "outbox": "INSERT",
+        "alembic_version": "SELECT",  # readiness, as for the scheduler
     },
 }
 
@@ -67,8 +70,8 @@ FUNCTION_GRANTS: Mapping[str, tuple[str, ...]] = {
     "sweeper": ("devsched_prune(interval, integer)",),
 }
 
-#: Tables no service touches on purpose.
-UNGRANTED_TABLES = frozenset({"alembic_version"})
+#: Tables no service touches on purpose (none: `alembic_version` is read by the readiness checks, and only read).
+UNGRANTED_TABLES: frozenset[str] = frozenset()
 
 #: Session defaults set on the roles (`ALTER ROLE ... SET`), the same as the services' engine sets per
 #: connection (engine.DatabaseTimeouts), so a client that forgets them (psql, a script) still has them.

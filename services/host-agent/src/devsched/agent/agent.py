@@ -37,6 +37,7 @@ from devsched.agent.attempt import Attempt, AttemptKey
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
 from devsched.agent.delivery import ReportDelivery
+from devsched.agent.health import add_checks
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
 from devsched.agent.logstream import LogStreams, jetstream_publish
@@ -57,7 +58,7 @@ from devsched.agent.workspace import (
 )
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
-from devsched.service import ServiceSettings, Stopped, bind, close_nats, connect_nats
+from devsched.service import HealthServer, ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,10 @@ class Agent:
         self.draining = asyncio.Event()
         #: Whether the drain came from the scheduler (its devices are drained there already).
         self._drained_by_scheduler = False
+        #: The NATS connection once made (for the readiness checks).
+        self.nc: Client | None = None
+        #: The health endpoints while serving, when `metrics_port` is set.
+        self.health: HealthServer | None = None
 
     def request_drain(self, source: str, reason: str | None = None) -> None:
         """Drain: finish the running attempts, take no more work, and exit 0 once idle.
@@ -123,7 +128,18 @@ class Agent:
         self.draining.set()
 
     async def serve(self, stop: asyncio.Event) -> int:
-        """Run until `stop` is set (or drained and idle), then shut down gracefully; returns the exit code."""
+        """Run until `stop` is set (or drained and idle), then shut down gracefully; returns the exit code.
+
+        The health endpoints (`metrics_port`, `health.py`) answer from the start to the end.
+        """
+        config = self.config
+        async with serving_health(config.metrics_host, config.metrics_port, service="devsched-agent") as health:
+            if health is not None:
+                add_checks(health, self)
+            self.health = health
+            return await self._serve(stop)
+
+    async def _serve(self, stop: asyncio.Event) -> int:
         with bind(host_id=self.config.host_id), contextlib.ExitStack() as taken:
             taken.enter_context(self._drain_signal())
             try:
@@ -176,6 +192,7 @@ class Agent:
                 )
             except Stopped:
                 return 0
+            self.nc = nc
             try:
                 await self._serve_connected(nc, _Taken(spool, workspace, groups, held, taken_before), stop)
             finally:

@@ -12,7 +12,8 @@ env = { ANDROID_SERIAL = "33ab12" }
 `DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX`, `DEVSCHED_NATS_CREDS` and `DEVSCHED_JETSTREAM_API_PREFIX`
 override `nats_url`, `subject_prefix`, `nats_creds` and `jetstream_api_prefix` from the file (the same names
 the other services read), and so do `DEVSCHED_NATS_NKEY_SEED`, `DEVSCHED_NATS_USER`,
-`DEVSCHED_NATS_PASSWORD_FILE` and `DEVSCHED_NATS_TLS_{CA,CERT,KEY,HOSTNAME}`.
+`DEVSCHED_NATS_PASSWORD_FILE` and `DEVSCHED_NATS_TLS_{CA,CERT,KEY,HOSTNAME}`, and `DEVSCHED_METRICS_PORT` and
+`DEVSCHED_METRICS_HOST` (the health endpoints, as for the other services).
 
 The agent's credentials are files only: every step the agent runs inherits its environment, so a
 `nats_url` with a user, password or token in it (from the file or the environment) is refused at start.
@@ -125,6 +126,10 @@ class AgentConfig(BaseModel):
     work_dir: Path = Field(default_factory=default_work_dir)
     #: Run steps as this unprivileged user (and its primary group); None: as the agent's own user.
     step_user: UserName | None = None
+    #: Port of the HTTP health endpoints (`/healthz`, `/readyz`, `health.py`); None: no listener.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    #: Address they listen on; `0.0.0.0` in a pod, for the kubelet's probes.
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
 
     #: Stream each step's output live to the `<PU>_LOGS` stream (`devsched logs`); off: only the report's tail.
     log_streaming: bool = True
@@ -218,6 +223,8 @@ class EnvOverrides(BaseSettings):
     nats_tls_cert: str | None = None
     nats_tls_key: str | None = None
     nats_tls_hostname: str | None = None
+    metrics_port: str | None = None
+    metrics_host: str | None = None
 
 
 def _describe(error: ValidationError) -> list[str]:

@@ -27,14 +27,19 @@ from devsched.core.errors import DevschedError
 from devsched.core.retention import PRUNE_BATCH_MAX, RETENTION_DEFAULT, check_retention
 from devsched.service import (
     Backoff,
+    HealthServer,
+    NotReady,
     ServiceSettings,
     Stopped,
     close_nats,
     connect_nats,
+    serving_health,
     sleep_or_stop,
     wake_subject,
 )
+from devsched.service.health import plainly
 from devsched.store import ExpiredLease, Store
+from devsched.store.health import DatabaseNotReady, check_schema, ping
 
 log = logging.getLogger("devsched.sweeper")
 
@@ -95,6 +100,28 @@ class Sweeper:
         self._pruned_at: float | None = None
         self._nc: Client | None = None
         self._store: Store | None = None
+        #: The health endpoints, when `metrics_port` is set.
+        self.health: HealthServer | None = None
+
+    def _add_checks(self, health: HealthServer) -> None:
+        """Readiness: the database answers and is at this release's migration.
+
+        NATS is not a condition: the sweeper sweeps without it (NATS only wakes the schedulers sooner), so
+        a NATS outage must not take it out of service.
+        """
+
+        async def database() -> None:
+            if self._store is None:
+                raise NotReady("not connected yet")
+            await plainly(ping(self._store.engine), DatabaseNotReady)
+
+        async def schema() -> None:
+            if self._store is None:
+                raise NotReady("not connected yet")
+            await plainly(check_schema(self._store.engine), DatabaseNotReady)
+
+        health.check("database", database)
+        health.check("schema", schema)
 
     async def sweep(self) -> int:
         """End every expired lease now, batch after batch; returns how many were ended.
@@ -161,6 +188,11 @@ class Sweeper:
         """Sweep until `stop` is set; the sweep in progress finishes first."""
         s = self.settings
         async with AsyncExitStack() as stack:
+            self.health = await stack.enter_async_context(
+                serving_health(s.metrics_host, s.metrics_port, service=f"{s.subject_prefix}-sweeper")
+            )
+            if self.health is not None:
+                self._add_checks(self.health)
             self._store = Store.connect(
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,

@@ -14,19 +14,30 @@ from contextlib import AsyncExitStack
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.micro.service import Service
 
 from devsched.core.fairshare import ShareLimits
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api
 from devsched.scheduler.assigner import Assigner
+from devsched.scheduler.health import add_checks
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_streams
 from devsched.scheduler.loops import Wakeup, WorkLoop
 from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
-from devsched.scheduler.service import Dispatcher, start_service, stop_taking_requests
+from devsched.scheduler.service import Dispatcher, endpoint_specs, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service import Backoff, close_nats, connect_nats, flush_subscriptions, sleep_or_stop, wake_subject
+from devsched.service import (
+    Backoff,
+    HealthServer,
+    close_nats,
+    connect_nats,
+    flush_subscriptions,
+    serving_health,
+    sleep_or_stop,
+    wake_subject,
+)
 from devsched.store import Committed, Store
 
 log = logging.getLogger("devsched.scheduler")
@@ -54,6 +65,16 @@ class Scheduler:
         self.relay: Relay | None = None
         self.assigner: Assigner | None = None
         self.resync: Resync | None = None
+        #: What the readiness checks look at (`health.py`): set as `run` gets them.
+        self.nc: Client | None = None
+        self.store: Store | None = None
+        self.service: Service | None = None
+        #: True from the moment the endpoints serve until shutdown stops taking requests.
+        self.taking_requests = False
+        #: How many endpoints the micro service must list while it serves.
+        self.endpoints_expected = 0
+        #: The health endpoints, when `metrics_port` is set.
+        self.health: HealthServer | None = None
 
     async def _streams(self, js: JetStreamContext, stop: asyncio.Event) -> bool:
         backoff = Backoff(base=0.2, cap=5.0)
@@ -81,7 +102,12 @@ class Scheduler:
         """Serve until `stop` is set, then shut down gracefully."""
         s = self.settings
         async with AsyncExitStack() as stack:
-            store = Store.connect(
+            self.health = await stack.enter_async_context(
+                serving_health(s.metrics_host, s.metrics_port, service=self.subjects.service_name)
+            )
+            if self.health is not None:
+                add_checks(self.health, self)
+            store = self.store = Store.connect(
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
@@ -91,7 +117,7 @@ class Scheduler:
                 assign_inline=s.assign_inline,
             )
             stack.push_async_callback(store.close)
-            nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
+            nc = self.nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
             stack.push_async_callback(close_nats, nc)
             js = nc.jetstream(timeout=s.publish_timeout_s)
             if s.create_streams and not await self._streams(js, stop):
@@ -132,7 +158,7 @@ class Scheduler:
                 relay_wakeup=Wakeup(),
                 on_registered=resync.host_registered,
             )
-            service = await start_service(
+            service = self.service = await start_service(
                 nc, api, self.subjects, self.dispatcher, max_payload_bytes=s.max_payload_bytes
             )
             await self._wake_from(nc)
@@ -141,9 +167,12 @@ class Scheduler:
                 "serving",
                 extra={"service": self.subjects.service_name, "instance": service.id, "prefix": s.subject_prefix},
             )
+            self.endpoints_expected = len(endpoint_specs(api, self.subjects))
+            self.taking_requests = True
             self.ready.set()
 
             await stop.wait()
+            self.taking_requests = False
             log.info("stopping: no new requests", extra={"in_flight": self.dispatcher.in_flight})
             try:
                 await asyncio.wait_for(stop_taking_requests(nc, service), timeout=s.drain_timeout_s)

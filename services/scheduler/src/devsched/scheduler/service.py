@@ -25,9 +25,9 @@ from nats.micro.service import Service
 
 from devsched.core.errors import TooManyRequests
 from devsched.protocol import messages as m
-from devsched.protocol.codec import encode_error
+from devsched.protocol.codec import ERROR_HEADER, encode_error
 from devsched.protocol.subjects import HostVerb, Subjects
-from devsched.protocol.transport import typed_handler
+from devsched.protocol.transport import EndpointTally, add_typed_endpoint
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
 from devsched.service import flush_subscriptions
@@ -60,12 +60,14 @@ class Dispatcher:
         """Requests being handled now."""
         return len(self._running)
 
-    def wrap(self, handler: Handler, *, host_of: Callable[[str], str] | None = None) -> Handler:
+    def wrap(
+        self, handler: Handler, *, host_of: Callable[[str], str] | None = None, tally: EndpointTally | None = None
+    ) -> Handler:
         """A micro handler that admits a request and starts `handler` for it in a task, returning at once.
 
         `host_of` (host endpoints) names the requesting host from the subject; without it the endpoint is
         an operator's. A request whose reply subject is not the requester's inbox is dropped unanswered;
-        a host over its fair share is answered 429 at once.
+        a host over its fair share is answered 429 at once (counted in `tally`, the endpoint's stats).
         """
         admission = self.admission
 
@@ -89,7 +91,7 @@ class Dispatcher:
                             return
                         retry_after_s = admission.take(host_id, req.subject)
                         if retry_after_s is not None:
-                            await _refuse(req, retry_after_s)
+                            await _refuse(req, retry_after_s, tally)
                             return
             await self._slots.acquire()
             work = handler(req) if host_id is None else _giving_back(handler, req, admission, host_id)
@@ -130,12 +132,16 @@ def _too_many_requests(retry_after_ms: int) -> tuple[dict[str, str], bytes]:
     return encode_error(err)
 
 
-async def _refuse(req: Request, retry_after_s: float) -> None:
-    headers, body = _too_many_requests(max(1, round(retry_after_s * 1000)))
+async def _refuse(req: Request, retry_after_s: float, tally: EndpointTally | None) -> None:
+    retry_after_ms = max(1, round(retry_after_s * 1000))
+    headers, body = _too_many_requests(retry_after_ms)
     try:
         await req.respond(body, headers=dict(headers))
     except Exception as exc:  # the connection is going away; the host retries after its timeout
         log.debug("429 not sent: %s", type(exc).__name__)
+        return
+    if tally is not None:
+        tally.error(TooManyRequests(headers[ERROR_HEADER]), headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,14 +194,28 @@ async def start_service(
         queue_group=subjects.queue_group,
     )
     for spec in endpoint_specs(api, subjects):
-        handler = typed_handler(
-            spec.request_type, observed(spec.name, spec.handler), max_payload_bytes=max_payload_bytes
-        )
         host_of = subjects.host_id_of if spec.host else None
-        await service.add_endpoint(
-            name=spec.name, subject=spec.subject, handler=dispatcher.wrap(handler, host_of=host_of)
+        await add_typed_endpoint(
+            service,
+            name=spec.name,
+            subject=spec.subject,
+            request_type=spec.request_type,
+            handler=observed(spec.name, spec.handler),
+            max_payload_bytes=max_payload_bytes,
+            hand_off=functools.partial(_dispatched, dispatcher, host_of),
         )
     return service
+
+
+def _dispatched(
+    dispatcher: Dispatcher, host_of: Callable[[str], str] | None, handler: Handler, tally: EndpointTally
+) -> Handler:
+    return dispatcher.wrap(handler, host_of=host_of, tally=tally)
+
+
+def endpoints_registered(service: Service) -> int:
+    """How many endpoints the micro service lists (all of `endpoint_specs` while it serves, none once stopped)."""
+    return len(service.info().endpoints)
 
 
 def _endpoint_subscriptions(service: Service) -> list[Subscription]:

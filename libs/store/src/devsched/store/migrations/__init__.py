@@ -11,6 +11,8 @@ from alembic.config import Config
 from devsched.store.roles import DatabaseRoles
 
 _HERE = Path(__file__).resolve().parent
+#: Alembic's script location: this package's directory (its `versions/` hold the migrations).
+SCRIPT_LOCATION = _HERE
 
 
 def _config(url: str, roles: DatabaseRoles | None) -> Config:

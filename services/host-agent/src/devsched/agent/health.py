@@ -1,0 +1,39 @@
+"""The agent's readiness: ready when it can take work (`/readyz`; `metrics_port` in agent.toml).
+
+| check | passes when |
+| --- | --- |
+| `nats` | connected, and the server answers a PING |
+| `registered` | the scheduler accepted this host's registration |
+| `consumer` | bound to its assignments consumer, and not draining (a draining agent takes no more work) |
+
+An agent whose scheduler is away keeps retrying its registration: alive (`/healthz`), not ready.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from devsched.service import HealthServer, NotReady, check_nats
+
+if TYPE_CHECKING:
+    from devsched.agent.agent import Agent
+
+
+def add_checks(health: HealthServer, agent: Agent) -> None:
+    """Register the three checks of the table above on `agent`'s state."""
+
+    async def nats() -> None:
+        await check_nats(agent.nc)
+
+    async def registered() -> None:
+        if not agent.registered.is_set():
+            raise NotReady("not registered with the scheduler yet")
+
+    async def consumer() -> None:
+        if agent.draining.is_set():
+            raise NotReady("draining: taking no more work")
+        if not agent.bound.is_set():
+            raise NotReady("not bound to the assignments consumer yet")
+
+    for name, check in (("nats", nats), ("registered", registered), ("consumer", consumer)):
+        health.check(name, check)
