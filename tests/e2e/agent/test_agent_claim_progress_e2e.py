@@ -20,7 +20,10 @@ TTL_S = 30  # long enough that no renewal falls due on the lease clock while a t
 
 
 class HostRequests:
-    """Every request a host sends to the scheduler, heard on `P.host.<host_id>.>` beside the scheduler."""
+    """Every request a host sends to the scheduler, heard on `P.host.<host_id>.*` beside the scheduler.
+
+    One token after the host id: the request verbs, not the host's step output (`P.host.<id>.log.>`).
+    """
 
     def __init__(self) -> None:
         self.heard: list[tuple[str, dict[str, object]]] = []
@@ -42,7 +45,7 @@ async def agent(lab: AgentLab) -> AgentProcess:
 @pytest.fixture
 async def requests(lab: AgentLab, agent: AgentProcess) -> AsyncIterator[HostRequests]:
     heard = HostRequests()
-    sub = await lab.nc.subscribe(f"{lab.prefix}.host.{agent.host_id}.>", cb=heard.hear)
+    sub = await lab.nc.subscribe(f"{lab.prefix}.host.{agent.host_id}.*", cb=heard.hear)
     await lab.nc.flush()
     try:
         yield heard
