@@ -4,14 +4,14 @@ with `assign_inline`, a granted report records and hands its device on in one tr
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 
 import pytest
 from sqlalchemy import text
 
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.status import Outcome, TaskStatus
-from devsched.store import Committed, ManualClock, OutboxMessage, Published, Store
+from devsched.store import Committed, OutboxMessage, Published
 from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -39,17 +39,6 @@ async def rows(lab: Lab) -> dict[int, OutboxMessage]:
     publisher = Publisher()
     await lab.store.relay_outbox(publisher, limit=1000)
     return {m.id: m for m in publisher.got}
-
-
-@pytest.fixture
-async def inline(database_url: str, clock: ManualClock) -> AsyncIterator[tuple[Lab, list[Committed]]]:
-    store = Store.connect(database_url, clock=clock, assign_inline=True)
-    heard: list[Committed] = []
-    store.on_commit = heard.append
-    try:
-        yield Lab(store, clock), heard
-    finally:
-        await store.close()
 
 
 async def test_granted_lease_requests_hand_over_the_rows_they_inserted(lab: Lab) -> None:

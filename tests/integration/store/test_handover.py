@@ -13,7 +13,7 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -32,6 +32,7 @@ from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
 from devsched.store.views import OutboxMessage
 from support.polling import eventually
+from support.queue_cases import NOW, VALUES, Queued
 from support.sql_log import logged, statements
 from support.store_lab import Lab, kinds, ref
 
@@ -234,17 +235,7 @@ async def test_a_report_the_grant_misses_hands_over_after_the_locked_path(
 
 # -- the same choice as the loop's --------------------------------------------------------------------------
 
-NOW = datetime(2030, 1, 1, tzinfo=UTC)
-VALUES: Mapping[str, tuple[str, ...]] = {"platform": ("android", "ios"), "model": ("p7", "p8")}
 FLAGS = tuple(f"k{i}" for i in range(6))  # with both of the above, up to 8 labels: wider than the loop's subsets
-
-
-@dataclass(frozen=True)
-class Queued:
-    priority: int
-    age_s: int
-    labels: Mapping[str, str]
-    device_id: str | None
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -31,6 +31,7 @@ from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store, a
 from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
 from devsched.store.views import OutboxMessage
+from support.queue_cases import NOW, VALUES, Queued
 from support.sql_log import logged, statements
 from support.store_lab import PLAN, Lab, kinds
 
@@ -131,17 +132,7 @@ async def test_a_device_another_transaction_holds_is_passed_over_for_the_next(
 
 # -- the same choice as the loop's ---------------------------------------------------------------------------
 
-NOW = datetime(2030, 1, 1, tzinfo=UTC)
-VALUES: Mapping[str, tuple[str, ...]] = {"platform": ("android", "ios"), "model": ("p7", "p8")}
 DEVICES = ("d1", "d2", "d3")
-
-
-@dataclass(frozen=True)
-class Queued:
-    priority: int
-    age_s: int
-    labels: Mapping[str, str]
-    device_id: str | None
 
 
 @dataclass(frozen=True)
