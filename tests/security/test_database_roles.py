@@ -13,6 +13,7 @@ import json
 import re
 import sys
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -326,6 +327,33 @@ async def test_rerunning_migrate_is_idempotent_and_converges(database_url: str, 
     assert not any(g == ROLES.sweeper and p == "INSERT" and t != "outbox" for g, t, p in table_grants)
     assert (ROLES.sweeper, "tasks", "plan", "UPDATE") not in set(first["columns"])
     assert (ROLES.sweeper, "tasks", "status", "UPDATE") in set(first["columns"])
+
+
+async def test_concurrent_migration_runs_take_turns_and_all_succeed(
+    database_url: str, admin: asyncpg.Connection
+) -> None:
+    """Two releases' Jobs, or a retried Job beside its first pod: each run finds the schema where the last left it."""
+    migrate_as_owner(database_url)
+    granted = await privileges(admin)
+    await asyncio.to_thread(downgrade, owner_url(database_url), "base")
+    # Separate processes, as two Jobs are (alembic's context is process-global: threads cannot show it).
+    # Each starts at the same wall-clock instant, once its imports are done.
+    script = (
+        "import sys, time; from devsched.store.migrations import upgrade;"
+        " time.sleep(max(0.0, float(sys.argv[2]) - time.time())); upgrade(sys.argv[1])"
+    )
+    start_at = str(time.time() + 4)
+    runs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script, owner_url(database_url), start_at, stderr=asyncio.subprocess.PIPE
+        )
+        for _ in range(3)
+    ]
+    outcomes = await asyncio.wait_for(asyncio.gather(*(r.communicate() for r in runs)), 120)
+    failures = [err.decode()[-2000:] for run, (_, err) in zip(runs, outcomes, strict=True) if run.returncode != 0]
+    assert not failures, failures
+    assert await admin.fetchval("SELECT version_num FROM alembic_version") == expected_revision()
+    assert await privileges(admin) == granted
 
 
 async def test_the_service_roles_read_the_schema_version_and_cannot_change_it(

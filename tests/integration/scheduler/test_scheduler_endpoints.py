@@ -61,6 +61,26 @@ async def test_service_is_discoverable_with_every_endpoint_in_one_queue_group(
     assert hosts_list["num_requests"] >= 1
 
 
+async def test_service_info_carries_each_endpoints_request_and_reply_schema(
+    scheduler: Scheduler, nc: NatsClient, subject_prefix: str
+) -> None:
+    """`nats micro info` documents the API: every endpoint's metadata holds its two JSON Schemas."""
+    info = json.loads((await nc.request(f"$SRV.INFO.{subject_prefix}-scheduler", b"", timeout=2)).data)
+    schemas = {
+        e["name"]: (json.loads(e["metadata"]["request_schema"]), json.loads(e["metadata"]["response_schema"]))
+        for e in info["endpoints"]
+    }
+    assert len(schemas) == len(info["endpoints"])
+    submit_request, submit_reply = schemas["tasks-submit"]
+    assert submit_request["title"] == "SubmitRequest"
+    assert "plan" in submit_request["required"]
+    assert submit_reply["title"] == "SubmitReply"
+    assert schemas["host-renew"][0]["title"] == "RenewRequest"
+    # The reply schema describes what the endpoint really sends: the same top-level fields.
+    reply = await call(nc, api(subject_prefix, "hosts.list"))
+    assert set(schemas["hosts-list"][1]["properties"]) == set(reply)
+
+
 # -- operator endpoints -----------------------------------------------------------------------------
 
 

@@ -205,13 +205,50 @@ def test_containers_keep_tini_as_pid_1_and_run_a_real_console_script(name: str) 
     assert "USER 10001:10001" in dockerfile
 
 
+def _image_tag(workload: dict[str, Any]) -> str:
+    return str(pod_spec(workload)["containers"][0]["image"]).rsplit(":", 1)[1]
+
+
+def _migration_job(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (job,) = [d for d in workloads(docs) if d["metadata"]["labels"]["app.kubernetes.io/name"] == "devsched-migrate"]
+    return job
+
+
 def test_the_migration_job_runs_the_schedulers_migrate_flag() -> None:
-    job = find(render("overlays/production"), "Job", "devsched-migrate")
+    job = _migration_job(render("overlays/production"))
     (container,) = pod_spec(job)["containers"]
     assert container["args"] == ["devsched-scheduler", "--migrate"]
     assert pod_spec(job)["restartPolicy"] in {"OnFailure", "Never"}
     source = (ROOT / "services" / "scheduler" / "src" / "devsched" / "scheduler" / "main.py").read_text()
     assert '"--migrate"' in source
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_each_release_runs_its_own_migration_job_named_after_the_image_tag(overlay: str) -> None:
+    """A new tag is a new Job, which `kubectl apply` creates: no Job to delete by hand before a release."""
+    docs = render(overlay)
+    tag = _image_tag(find(docs, "Deployment", "devsched-scheduler"))
+    job = _migration_job(docs)
+    assert job["metadata"]["name"] == f"devsched-migrate-{tag}"
+    assert _image_tag(job) == tag
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", job["metadata"]["name"])
+    assert len(job["metadata"]["name"]) <= 63  # the pods' job-name label
+    assert pod_spec(job)["hostname"] == "devsched-migrate"  # a DNS label, whatever dots the tag has
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0  # finished releases' Jobs go by themselves
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_workload_carries_its_version_and_the_instance(overlay: str) -> None:
+    docs = render(overlay)
+    namespace = find(docs, "Deployment", "devsched-scheduler")["metadata"]["namespace"]
+    for workload in workloads(docs):
+        tag = _image_tag(workload)
+        for labels in (workload["metadata"]["labels"], workload["spec"]["template"]["metadata"]["labels"]):
+            assert labels["app.kubernetes.io/version"] == tag, workload["metadata"]["name"]
+            assert labels["app.kubernetes.io/instance"] == namespace, workload["metadata"]["name"]
+        # never in a selector: a selector is immutable, and a version in it would break every upgrade
+        selector = workload["spec"].get("selector", {}).get("matchLabels", {})
+        assert "app.kubernetes.io/version" not in selector
 
 
 # -- replicas, placement, shutdown -----------------------------------------------------------------------------

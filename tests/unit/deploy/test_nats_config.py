@@ -52,6 +52,8 @@ def test_the_nats_chart_values() -> None:
     assert config["jetstream"]["fileStore"]["enabled"] is True
     assert config["jetstream"]["merge"]["sync_interval"] == "always"
     assert config["merge"]["max_payload"] == 1024 * 1024
+    assert config.get("monitor", {}).get("enabled", True) is True  # the exporter reads the monitoring port
+    assert values["promExporter"] == {"enabled": True, "port": 7777, "podMonitor": {"enabled": True}}
     assert ServiceSettings.model_fields["max_payload_bytes"].default < config["merge"]["max_payload"]
     # The include names the file of the ConfigMap mounted into the server's config directory.
     include = config["merge"]["devsched$include"]

@@ -93,7 +93,7 @@ def test_production_services_use_mutual_tls_to_nats_and_verify_postgres() -> Non
         spec = pod_spec(workload)
         (container,) = spec["containers"]
         env = {entry["name"]: entry.get("value", "") for entry in container.get("env", [])}
-        for setting in expected[workload["metadata"]["name"]]:
+        for setting in expected[workload["metadata"]["labels"]["app.kubernetes.io/name"]]:
             path = env[setting]
             volume = _mounted_volume(spec, container, path)
             if "secret" in volume:

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, TooLarge
 from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error
+from devsched.protocol.schemas import endpoint_schemas
 from devsched.protocol.tracing import extract, inject, messaging_attributes, tracer, use_context
 
 log = logging.getLogger(__name__)
@@ -202,6 +203,7 @@ async def add_typed_endpoint(
     handler: TypedHandler[Req],
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     hand_off: HandOff | None = None,
+    reply_type: type[BaseModel] | None = None,
     **endpoint_options: Any,
 ) -> EndpointTally:
     """`service.add_endpoint` with a `typed_handler`, whose error replies `nats micro stats` counts.
@@ -210,10 +212,17 @@ async def add_typed_endpoint(
     to every endpoint subject). Give the service `queue_group=Subjects.queue_group` so that every replica
     shares the load. `hand_off` wraps the typed handler when requests run outside micro's callback (the
     scheduler's dispatcher): the endpoint's processing time then covers each request until its reply.
-    Returns the endpoint's tally (for error replies sent outside the typed handler, such as a 429).
+    With `reply_type`, the endpoint's metadata carries its request and reply JSON Schemas (`schemas`), which
+    `nats micro info` shows. Returns the endpoint's tally (for error replies sent outside the typed handler,
+    such as a 429).
     """
     tally = EndpointTally(times=hand_off is not None)
     typed = typed_handler(request_type, handler, max_payload_bytes=max_payload_bytes, tally=tally)
+    if reply_type is not None:
+        endpoint_options["metadata"] = {
+            **endpoint_schemas(request_type, reply_type),
+            **endpoint_options.get("metadata", {}),
+        }
     await service.add_endpoint(
         name=name,
         subject=subject,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 import sqlalchemy.exc
+from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,19 +47,46 @@ def _sqlstate(exc: BaseException) -> str | None:
 
 
 @lru_cache(maxsize=1)
-def expected_revision() -> str:
-    """The newest migration of this release (alembic's head of `devsched.store.migrations`)."""
+def _scripts() -> ScriptDirectory:
     from alembic.config import Config
-    from alembic.script import ScriptDirectory
 
     from devsched.store.migrations import SCRIPT_LOCATION
 
     config = Config()
     config.set_main_option("script_location", str(SCRIPT_LOCATION))
-    head = ScriptDirectory.from_config(config).get_current_head()
+    return ScriptDirectory.from_config(config)
+
+
+def expected_revision() -> str:
+    """The newest migration of this release (alembic's head of `devsched.store.migrations`)."""
+    head = _scripts().get_current_head()
     if head is None:  # pragma: no cover - the package ships its migrations
         raise RuntimeError("devsched.store.migrations has no migrations")
     return head
+
+
+@lru_cache(maxsize=1)
+def known_revisions() -> frozenset[str]:
+    """Every migration this release ships (the head and all before it)."""
+    return frozenset(s.revision for s in _scripts().walk_revisions())
+
+
+def schema_problem(found: str | None, expected: str, known: frozenset[str]) -> str | None:
+    """Why a database at migration `found` cannot serve a release whose head is `expected`; None when it can.
+
+    A database behind this release (never migrated, or at one of its older migrations) cannot: its tables
+    lack what this code uses. One ahead of it (a migration this release does not know) can: during a
+    rolling update the new release's migrations run before the old processes are gone, and each release's
+    migrations only add what the one before it ignores (removals come a release later). So a rollout never
+    turns the old replicas unready.
+    """
+    if found == expected:
+        return None
+    if found is None:
+        return f"the database is not migrated (this release expects {expected}): run the migrations"
+    if found in known:
+        return f"the database is at migration {found}, this release expects {expected}: run the migrations"
+    return None
 
 
 async def ping(engine: AsyncEngine) -> None:
@@ -93,12 +121,9 @@ async def check_schema(engine: AsyncEngine) -> None:
     """Return when the database is at this release's migration.
 
     Raises:
-        DatabaseNotReady: it is at another one (the migration Job has not run, or a newer release's did),
-            was never migrated, or cannot be read.
+        DatabaseNotReady: it is behind this release (never migrated, or the migration Job has not run yet),
+            or cannot be read. A database ahead of this release is fine (`schema_problem`).
     """
-    expected = expected_revision()
-    found = await schema_revision(engine)
-    if found is None:
-        raise DatabaseNotReady(f"the database is not migrated (this release expects {expected}): run the migrations")
-    if found != expected:
-        raise DatabaseNotReady(f"the database is at migration {found}, this release expects {expected}")
+    problem = schema_problem(await schema_revision(engine), expected_revision(), known_revisions())
+    if problem is not None:
+        raise DatabaseNotReady(problem)

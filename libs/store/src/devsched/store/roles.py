@@ -91,6 +91,8 @@ OWNER_ROLE_SETTINGS: Mapping[str, str] = {
 _GRANTS_LOCK = 0x64657673  # "devs"
 #: Serializes role creation (`ensure_roles`); advisory locks are per database: take it in `postgres`.
 ROLES_LOCK = _GRANTS_LOCK + 1
+#: Held for a whole migration run (`migrations/env.py`): concurrent runs take turns.
+MIGRATIONS_LOCK = _GRANTS_LOCK + 2
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,13 +15,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import Any, get_type_hints
 
 import nats.micro
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.micro.request import Handler, Request
 from nats.micro.service import Service
+from pydantic import BaseModel
 
 from devsched.core.errors import TooManyRequests
 from devsched.protocol import messages as m
@@ -155,6 +156,12 @@ class EndpointSpec:
     #: A host endpoint (`P.host.*.<verb>`): the host id comes from the subject.
     host: bool = False
 
+    @property
+    def reply_type(self) -> type[BaseModel]:
+        """The model of a success reply: the handler's return annotation (one definition, no list to keep)."""
+        reply: type[BaseModel] = get_type_hints(self.handler)["return"]
+        return reply
+
 
 def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
     """Every endpoint of PROTOCOL.md section 1, in the order `nats micro info` lists them."""
@@ -203,6 +210,7 @@ async def start_service(
             handler=observed(spec.name, spec.handler),
             max_payload_bytes=max_payload_bytes,
             hand_off=functools.partial(_dispatched, dispatcher, host_of),
+            reply_type=spec.reply_type,
         )
     return service
 
