@@ -149,7 +149,8 @@ class Latencies:
             elif kind is EventKind.ASSIGNED and event.attempt is not None:
                 created = self._created.get(event.task_id)
                 if created is None:
-                    self._assigned_unknown.append((event.task_id, event.at))
+                    if len(self._assigned_unknown) < self.capacity:  # bounded while the database is away
+                        self._assigned_unknown.append((event.task_id, event.at))
                 else:
                     SUBMIT_TO_ASSIGNED.observe(max(0.0, (event.at - created).total_seconds()))
                 self._remember(self._assigned, (event.task_id, event.attempt), event.at)
@@ -157,7 +158,8 @@ class Latencies:
                 key = (event.task_id, event.attempt)
                 assigned = self._assigned.pop(key, None)
                 if assigned is None:
-                    self._claimed_unknown.append((key, event.at))
+                    if len(self._claimed_unknown) < self.capacity:
+                        self._claimed_unknown.append((key, event.at))
                 else:
                     ASSIGNED_TO_CLAIMED.observe(max(0.0, (event.at - assigned).total_seconds()))
             elif event.status in TERMINAL:
