@@ -37,6 +37,7 @@ from devsched.store import (
     queries,
     releasing,
     resync,
+    stats,
     sweeping,
     tasks,
 )
@@ -44,7 +45,7 @@ from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.driver import Driver, in_transaction
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
-from devsched.store.transaction import Transactor
+from devsched.store.transaction import OperationHook, Transactor
 from devsched.store.views import (
     CancelReceipt,
     Committed,
@@ -136,6 +137,15 @@ class Store:
     async def close(self) -> None:
         """Close every pooled connection."""
         await self.engine.dispose()
+
+    @property
+    def on_operation(self) -> OperationHook | None:
+        """Told of every operation's name and duration in seconds, however it ended (the metrics)."""
+        return self._tx.on_operation
+
+    @on_operation.setter
+    def on_operation(self, hook: OperationHook | None) -> None:
+        self._tx.on_operation = hook
 
     async def _write(self, name: str, op: _Write[T], *, assignable: bool) -> T:
         """Run a writing operation in one transaction; its events are written at its end, in one statement.
@@ -483,3 +493,24 @@ class Store:
             return await outbox.unsent_count(conn)
 
         return await self._tx.run(op, name="unsent_count")
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    async def gauges(self) -> stats.Gauges:
+        """Queue depth and age by priority band, tasks by status, hosts, devices by state, the outbox's lag.
+
+        A few aggregate statements (`devsched.store.stats`): for a periodic loop, not for every scrape.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> stats.Gauges:
+            return await stats.gauges(conn, now)
+
+        return await self._tx.run(op, name="gauges")
+
+    async def starts(self, task_ids: Sequence[uuid.UUID], attempts: Sequence[tuple[uuid.UUID, int]]) -> stats.Starts:
+        """When `task_ids` were submitted and `attempts` (task, attempt) assigned: where latencies start."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> stats.Starts:
+            return await stats.starts(conn, task_ids, attempts)
+
+        return await self._tx.run(op, name="starts")

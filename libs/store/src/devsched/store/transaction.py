@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
@@ -24,6 +25,8 @@ Operation = Callable[[AsyncConnection, datetime], Awaitable[T]]
 #: An operation of statements that each commit on their own (no transaction around them), run through the
 #: driver; they read the clock inline (`devsched.store.clock.NOW`).
 Statements = Callable[[Driver], Awaitable[T]]
+#: Told of every operation run: its name and how long it took in seconds, retries included (for metrics).
+OperationHook = Callable[[str, float], None]
 
 log = logging.getLogger("devsched.store")
 
@@ -69,6 +72,8 @@ class Transactor:
         self._engine = engine
         self._clock = clock
         self._attempts = attempts
+        #: See `OperationHook`; called however the operation ended, and must not raise.
+        self.on_operation: OperationHook | None = None
 
     async def run(self, op: Operation[T], *, name: str) -> T:
         """Run `op` in one transaction to completion even if the caller is cancelled meanwhile.
@@ -78,7 +83,7 @@ class Transactor:
         a cancelled caller waits for it to commit or roll back (bounded by the statement timeout) and
         then sees the cancellation.
         """
-        return await self._shielded(self._with_retries(self._transaction(op), name))
+        return await self._timed(self._with_retries(self._transaction(op), name), name)
 
     async def statements(self, op: Statements[T], *, name: str) -> T:
         """Run `op` on a pooled connection through the driver, without a transaction around it.
@@ -89,7 +94,17 @@ class Transactor:
         extends again, a report finds itself recorded, a submit finds its own task id). Errors, other
         retries and cancellation as in `run`.
         """
-        return await self._shielded(self._with_retries(self._statements(op), name))
+        return await self._timed(self._with_retries(self._statements(op), name), name)
+
+    async def _timed(self, work: Awaitable[T], name: str) -> T:
+        hook = self.on_operation
+        if hook is None:
+            return await self._shielded(work)
+        started = time.perf_counter()
+        try:
+            return await self._shielded(work)
+        finally:
+            hook(name, time.perf_counter() - started)
 
     async def _shielded(self, work: Awaitable[T]) -> T:
         task = asyncio.ensure_future(work)

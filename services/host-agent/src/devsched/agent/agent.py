@@ -41,6 +41,8 @@ from devsched.agent.health import add_checks
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
 from devsched.agent.logstream import LogStreams, jetstream_publish
+from devsched.agent.metrics import READY, SPOOL
+from devsched.agent.metrics import REGISTRY as METRICS
 from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
 from devsched.agent.reporter import Reporter, encode_report
@@ -59,6 +61,7 @@ from devsched.agent.workspace import (
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
 from devsched.service import HealthServer, ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
+from devsched.service.metrics import serve_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +139,7 @@ class Agent:
         async with serving_health(config.metrics_host, config.metrics_port, service="devsched-agent") as health:
             if health is not None:
                 add_checks(health, self)
+                serve_metrics(health, METRICS, ready=READY, component="agent")
             self.health = health
             return await self._serve(stop)
 
@@ -151,6 +155,8 @@ class Agent:
                 spool = await asyncio.to_thread(Spool, self.config.spool_dir)
                 await asyncio.to_thread(spool.lock)
                 taken.callback(spool.unlock)
+                if self.config.metrics_port is not None:
+                    SPOOL.depth = spool.depth
                 groups, held, taken_before = await asyncio.to_thread(self._recover, spool)
             except (OSError, SpoolLocked, SpoolUnsafe) as exc:
                 logger.error("cannot use the spool directory", extra={"error": str(exc)})

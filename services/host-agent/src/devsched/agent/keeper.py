@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.lease import LeaseClock
+from devsched.agent.metrics import RENEWAL_SECONDS
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import Conflict, DevschedError, NotFound
@@ -109,8 +111,10 @@ class LeaseKeeper:
                 self._lose("no successful renewal within the lease ttl")
                 return
             try:
+                started = time.perf_counter()
                 async with asyncio.timeout(min(self._request_timeout_s, self.clock.remaining(sent_at))):
                     grant = await self._renew_call(unacknowledged)
+                RENEWAL_SECONDS.observe(time.perf_counter() - started)
             except Exception as exc:
                 if ends_lease(exc):
                     code = exc.code if isinstance(exc, DevschedError) else type(exc).__name__

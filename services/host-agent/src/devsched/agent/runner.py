@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from devsched.agent.actions import ActionRegistry, default_registry
+from devsched.agent.metrics import STEP_SECONDS, UNKNOWN_ACTION
 from devsched.agent.results import summarise
 from devsched.agent.steps import (
     FAILURES,
@@ -269,9 +271,12 @@ class PlanRunner:
         log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
         logger.info("step started", extra=log)
         output = self._log.step(step.name, index) if self._log is not None else None
+        started = time.perf_counter()
         with self._stop.interrupt(self._threshold(step)) as interrupt:
             result = await self._call(step, interrupt, output)
         finished_at = self._now()
+        action = step.action if step.action in self._registry else UNKNOWN_ACTION
+        STEP_SECONDS.labels(action, result.status.value).observe(time.perf_counter() - started)
         logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
         if self._log is not None:
             self._log.step_end(step.name, index, result.status, result.exit_code)

@@ -38,8 +38,10 @@ from devsched.service import (
     wake_subject,
 )
 from devsched.service.health import plainly
+from devsched.service.metrics import serve_metrics
 from devsched.store import ExpiredLease, Store
 from devsched.store.health import DatabaseNotReady, check_schema, ping
+from devsched.sweeper.metrics import PRUNED, READY, REGISTRY, count_expired, observe_store
 
 log = logging.getLogger("devsched.sweeper")
 
@@ -137,6 +139,7 @@ class Sweeper:
             while True:
                 expired = await store.sweep_expired(limit=limit)
                 _log_expired(expired)
+                count_expired(expired)
                 ended += len(expired)
                 if len(expired) < limit:
                     return ended
@@ -157,6 +160,7 @@ class Sweeper:
         while True:
             batch = await self._store.prune(keep, limit=limit)
             pruned += batch
+            PRUNED.inc(batch)
             if batch < limit:
                 break
         if pruned:
@@ -193,6 +197,7 @@ class Sweeper:
             )
             if self.health is not None:
                 self._add_checks(self.health)
+                serve_metrics(self.health, REGISTRY, ready=READY, component="sweeper")
             self._store = Store.connect(
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
@@ -201,6 +206,8 @@ class Sweeper:
                 max_overflow=1,
             )
             stack.push_async_callback(self._store.close)
+            if self.health is not None:
+                observe_store(self._store)
             connecting = asyncio.create_task(self._connect(stop))
             stack.push_async_callback(self._disconnect, connecting)
             log.info(

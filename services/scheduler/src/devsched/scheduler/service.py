@@ -31,6 +31,7 @@ from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.transport import EndpointTally, add_typed_endpoint
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
+from devsched.scheduler.metrics import counted, timed
 from devsched.service import flush_subscriptions
 
 log = logging.getLogger("devsched.scheduler.service")
@@ -207,18 +208,18 @@ async def start_service(
             name=spec.name,
             subject=spec.subject,
             request_type=spec.request_type,
-            handler=observed(spec.name, spec.handler),
+            handler=counted(spec.name, observed(spec.name, spec.handler)),
             max_payload_bytes=max_payload_bytes,
-            hand_off=functools.partial(_dispatched, dispatcher, host_of),
+            hand_off=functools.partial(_dispatched, dispatcher, host_of, spec.name),
             reply_type=spec.reply_type,
         )
     return service
 
 
 def _dispatched(
-    dispatcher: Dispatcher, host_of: Callable[[str], str] | None, handler: Handler, tally: EndpointTally
+    dispatcher: Dispatcher, host_of: Callable[[str], str] | None, name: str, handler: Handler, tally: EndpointTally
 ) -> Handler:
-    return dispatcher.wrap(handler, host_of=host_of, tally=tally)
+    return dispatcher.wrap(timed(name, handler), host_of=host_of, tally=tally)
 
 
 def endpoints_registered(service: Service) -> int:

@@ -67,6 +67,9 @@ class SchedulerSettings(ServiceSettings):
     assign_inline: bool = True
     """A submit assigns its task to a free device, and a report the device it frees to the next queued task,
     in their own transactions; the assignment loop's pass runs only when one may find more."""
+    metrics_interval_s: Seconds = 5.0
+    """With `metrics_port` set: how often the gauges read from the database (queue, tasks, hosts, devices,
+    outbox) are read again; a scrape serves the last reading."""
     publish_timeout_s: Seconds = 5.0
     """Bound on one JetStream publish acknowledgement."""
     max_concurrency: int = Field(default=64, ge=1, le=10000)
