@@ -1,4 +1,4 @@
-"""One choke point for every repository call: typed errors, retries, safe cancellation.
+"""One choke point for every repository call: typed errors, retries, safe cancellation, a span.
 
 An operation runs in one transaction, or as statements that are each whole by themselves.
 """
@@ -14,6 +14,8 @@ from typing import TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 import sqlalchemy.exc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, Unavailable
@@ -29,6 +31,9 @@ Statements = Callable[[Driver], Awaitable[T]]
 OperationHook = Callable[[str, float], None]
 
 log = logging.getLogger("devsched.store")
+
+#: The tracer of the operations' spans (a proxy: it follows the provider a service installs later).
+_TRACER = trace.get_tracer("devsched.store")
 
 #: Serialization failure, deadlock: the transaction lost a race and can simply run again.
 _RETRY_STATES = frozenset({"40001", "40P01"})
@@ -83,7 +88,7 @@ class Transactor:
         a cancelled caller waits for it to commit or roll back (bounded by the statement timeout) and
         then sees the cancellation.
         """
-        return await self._timed(self._with_retries(self._transaction(op), name), name)
+        return await self._traced(name, lambda: self._with_retries(self._transaction(op), name))
 
     async def statements(self, op: Statements[T], *, name: str) -> T:
         """Run `op` on a pooled connection through the driver, without a transaction around it.
@@ -94,7 +99,7 @@ class Transactor:
         extends again, a report finds itself recorded, a submit finds its own task id). Errors, other
         retries and cancellation as in `run`.
         """
-        return await self._timed(self._with_retries(self._statements(op), name), name)
+        return await self._traced(name, lambda: self._with_retries(self._statements(op), name))
 
     async def _timed(self, work: Awaitable[T], name: str) -> T:
         hook = self.on_operation
@@ -105,6 +110,31 @@ class Transactor:
             return await self._shielded(work)
         finally:
             hook(name, time.perf_counter() - started)
+
+    async def _traced(self, name: str, work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` shielded and timed, in a span of its own named `name` when the caller's span is recorded.
+
+        Only then: a span that exports nothing (tracing off, a `PropagatingTracerProvider`) would cost every
+        operation its id and context for nothing, and an operation outside any recorded work (a relay
+        pass, a health check) would make a trace of one span every tick.
+        """
+        if not trace.get_current_span().is_recording():
+            return await self._timed(work(), name)
+        attributes = {"db.system.name": "postgresql", "db.operation.name": name}
+        with _TRACER.start_as_current_span(
+            name, kind=SpanKind.CLIENT, attributes=attributes, record_exception=False, set_status_on_exception=False
+        ) as span:
+            try:
+                return await self._timed(work(), name)
+            except DevschedError as exc:  # a refusal (409, 404) is an answer; only a failure is an error
+                span.set_attribute("error.type", exc.code)
+                if exc.status >= 500:
+                    span.set_status(Status(StatusCode.ERROR, exc.code))
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
 
     async def _shielded(self, work: Awaitable[T]) -> T:
         task = asyncio.ensure_future(work)
@@ -176,6 +206,7 @@ class Transactor:
                         ) from retry
                     raise Unavailable(f"{name}: gave up after {attempt} conflicting attempts") from retry
                 log.debug("retrying %s after %s", name, retry)
+                trace.get_current_span().add_event("retry", {"reason": str(retry), "attempt": attempt})
                 await asyncio.sleep(0.005 * attempt)
         raise AssertionError("unreachable")
 

@@ -30,7 +30,7 @@ from devsched.protocol.messages import (
     ReportReply,
 )
 from devsched.protocol.subjects import HostVerb, Subjects
-from devsched.protocol.tracing import inject
+from devsched.protocol.tracing import inject, send_span
 from devsched.protocol.transport import NoReply, request
 
 R = TypeVar("R", ReportReply, ReleaseReply)
@@ -115,12 +115,13 @@ class HostClient:
 
     async def _send_spooled(self, verb: HostVerb, body: bytes, reply_type: type[R]) -> R:
         subject = self._subject(verb)
-        try:
-            msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            reason = "timeout" if isinstance(exc, nats.errors.TimeoutError) else "no_responders"
-            raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
-        raise_for_error(msg.headers, msg.data)
+        with send_span(subject, len(body)):
+            try:
+                msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+                reason = "timeout" if isinstance(exc, nats.errors.TimeoutError) else "no_responders"
+                raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
+            raise_for_error(msg.headers, msg.data)
         try:
             return decode(reply_type, msg.data)
         except InvalidRequest as exc:

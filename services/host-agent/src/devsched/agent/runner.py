@@ -31,6 +31,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
 from devsched.agent.actions import ActionRegistry, default_registry
 from devsched.agent.metrics import STEP_SECONDS, UNKNOWN_ACTION
 from devsched.agent.results import summarise
@@ -50,6 +53,9 @@ from devsched.core.status import Outcome
 from devsched.protocol.plans import Progress, ResultFiles, StepResult, StepStatus
 
 logger = logging.getLogger(__name__)
+
+#: The tracer of the steps' spans (a proxy: it follows the provider `main` installs).
+_TRACER = trace.get_tracer("devsched.agent")
 
 #: Extra time past `timeout_s` (and two stop graces) after which the runner gives up on an action that
 #: ignores its own timeout.
@@ -267,6 +273,22 @@ class PlanRunner:
         return StopLevel.HALT if step.always else StopLevel.STOP
 
     async def _run_step(self, step: StepSpec, index: int) -> StepResult:
+        """Run `step` in a span `step <action>` (its name, action, index, then status and exit code)."""
+        attributes: dict[str, str | int] = {
+            "devsched.step.name": step.name,
+            "devsched.step.action": step.action,
+            "devsched.step.index": index,
+        }
+        with _TRACER.start_as_current_span(f"step {step.action}", attributes=attributes) as span:
+            report = await self._step(step, index)
+            span.set_attribute("devsched.step.status", report.status.value)
+            if report.exit_code is not None:
+                span.set_attribute("process.exit.code", report.exit_code)
+            if report.status in FAILURES:
+                span.set_status(Status(StatusCode.ERROR, report.status.value))
+            return report
+
+    async def _step(self, step: StepSpec, index: int) -> StepResult:
         started_at = self._now()
         log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
         logger.info("step started", extra=log)

@@ -21,6 +21,7 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 from nats.aio.client import Client
+from opentelemetry import trace
 from pydantic import Field, field_validator
 
 from devsched.core.errors import DevschedError
@@ -44,6 +45,9 @@ from devsched.store.health import DatabaseNotReady, check_schema, ping
 from devsched.sweeper.metrics import PRUNED, READY, REGISTRY, count_expired, observe_store
 
 log = logging.getLogger("devsched.sweeper")
+
+#: The tracer of the sweep batches' spans (a proxy: it follows the provider `main` installs).
+_TRACER = trace.get_tracer("devsched.sweeper")
 
 
 class SweeperSettings(ServiceSettings):
@@ -137,7 +141,9 @@ class Sweeper:
         async def work() -> int:
             ended = 0
             while True:
-                expired = await store.sweep_expired(limit=limit)
+                with _TRACER.start_as_current_span("sweep batch", attributes={"devsched.batch.limit": limit}) as span:
+                    expired = await store.sweep_expired(limit=limit)
+                    span.set_attribute("devsched.batch.count", len(expired))
                 _log_expired(expired)
                 count_expired(expired)
                 ended += len(expired)
