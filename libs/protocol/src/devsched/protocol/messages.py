@@ -4,6 +4,14 @@ The models live in small modules by topic (`plans`, `tasks`, `hosts`, `leases`, 
 from here so callers need not know the split.
 """
 
+from devsched.protocol.artifacts import (
+    ArtifactCommit,
+    ArtifactFailure,
+    ArtifactView,
+    ListArtifactsReply,
+    ListArtifactsRequest,
+    StepArtifacts,
+)
 from devsched.protocol.base import (
     Id,
     JsonObject,
@@ -73,6 +81,12 @@ from devsched.protocol.tasks import (
 )
 
 __all__ = [
+    "ArtifactCommit",
+    "ArtifactFailure",
+    "ArtifactView",
+    "ListArtifactsReply",
+    "ListArtifactsRequest",
+    "StepArtifacts",
     "BUILTIN_ARGS",
     "MAX_STEPS",
     "Assignment",
