@@ -180,4 +180,3 @@ class StepArtifacts(RequestModel):
 def cut(text: str, limit: int = MAX_FAILURE_CHARS) -> str:
     """`text` cut to `limit` characters (an ellipsis marks a cut)."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
-

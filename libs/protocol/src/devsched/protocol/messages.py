@@ -81,14 +81,11 @@ from devsched.protocol.tasks import (
 )
 
 __all__ = [
+    "BUILTIN_ARGS",
+    "MAX_STEPS",
     "ArtifactCommit",
     "ArtifactFailure",
     "ArtifactView",
-    "ListArtifactsReply",
-    "ListArtifactsRequest",
-    "StepArtifacts",
-    "BUILTIN_ARGS",
-    "MAX_STEPS",
     "Assignment",
     "AttemptView",
     "CancelReply",
@@ -114,6 +111,8 @@ __all__ = [
     "JsonObject",
     "LeaseReply",
     "LeaseRequest",
+    "ListArtifactsReply",
+    "ListArtifactsRequest",
     "ListTasksReply",
     "ListTasksRequest",
     "LogKind",
@@ -141,6 +140,7 @@ __all__ = [
     "ShellArgs",
     "SleepArgs",
     "Step",
+    "StepArtifacts",
     "StepResult",
     "StepStatus",
     "SubmitReply",

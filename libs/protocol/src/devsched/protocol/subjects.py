@@ -172,8 +172,8 @@ class Subjects:
         """
         if attempt < 1:
             raise ValueError(f"attempt must be >= 1, got {attempt}")
-        host = _require_token("host id", host_id)
-        return f"{self.prefix}.host.{host}.upload.{uuid.UUID(str(task_id))}.{attempt}.{_require_token('upload id', upload_id)}"
+        host, upload = _require_token("host id", host_id), _require_token("upload id", upload_id)
+        return f"{self.prefix}.host.{host}.upload.{uuid.UUID(str(task_id))}.{attempt}.{upload}"
 
     def host_uploads(self, host_id: str) -> str:
         """`P.host.<host_id>.upload.>`: every upload subject of one host (what its NATS permissions allow)."""

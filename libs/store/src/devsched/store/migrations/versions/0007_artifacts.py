@@ -39,9 +39,7 @@ CREATE TABLE artifacts (
 
 #: The line of `devsched_prune` (migration 0006) before which the artifacts of the pruned tasks go.
 _ANCHOR = "    DELETE FROM public.attempts WHERE task_id = ANY(ids);\n"
-_PRUNE_0006: str = importlib.import_module(
-    "devsched.store.migrations.versions.0006_retention"
-).CREATE_FUNCTION
+_PRUNE_0006: str = importlib.import_module("devsched.store.migrations.versions.0006_retention").CREATE_FUNCTION
 assert _ANCHOR in _PRUNE_0006
 #: `devsched_prune` with the artifacts rows of the pruned tasks deleted first (their attempts follow).
 CREATE_PRUNE = _PRUNE_0006.replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1).replace(
