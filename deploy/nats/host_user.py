@@ -15,9 +15,9 @@ host's `P.assign.<id>`, a task's events). In an account of its own, every reply 
 subject of that account, where no stream and no other host live. The account imports, from the devsched
 account (which exports them in accounts.conf), exactly what `devsched-agent` uses (PROTOCOL.md):
 
-- services: `P.host.<id>.{register,heartbeat,claim,renew,report,release,artifact}`; the two JetStream API calls it makes on
-  its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and pull "next"),
-  mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
+- services: `P.host.<id>.{register,heartbeat,claim,renew,report,release,artifact}`; the two JetStream API
+  calls it makes on its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and
+  pull "next"), mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
   acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers
   nak and in-progress). The server rewrites the reply of an imported request to a `_R_.` subject
   of the devsched account, so the scheduler answers hosts under `_R_.` (`DEVSCHED_HOST_INBOX_PREFIXES`).
