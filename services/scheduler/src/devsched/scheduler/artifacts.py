@@ -94,7 +94,7 @@ def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings) -> ap
         num_replicas=settings.stream_replicas,
         max_age=settings.uploads_max_age_s,
         max_bytes=settings.uploads_max_bytes,
-        max_msg_size=CHUNK_BYTES,
+        max_msg_size=CHUNK_BYTES + 4096,  # and its headers
         duplicate_window=min(settings.duplicate_window_s, settings.uploads_max_age_s),
         discard=api.DiscardPolicy.NEW,
     )
