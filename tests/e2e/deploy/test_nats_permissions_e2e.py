@@ -74,7 +74,11 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
                     "steps": [
                         {"name": "hello", "action": "shell", "args": {"command": "echo hi from $DEVSCHED_DEVICE_ID"}},
                         # issue 12: an artifact goes through the host's upload subject and the scheduler
-                        {"name": "art", "action": "shell", "args": {"command": "echo art > $DEVSCHED_ARTIFACTS_DIR/a.txt"}},
+                        {
+                            "name": "art",
+                            "action": "shell",
+                            "args": {"command": "echo art > $DEVSCHED_ARTIFACTS_DIR/a.txt"},
+                        },
                     ]
                 },
                 selector={"platform": "sim"},

@@ -186,7 +186,7 @@ async def test_a_refused_commit_stores_nothing(
 async def test_another_host_cannot_commit_for_the_attempt(
     running: tuple[TestHost, Assigned], nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
 ) -> None:
-    host, assigned = running
+    _, assigned = running
     intruder = make_host()
     await intruder.register("d2")
     data = os.urandom(1000)
