@@ -4,6 +4,14 @@ The models live in small modules by topic (`plans`, `tasks`, `hosts`, `leases`, 
 from here so callers need not know the split.
 """
 
+from devsched.protocol.artifacts import (
+    ArtifactCommit,
+    ArtifactFailure,
+    ArtifactView,
+    ListArtifactsReply,
+    ListArtifactsRequest,
+    StepArtifacts,
+)
 from devsched.protocol.base import (
     Id,
     JsonObject,
@@ -75,6 +83,9 @@ from devsched.protocol.tasks import (
 __all__ = [
     "BUILTIN_ARGS",
     "MAX_STEPS",
+    "ArtifactCommit",
+    "ArtifactFailure",
+    "ArtifactView",
     "Assignment",
     "AttemptView",
     "CancelReply",
@@ -100,6 +111,8 @@ __all__ = [
     "JsonObject",
     "LeaseReply",
     "LeaseRequest",
+    "ListArtifactsReply",
+    "ListArtifactsRequest",
     "ListTasksReply",
     "ListTasksRequest",
     "LogKind",
@@ -127,6 +140,7 @@ __all__ = [
     "ShellArgs",
     "SleepArgs",
     "Step",
+    "StepArtifacts",
     "StepResult",
     "StepStatus",
     "SubmitReply",

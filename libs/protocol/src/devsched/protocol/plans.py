@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from devsched.protocol.artifacts import StepArtifacts
 from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds, Timestamp, Token
 
 #: Most steps a plan may have.
@@ -260,6 +261,9 @@ class StepResult(RequestModel):
     """The last part of the step's combined output."""
     results: ResultsSummary | None = Field(default=None, exclude_if=_unless_none)
     """Addition: the summary of the step's `results` file, for a step that declared one and ran."""
+    artifacts: StepArtifacts | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the files the step left in `DEVSCHED_ARTIFACTS_DIR` (new or changed) that were stored, and
+    those that were not, with why; null when it left none."""
 
 
 class RunResult(RequestModel):

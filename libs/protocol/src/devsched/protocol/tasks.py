@@ -19,6 +19,7 @@ from devsched.core.limits import (
     PRIORITY_MIN,
 )
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
 
@@ -142,6 +143,8 @@ class TaskView(TaskSummary):
 
     attempts: list[AttemptView] = Field(default_factory=list)
     """Every attempt, oldest first."""
+    artifacts: list[ArtifactView] = Field(default_factory=list, exclude_if=lambda artifacts: not artifacts)
+    """Addition: the stored artifacts of every attempt, by attempt then name (issue 12)."""
 
 
 class ListTasksRequest(RequestModel):

@@ -23,8 +23,9 @@ from devsched.core.leases import Extension
 from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
-from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
+from devsched.core.views import ArtifactView, DeviceView, HostView, TaskPage, TaskView
 from devsched.store import (
+    artifacts,
     assignment,
     grants,
     handover,
@@ -394,6 +395,41 @@ class Store:
             return receipt
 
         return _unwrap(await self._write("release", op, assignable=False))
+
+    # -- artifacts (issue 12) ----------------------------------------------------------------
+
+    async def admit_artifact(self, ref: LeaseRef, name: str, size: int, *, max_attempt_bytes: int) -> None:
+        """Check a commit before its chunks are read: the host's live lease, and the attempt's cap.
+
+        Raises:
+            NotFound, LeaseForeign, LeaseSuperseded, TaskTerminal, LeaseExpired, ArtifactQuotaExceeded.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> None:
+            await artifacts.admit(conn, self.clock, ref, name, size, max_attempt_bytes)
+
+        await self._tx.run(op, name="admit_artifact")
+
+    async def record_artifact(
+        self, ref: LeaseRef, artifact: ArtifactView, *, max_attempt_bytes: int
+    ) -> tuple[ArtifactView, str | None]:
+        """Record a stored object as an artifact (the checks of `admit_artifact` again, under the lock).
+
+        Returns the row, and the object it replaced (the caller deletes it from the bucket), if any.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[ArtifactView, str | None]:
+            return await artifacts.record(conn, self.clock, ref, artifact, max_attempt_bytes)
+
+        return await self._tx.run(op, name="record_artifact")
+
+    async def list_artifacts(self, task_id: uuid.UUID, attempt: int | None = None) -> tuple[ArtifactView, ...]:
+        """The task's stored artifacts, by attempt then name (NotFound: no such task)."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[ArtifactView, ...]:
+            return await artifacts.list_artifacts(conn, task_id, attempt)
+
+        return await self._tx.run(op, name="list_artifacts")
 
     # -- scheduler and sweeper ---------------------------------------------------------------
 

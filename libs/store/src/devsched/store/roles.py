@@ -46,6 +46,8 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "cancel_requests": "SELECT, INSERT",
         "outbox": "SELECT, INSERT, UPDATE (sent_at)",
         "alembic_version": "SELECT",  # readiness: the schema is this release's (store/health.py)
+        # issue 12: a commit stores or replaces a row; rows go only through `devsched_prune`
+        "artifacts": "SELECT, INSERT, UPDATE",
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)

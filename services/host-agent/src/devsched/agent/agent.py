@@ -50,6 +50,7 @@ from devsched.agent.shutdown import Graces, shut_down, wait_idle
 from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, release_key
 from devsched.agent.steps import StepUser
 from devsched.agent.taken import remembered
+from devsched.agent.uploads import UploadLimits, uploads_factory
 from devsched.agent.workers import DeviceWorkers
 from devsched.agent.workspace import (
     Workspace,
@@ -295,6 +296,19 @@ class Agent:
             else None
         )
 
+        uploads = (
+            uploads_factory(
+                nc,
+                self.subjects,
+                config.host_id,
+                limits=UploadLimits(config.artifact_max_file_bytes, config.artifact_max_attempt_bytes),
+                stop_grace_s=config.stop_grace_s,
+                timeout_s=config.request_timeout_s,
+            )
+            if config.artifact_uploads
+            else None
+        )
+
         def new_attempt(received: Received, device: DeviceConfig) -> Attempt:
             return Attempt(
                 received.assignment,
@@ -308,6 +322,7 @@ class Agent:
                 workspace=taken.workspace,
                 groups=taken.groups,
                 logs=logs,
+                uploads=uploads,
             )
 
         workers = DeviceWorkers(config.devices, new_attempt=new_attempt, reports=reports, held=taken.held)

@@ -50,6 +50,7 @@ from devsched.agent.steps import (
 )
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
+from devsched.protocol.artifacts import StepArtifacts
 from devsched.protocol.plans import Progress, ResultFiles, StepResult, StepStatus
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ class RunResult:
 
 #: Called at each step boundary with the step about to start; renews the lease (and may request a stop).
 RenewHook = Callable[[Progress], Awaitable[None]]
+#: Called after each step that ran, with its name: stores the artifacts it left (issue 12; never raises).
+ArtifactsHook = Callable[[str], Awaitable[StepArtifacts | None]]
 
 
 def utc_now() -> datetime:
@@ -178,8 +181,10 @@ class PlanRunner:
         groups: GroupLedger | None = None,
         claimed: Progress | None = None,
         log: RunLog | None = None,
+        artifacts: ArtifactsHook | None = None,
     ) -> None:
         self._steps = tuple(steps)
+        self._artifacts = artifacts
         #: The progress the (successful) claim carried: the boundary of that step does not renew again.
         self._claimed = claimed
         self._identity = identity
@@ -304,6 +309,7 @@ class PlanRunner:
             self._log.step_end(step.name, index, result.status, result.exit_code)
         # Whatever the status: a failed or timed-out test run is when its results matter most.
         results = await summarise(step.results, self._artifacts_dir, self._user)
+        artifacts = await self._artifacts(step.name) if self._artifacts is not None else None
         return StepResult(
             name=step.name,
             status=result.status,
@@ -312,6 +318,7 @@ class PlanRunner:
             finished_at=finished_at,
             output_tail=result.output_tail,
             results=results,
+            artifacts=artifacts,
         )
 
     async def _call(self, step: StepSpec, interrupt: asyncio.Event, output: OutputSink | None) -> ActionResult:

@@ -7,6 +7,7 @@ that are not `DevschedError`s (JetStream's) become protocol errors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,7 @@ from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
+from devsched.scheduler.artifacts import ArtifactIntake
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.settings import SchedulerSettings
@@ -121,6 +123,7 @@ class Api:
         self._settings = settings
         self._assign = assign_wakeup
         self._relay = relay_wakeup
+        self._artifacts = ArtifactIntake(store, nc, js, subjects, settings)
 
     def _host_of(self, subject: str) -> str:
         try:
@@ -146,7 +149,18 @@ class Api:
     async def get(self, req: m.GetTaskRequest, subject: str) -> m.TaskView:
         """`P.api.tasks.get`."""
         with bind(task_id=req.task_id):
-            return m.TaskView.from_value(await self._store.get_task(req.task_id))
+            view = await self._store.get_task(req.task_id)
+            artifacts = await self._store.list_artifacts(req.task_id)  # issue 12: the view lists them
+            return m.TaskView.from_value(dataclasses.replace(view, artifacts=artifacts) if artifacts else view)
+
+    async def artifacts(self, req: m.ListArtifactsRequest, subject: str) -> m.ListArtifactsReply:
+        """`P.api.tasks.artifacts` (an addition, issue 12): a task's stored artifacts."""
+        with bind(task_id=req.task_id):
+            return await self._artifacts.list(req)
+
+    async def artifact(self, req: m.ArtifactCommit, subject: str) -> m.ArtifactView:
+        """`P.host.<id>.artifact` (an addition, issue 12): store an uploaded file (`devsched.scheduler.artifacts`)."""
+        return await self._artifacts.commit(self._host_of(subject), req)
 
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`."""

@@ -174,6 +174,7 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
         EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
+        EndpointSpec("tasks-artifacts", subjects.task_artifacts, m.ListArtifactsRequest, api.artifacts),
         EndpointSpec(
             "host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register, host=True
         ),
@@ -185,6 +186,9 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report, host=True),
         EndpointSpec(
             "host-release", subjects.host_endpoint(HostVerb.RELEASE), m.ReleaseRequest, api.release, host=True
+        ),
+        EndpointSpec(
+            "host-artifact", subjects.host_endpoint(HostVerb.ARTIFACT), m.ArtifactCommit, api.artifact, host=True
         ),
     ]
 
