@@ -30,8 +30,7 @@ def is_expired(task: TaskRecord, now: datetime) -> bool:
 
 
 def decide_expiry(task: TaskRecord, now: datetime | None = None) -> ExpiryDecision:
-    """Cancel if a cancellation is pending; else requeue if attempts remain (and the retry policy retries
-    lease expiries); else fail.
+    """Cancel if a cancellation is pending; else requeue if attempts remain and expiries are retried; else fail.
 
     A pending cancellation wins whatever the attempts left: the user asked for the task to stop. Released
     attempts do not count: a task whose attempts were given back by shutting-down agents keeps its retries.
@@ -49,6 +48,7 @@ def decide_expiry(task: TaskRecord, now: datetime | None = None) -> ExpiryDecisi
     else:
         trigger, reason, event = Trigger.EXPIRE_REQUEUE, None, EventKind.REQUEUED
         if task.retry is not None:
-            assert now is not None and task.current is not None, "a policy's backoff counts from now"
+            assert now is not None, "a policy's backoff counts from now"
+            assert task.current is not None
             again = retry(task.retry, RetryCause.LEASE_EXPIRED, task.attempt_count, task.current.device_id, now)
     return ExpiryDecision(trigger, next_status(task.status, trigger), reason, event, again)

@@ -71,8 +71,9 @@ class RetryPolicy:
             raise ValueError(f"need multiplier >= 1, got {self.multiplier}")
 
     def delay(self, retry: int) -> float:
-        """Seconds the task waits before retry number `retry` (1 for the first): no jitter, so the view
-        can say exactly when; tasks that failed at different times spread out by themselves.
+        """Seconds the task waits before retry number `retry` (1 for the first).
+
+        No jitter, so the view can say exactly when; tasks that failed at different times spread out anyway.
         """
         return backoff_ceiling(retry, base_s=self.initial_s, cap_s=self.max_s, multiplier=self.multiplier)
 

@@ -24,8 +24,9 @@ DEADLINE_EXCEEDED = TaskReason.DEADLINE_EXCEEDED.value
 
 
 def stop_reason(task: TaskRecord, now: datetime) -> str | None:
-    """Whether the host must stop the task's current attempt at `now`: `deadline_exceeded`,
-    `attempt_timeout` or None. The deadline wins: it ends the task whatever the retry policy says.
+    """Whether the host must stop the current attempt at `now`: `deadline_exceeded`, `attempt_timeout` or None.
+
+    The deadline wins: it ends the task whatever the retry policy says.
     """
     if task.deadline is not None and now >= task.deadline:
         return DEADLINE_EXCEEDED
@@ -36,8 +37,9 @@ def stop_reason(task: TaskRecord, now: datetime) -> str | None:
 
 
 def overdue(task: TaskRecord, now: datetime) -> str | None:
-    """Whether the sweeper ends the current attempt at `now`: a timeout passed a lease ttl ago, time the host
-    had to stop and report it.
+    """Whether the sweeper ends the current attempt at `now`: a timeout passed at least a lease ttl ago.
+
+    The ttl is the time the host had to stop the attempt and report it.
     """
     return stop_reason(task, now - timedelta(seconds=task.lease_ttl_s))
 
@@ -50,8 +52,10 @@ def queue_timed_out(
     deadline: datetime | None,
     now: datetime,
 ) -> TaskReason | None:
-    """Why a queued task fails at `now`, if it does: its deadline passed, or it waited `queue_timeout_s` for a
-    device since it `entered` the queue (since `not_before`, when its backoff ended later).
+    """Why a queued task fails at `now`, if it does: its deadline passed, or it waited too long.
+
+    It waits at most `queue_timeout_s` for a device since it `entered` the queue (since `not_before` when its
+    backoff ended later).
     """  # fmt: skip
     if deadline is not None and now >= deadline:
         return TaskReason.DEADLINE_EXCEEDED
@@ -73,8 +77,9 @@ class TimeoutDecision:
 
 
 def decide_timeout(task: TaskRecord, stop: str, now: datetime) -> TimeoutDecision:
-    """Cancel if a cancellation is pending; fail at a deadline; retry an attempt timeout the policy retries
-    while attempts are left; fail otherwise.
+    """Cancel if a cancellation is pending; fail at a deadline; else retry or fail an attempt timeout.
+
+    An attempt timeout is retried when the policy names it and attempts are left.
     """
     cur = task.current
     assert cur is not None, "only an attempt can time out"
