@@ -68,7 +68,7 @@ def test_backoff_never_shrinks_and_stays_within_its_bounds(
                {"initial_s": float("nan")}, {"max_s": float("inf")}]
 )  # fmt: skip
 def test_nonsense_backoffs_are_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="need|finite"):
+    with pytest.raises(ValueError, match=r"need|finite"):
         RetryPolicy(**kwargs)
 
 
