@@ -61,6 +61,13 @@ class TaskView:
     releases: int = 0
     pending_reason: str | None = None
     attempts: tuple[AttemptView, ...] = ()
+    #: The retry policy as `RetryPolicy.to_json` writes it; None without one.
+    retry: Mapping[str, Any] | None = None
+    queue_timeout_s: float | None = None
+    attempt_timeout_s: float | None = None
+    deadline: datetime | None = None
+    #: While a retried task waits out its backoff: when it may run again.
+    not_before: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

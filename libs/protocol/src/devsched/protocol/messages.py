@@ -59,6 +59,7 @@ from devsched.protocol.plans import (
     StepResult,
     StepStatus,
 )
+from devsched.protocol.policies import Backoff, RetryPolicy
 from devsched.protocol.tasks import (
     AttemptView,
     CancelReply,
@@ -77,6 +78,7 @@ __all__ = [
     "MAX_STEPS",
     "Assignment",
     "AttemptView",
+    "Backoff",
     "CancelReply",
     "CancelRequest",
     "ClaimRequest",
@@ -121,6 +123,7 @@ __all__ = [
     "RequestModel",
     "ResultFiles",
     "ResultsSummary",
+    "RetryPolicy",
     "RunResult",
     "Seconds",
     "Selector",
