@@ -87,3 +87,5 @@ class QueuedTask:
 
     task_id: uuid.UUID
     selector: Selector
+    #: The device its last attempt failed on, under a retry policy: taken only when no other match is free.
+    avoid_device_id: str | None = None

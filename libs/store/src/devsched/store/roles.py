@@ -49,7 +49,8 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
-        "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq)",
+        # `not_before` and `avoid_device_id`: the backoff of a task the retry policy queues again (migration 0008)
+        "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq, not_before, avoid_device_id)",
         "attempts": "SELECT, UPDATE (status, end_reason, ended_at)",
         "devices": "SELECT, UPDATE (available_after)",
         "cancel_requests": "SELECT",
