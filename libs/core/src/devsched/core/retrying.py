@@ -129,9 +129,11 @@ def failure_cause(plan: Mapping[str, Any], result: Mapping[str, Any] | None, rea
     first failing step is marked `"infra": true` in the plan; `step_failed` otherwise (also when the result
     names no failing step: a failure nobody explained is not blamed on the lab).
     """
-    if reason == "deadline_exceeded":
+    # the agent's reason starts with the limit's code; later failures (a teardown's) follow after "; "
+    head = (reason or "").split(";", 1)[0].strip()
+    if head == "deadline_exceeded":
         return None
-    if reason == "attempt_timeout":
+    if head == "attempt_timeout":
         return RetryCause.ATTEMPT_TIMEOUT
     infra = {s.get("name") for s in _steps(plan) if s.get("infra") is True}
     for step in _steps(result):
