@@ -5,8 +5,8 @@ on its own at about a third of the ttl (the `LeaseClock`). A renewal carries the
 until one carrying it is granted (a boundary, or the retry of one whose reply was lost): the scheduler
 records a step in the statement that takes the task's lock, and a renewal without progress needs none.
 
-A reply with `cancel_requested` is a cancellation stop, one with `stop` (a time limit) a timeout stop; a rejected renewal (409, or 404: the scheduler
-no longer knows the task or host) or no successful renewal before the local deadline is a lease-loss
+A reply with `cancel_requested` is a cancellation stop, one with `stop` (a time limit) a timeout stop; a
+rejected renewal (409, or 404: the scheduler no longer knows the task or host) or no successful renewal before the local deadline is a lease-loss
 stop, after which it renews no more. Other errors (timeouts, no responders, 503, 500) are retried with
 backoff until the deadline.
 
