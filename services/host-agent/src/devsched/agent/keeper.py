@@ -6,9 +6,9 @@ until one carrying it is granted (a boundary, or the retry of one whose reply wa
 records a step in the statement that takes the task's lock, and a renewal without progress needs none.
 
 A reply with `cancel_requested` is a cancellation stop, one with `stop` (a time limit) a timeout stop; a
-rejected renewal (409, or 404: the scheduler no longer knows the task or host) or no successful renewal before the local deadline is a lease-loss
-stop, after which it renews no more. Other errors (timeouts, no responders, 503, 500) are retried with
-backoff until the deadline.
+rejected renewal (409, or 404: the scheduler no longer knows the task or host) or no successful renewal
+before the local deadline is a lease-loss stop, after which it renews no more. Other errors (timeouts, no
+responders, 503, 500) are retried with backoff until the deadline.
 
 It keeps renewing while the run winds down after a cancellation or a shutdown: teardown steps need the
 lease, and a step that finishes before it stops should not lose its device to another attempt meanwhile.

@@ -14,11 +14,12 @@ Rules (PROTOCOL.md, host-agent.md):
 
 Outcome: `done` when every step is done; `failed` when a step failed or timed out first, or the run was
 stopped by a lease loss or a time limit (its reason then starts with the limit: `attempt_timeout`);
-`cancelled` when a cancellation stopped it first. A run the agent's shutdown stopped first is `released`: given back to the scheduler, which queues the task again without spending
-an attempt (its outcome field says `failed`, for an agent that could only report). A stop counts only if
-it changed something (a step was interrupted or skipped): a plan that ran to the end reports how its
-steps ended. Failures after the first cause (a failing teardown after a cancellation or a shutdown, a
-lease loss during teardown) keep the outcome and are named in the reason.
+`cancelled` when a cancellation stopped it first. A run the agent's shutdown stopped first is `released`:
+given back to the scheduler, which queues the task again without spending an attempt (its outcome field says
+`failed`, for an agent that could only report). A stop counts only if it changed something (a step was
+interrupted or skipped): a plan that ran to the end reports how its steps ended. Failures after the first
+cause (a failing teardown after a cancellation or a shutdown, a lease loss during teardown) keep the outcome
+and are named in the reason.
 """
 
 from __future__ import annotations

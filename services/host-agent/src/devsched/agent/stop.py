@@ -5,13 +5,14 @@ hands each running step an interrupt that fires at the level that step yields to
 
 | level | set by | no new step of kind | running steps interrupted |
 | --- | --- | --- | --- |
-| `STOP` | a cancellation or a time limit in a renewal reply; shutdown | planned (not `always`) | interruptible, not `always` |
+| `STOP` | cancellation or time limit (renewal reply); shutdown | planned (not `always`) | interruptible, not `always` |
 | `HALT` | lease lost (409, or no renewal within the ttl) | any, `always` included | interruptible |
 | `KILL` | the end of the shutdown grace | any | every step |
 
 The FIRST reason is what the run reports (`cancelled` only for a cancellation; a time limit `failed`, with
 the limit, `attempt_timeout` or `deadline_exceeded`, as its reason; a shutdown gives the attempt back,
-`release`); a later halt still halts, and is mentioned in the report's reason. A shutdown holds the lease, so its teardown (`always`) steps run, as after a cancellation; they never run after a lease loss.
+`release`); a later halt still halts, and is mentioned in the report's reason. A shutdown holds the lease,
+so its teardown (`always`) steps run, as after a cancellation; they never run after a lease loss.
 """
 
 from __future__ import annotations
