@@ -148,21 +148,22 @@ class Sweeper:
         return expired + await self.sweep_timeouts()
 
     async def sweep_timeouts(self) -> int:
-        """Apply the tasks' time limits now, batch after batch; returns how many attempts it ended.
+        """Apply the tasks' time limits now, batch after batch; how many tasks it failed or attempts it ended.
 
         Queued tasks past their `queue_timeout_s` or `deadline` fail; attempts past their `attempt_timeout_s`
         or deadline by a lease ttl (their host did not stop them) end. Few tasks have limits, so one worker.
         """
         assert self._store is not None
-        limit, ended = self.settings.sweep_batch, 0
+        limit, changed = self.settings.sweep_batch, 0
         while True:
             failed, overdue = await self._store.sweep_timeouts(limit=limit)
             for task_id in failed:
                 log.info("task timed out while queued", extra={"task_id": task_id})
             _log_expired(overdue, "attempt timed out")
-            ended += len(overdue)
+            # either wakes the schedulers: their relay publishes the events, their loop assigns what was freed
+            changed += len(failed) + len(overdue)
             if len(failed) < limit and len(overdue) < limit:
-                return ended
+                return changed
 
     async def prune(self) -> int:
         """Remove ended tasks older than the retention, batch after batch; returns how many.
