@@ -36,7 +36,8 @@ async def test_an_infra_failure_is_retried_with_backoff_on_another_device_while_
     waiting = await lab.wait_view(
         infra, lambda v: (v["pending_reason"] or "").startswith("retry_backoff:"), what="in its backoff"
     )
-    assert waiting["status"] == "queued" and "not_before" in waiting
+    assert waiting["status"] == "queued"
+    assert "not_before" in waiting
     view = await lab.wait_status(infra, *TERMINAL, within=30)
     assert (view["status"], view["attempt_count"]) == ("done", 2), view
     first, second = view["attempts"]
@@ -72,7 +73,7 @@ async def test_the_agent_stops_an_attempt_past_its_timeout_with_teardown(lab: Ag
     (attempt,) = view["attempts"]
     assert (attempt["status"], attempt["report_reason"]) == ("failed", "attempt_timeout")
     statuses = [s["status"] for s in attempt["result"]["steps"]]
-    assert statuses[0] == "done" and statuses[-1] == "done", statuses  # teardown ran
+    assert (statuses[0], statuses[-1]) == ("done", "done"), statuses  # the last is the teardown
     assert "skipped" in statuses
     assert lab.path("teardown").exists()
 
