@@ -102,7 +102,8 @@ async def pending_reason(conn: AsyncConnection, row: Any, now: datetime) -> str:
     """Why a queued task waits, as a stable code then a colon and a human explanation."""
     if row.not_before is not None and row.not_before > now:
         return (
-            f"retry_backoff: retried after attempt {row.attempt_count} failed; waits until {row.not_before.isoformat()}"
+            f"retry_backoff: attempt {row.attempt_count} ended and the retry policy waits until "
+            f"{row.not_before.isoformat()}"
         )
     rows = (
         await conn.execute(
