@@ -61,6 +61,13 @@ class TaskView:
     releases: int = 0
     pending_reason: str | None = None
     attempts: tuple[AttemptView, ...] = ()
+    #: The retry policy as `RetryPolicy.to_json` writes it; None without one.
+    retry: Mapping[str, Any] | None = None
+    queue_timeout_s: float | None = None
+    attempt_timeout_s: float | None = None
+    deadline: datetime | None = None
+    #: While a retried task waits out its backoff: when it may run again.
+    not_before: datetime | None = None
     #: Its stored artifacts (an addition, issue 12): filled by the scheduler's `get`, not by `get_task`.
     artifacts: tuple[ArtifactView, ...] = ()
 

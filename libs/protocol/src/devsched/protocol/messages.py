@@ -67,6 +67,7 @@ from devsched.protocol.plans import (
     StepResult,
     StepStatus,
 )
+from devsched.protocol.policies import Backoff, RetryPolicy
 from devsched.protocol.tasks import (
     AttemptView,
     CancelReply,
@@ -88,6 +89,7 @@ __all__ = [
     "ArtifactView",
     "Assignment",
     "AttemptView",
+    "Backoff",
     "CancelReply",
     "CancelRequest",
     "ClaimRequest",
@@ -134,6 +136,7 @@ __all__ = [
     "RequestModel",
     "ResultFiles",
     "ResultsSummary",
+    "RetryPolicy",
     "RunResult",
     "Seconds",
     "Selector",

@@ -117,6 +117,9 @@ class Step(RequestModel):
     """Run even after an earlier failure or a cancellation stop (teardown), while the lease is held."""
     results: ResultFiles | None = Field(default=None, exclude_if=_unless_none)
     """Addition: test results the step writes in `DEVSCHED_ARTIFACTS_DIR`, summarised in its result."""
+    infra: bool = Field(default=False, exclude_if=lambda v: v is False)
+    """Addition: the step prepares the device or the lab (flashing, booting); its failure is an `infra` one,
+    which a task's retry policy may retry on another device. Left out when false."""
 
     @field_validator("args")
     @classmethod

@@ -41,6 +41,7 @@ from devsched.store import (
     stats,
     sweeping,
     tasks,
+    timeouts,
 )
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.driver import Driver, in_transaction
@@ -456,6 +457,26 @@ class Store:
             return expired
 
         return await self._write("sweep", op, assignable=False)
+
+    async def sweep_timeouts(self, *, limit: int = 500) -> tuple[list[uuid.UUID], list[ExpiredLease]]:
+        """Apply up to `limit` of each kind of time limit: (queued tasks failed, attempts ended).
+
+        Queued tasks past their `queue_timeout_s` or `deadline` fail; attempts past their `attempt_timeout_s`
+        or their task's `deadline` by a lease ttl (their host did not stop them) end, and their tasks fail, are
+        retried by their policy, or are cancelled (a cancellation pending). One transaction.
+        """
+
+        async def op(
+            conn: AsyncConnection, now: datetime, changes: _Changes
+        ) -> tuple[list[uuid.UUID], list[ExpiredLease]]:
+            failed = await timeouts.fail_queued(conn, now, changes.outbox, limit=limit, clock=self.clock)
+            ended = await timeouts.end_overdue(
+                conn, now, changes.outbox, limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
+            )
+            changes.assignable = bool(ended)  # requeued tasks, and devices free once their grace ends
+            return failed, ended
+
+        return await self._write("sweep_timeouts", op, assignable=False)
 
     async def prune(self, keep: timedelta, *, limit: int = 1000) -> int:
         """Remove up to `limit` ended tasks older than `keep`, with all that is theirs; how many.

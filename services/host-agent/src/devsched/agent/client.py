@@ -38,7 +38,9 @@ R = TypeVar("R", ReportReply, ReleaseReply)
 
 def _granted(reply: LeaseReply) -> Extension:
     """The grant a claim or renewal reply carries (`dispatch`, the store's own flag, is not on the wire)."""
-    return Extension(expires_at=reply.expires_at, ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested)
+    return Extension(
+        expires_at=reply.expires_at, ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested, stop=reply.stop
+    )
 
 
 class HostClient:

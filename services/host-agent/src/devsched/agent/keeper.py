@@ -5,10 +5,10 @@ on its own at about a third of the ttl (the `LeaseClock`). A renewal carries the
 until one carrying it is granted (a boundary, or the retry of one whose reply was lost): the scheduler
 records a step in the statement that takes the task's lock, and a renewal without progress needs none.
 
-A reply with `cancel_requested` is a cancellation stop; a rejected renewal (409, or 404: the scheduler
-no longer knows the task or host) or no successful renewal before the local deadline is a lease-loss
-stop, after which it renews no more. Other errors (timeouts, no responders, 503, 500) are retried with
-backoff until the deadline.
+A reply with `cancel_requested` is a cancellation stop, one with `stop` (a time limit) a timeout stop; a
+rejected renewal (409, or 404: the scheduler no longer knows the task or host) or no successful renewal
+before the local deadline is a lease-loss stop, after which it renews no more. Other errors (timeouts, no
+responders, 503, 500) are retried with backoff until the deadline.
 
 It keeps renewing while the run winds down after a cancellation or a shutdown: teardown steps need the
 lease, and a step that finishes before it stops should not lose its device to another attempt meanwhile.
@@ -90,6 +90,9 @@ class LeaseKeeper:
         if grant.cancel_requested and self._stop.reason is not StopReason.CANCELLED:
             logger.info("cancellation requested", extra=self._log)
             self._stop.request(StopReason.CANCELLED, "cancellation requested")
+        if grant.stop is not None and self._stop.reason is not StopReason.TIMEOUT:
+            logger.info("time limit reached", extra={**self._log, "stop": grant.stop})
+            self._stop.request(StopReason.TIMEOUT, grant.stop)
 
     def _lose(self, detail: str) -> None:
         if not self._lost:

@@ -13,12 +13,13 @@ Rules (PROTOCOL.md, host-agent.md):
 - Every step of the plan is in the result, in order.
 
 Outcome: `done` when every step is done; `failed` when a step failed or timed out first, or the run was
-stopped by a lease loss; `cancelled` when a cancellation stopped it first. A run the agent's shutdown
-stopped first is `released`: given back to the scheduler, which queues the task again without spending
-an attempt (its outcome field says `failed`, for an agent that could only report). A stop counts only if
-it changed something (a step was interrupted or skipped): a plan that ran to the end reports how its
-steps ended. Failures after the first cause (a failing teardown after a cancellation or a shutdown, a
-lease loss during teardown) keep the outcome and are named in the reason.
+stopped by a lease loss or a time limit (its reason then starts with the limit: `attempt_timeout`);
+`cancelled` when a cancellation stopped it first. A run the agent's shutdown stopped first is `released`:
+given back to the scheduler, which queues the task again without spending an attempt (its outcome field says
+`failed`, for an agent that could only report). A stop counts only if it changed something (a step was
+interrupted or skipped): a plan that ran to the end reports how its steps ended. Failures after the first
+cause (a failing teardown after a cancellation or a shutdown, a lease loss during teardown) keep the outcome
+and are named in the reason.
 """
 
 from __future__ import annotations
@@ -262,6 +263,8 @@ class PlanRunner:
             first = self._stop.reason
             outcome = Outcome.CANCELLED if first is StopReason.CANCELLED else Outcome.FAILED
             cause = f"{first.value}: {self._stop.detail}" if self._stop.detail else first.value
+            if first is StopReason.TIMEOUT:
+                cause = self._stop.detail  # the limit's code, the task's reason: `attempt_timeout`, `deadline_exceeded`
             halt = self._stop.halt
             if first is not StopReason.LEASE_LOST and halt is not None and halt[0] is not first:
                 notes.append(f"then {halt[0].value}" + (f": {halt[1]}" if halt[1] else ""))

@@ -1,5 +1,8 @@
 """The lease sweeper: every `sweep_interval_s`, end expired leases in batches until none is left.
 
+It also applies the tasks' time limits (issue 13): queue timeouts, deadlines, and attempt timeouts that
+the hosts did not enforce themselves (`Store.sweep_timeouts`).
+
 The store decides each task's fate in the same transaction (requeue with attempts left, fail with
 `lease_expired` at the limit, cancel when a cancellation is pending), keeps the expired attempt for
 audit, and writes the events to the outbox. Several sweepers are safe: tasks are claimed with SKIP LOCKED.
@@ -78,10 +81,10 @@ class SweeperSettings(ServiceSettings):
         return timedelta(days=self.retention_days) if self.retention_days else None
 
 
-def _log_expired(expired: list[ExpiredLease]) -> None:
+def _log_expired(expired: list[ExpiredLease], message: str = "lease expired") -> None:
     for lease in expired:
         log.info(
-            "lease expired",
+            message,
             extra={
                 "task_id": lease.task_id,
                 "attempt": lease.attempt,
@@ -150,7 +153,26 @@ class Sweeper:
                 if len(expired) < limit:
                     return ended
 
-        return sum(await asyncio.gather(*(work() for _ in range(self.settings.sweep_workers))))
+        expired = sum(await asyncio.gather(*(work() for _ in range(self.settings.sweep_workers))))
+        return expired + await self.sweep_timeouts()
+
+    async def sweep_timeouts(self) -> int:
+        """Apply the tasks' time limits now, batch after batch; how many tasks it failed or attempts it ended.
+
+        Queued tasks past their `queue_timeout_s` or `deadline` fail; attempts past their `attempt_timeout_s`
+        or deadline by a lease ttl (their host did not stop them) end. Few tasks have limits, so one worker.
+        """
+        assert self._store is not None
+        limit, changed = self.settings.sweep_batch, 0
+        while True:
+            failed, overdue = await self._store.sweep_timeouts(limit=limit)
+            for task_id in failed:
+                log.info("task timed out while queued", extra={"task_id": task_id})
+            _log_expired(overdue, "attempt timed out")
+            # either wakes the schedulers: their relay publishes the events, their loop assigns what was freed
+            changed += len(failed) + len(overdue)
+            if len(failed) < limit and len(overdue) < limit:
+                return changed
 
     async def prune(self) -> int:
         """Remove ended tasks older than the retention, batch after batch; returns how many.

@@ -91,6 +91,10 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
         lease_ttl_s=req.lease_ttl_s,
         idempotency_key=req.idempotency_key,
         metadata=dict(req.metadata),
+        retry=req.retry.to_core() if req.retry is not None else None,
+        queue_timeout_s=req.queue_timeout_s,
+        attempt_timeout_s=req.attempt_timeout_s,
+        deadline=req.deadline,
     )
 
 
