@@ -242,8 +242,10 @@ class ArtifactIntake:
             pending.clear()
             return size
         finally:
-            for ack in pending:
-                ack.cancel()
+            # Wait for the chunks already sent rather than cancel them: a cancelled publish may still be
+            # stored, after the caller's purge of a refused copy, and leave a stray chunk in the bucket.
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
