@@ -231,7 +231,7 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
         " AND privilege_type = 'INSERT' AND grantee IN ('PUBLIC', $1)",
         ROLES.sweeper,
     )
-    assert await admin.fetchval("SELECT version_num FROM alembic_version") == "0006"
+    assert await admin.fetchval("SELECT version_num FROM alembic_version") == expected_revision()
 
 
 async def test_the_owner_owns_every_object_and_the_services_own_none(admin: asyncpg.Connection) -> None:

@@ -18,6 +18,8 @@ from devsched.protocol.base import (
 )
 from devsched.protocol.events import Assignment, DrainNotice, ErrorBody, ErrorDetail, Nudge, TaskEvent
 from devsched.protocol.hosts import (
+    ActionOffer,
+    ActionView,
     DeviceDrainView,
     DeviceRegistration,
     DeviceView,
@@ -75,6 +77,8 @@ from devsched.protocol.tasks import (
 __all__ = [
     "BUILTIN_ARGS",
     "MAX_STEPS",
+    "ActionOffer",
+    "ActionView",
     "Assignment",
     "AttemptView",
     "CancelReply",
