@@ -15,14 +15,17 @@ host's `P.assign.<id>`, a task's events). In an account of its own, every reply 
 subject of that account, where no stream and no other host live. The account imports, from the devsched
 account (which exports them in accounts.conf), exactly what `devsched-agent` uses (PROTOCOL.md):
 
-- services: `P.host.<id>.{register,heartbeat,claim,renew,report,release}`; the two JetStream API calls it makes on
-  its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and pull "next"),
-  mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
+- services: `P.host.<id>.{register,heartbeat,claim,renew,report,release,artifact}`; the two JetStream API
+  calls it makes on its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and
+  pull "next"), mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
   acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers
   nak and in-progress). The server rewrites the reply of an imported request to a `_R_.` subject
   of the devsched account, so the scheduler answers hosts under `_R_.` (`DEVSCHED_HOST_INBOX_PREFIXES`).
 - service: its step output `P.host.<id>.log.>` (the agent's JetStream publishes into the stream `<PU>_LOGS`,
   which lives in the devsched account; the stream's acknowledgement comes back as the reply).
+- service: its artifact chunks `P.host.<id>.upload.>` (into the stream `<PU>_UPLOADS`, acknowledged the same
+  way); the scheduler moves them into the artifacts bucket on the host's `artifact` commit. The host never
+  reaches the bucket (`$O.>`), the uploads stream's API, nor another host's uploads.
 - stream: its nudges `P.host.<id>.nudge` (which also carry the scheduler's drain notice for this host).
 
 Its one user may publish to exactly those subjects and subscribe to its nudges and its own inbox
@@ -31,7 +34,7 @@ hold of the server: connections (one agent, plus one more during a restart), sub
 
 Everything else does not exist for the host: other hosts' subjects (their logs included), other consumers,
 creating or deleting consumers and streams, the operator API, the event stream, and reading the logs stream
-(its own output included: only operators read it).
+(its own output included: only operators read it), the uploads stream and the artifacts bucket.
 
 Standard library only, so it runs anywhere an operator has a Python.
 """
@@ -54,7 +57,7 @@ HOST_LIMITS = {"max_connections": 2, "max_subscriptions": 64, "max_payload": 104
 #: A single NATS subject token: the prefix and host ids (the same rule as devsched.core.ids).
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
 #: The requests a host sends, one subject each (`P.host.<id>.<verb>`).
-HOST_REQUEST_VERBS = ("register", "heartbeat", "claim", "renew", "report", "release")
+HOST_REQUEST_VERBS = ("register", "heartbeat", "claim", "renew", "report", "release", "artifact")
 #: Written into the password field when no hash is given: a bcrypt-looking value that matches no
 #: password, so a block pasted without a real hash fails closed (the host cannot log in).
 PLACEHOLDER_HASH = "$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.THIS.HOSTS.PASSWORD"
@@ -97,6 +100,11 @@ def log_subjects(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.host.{host_id}.log.>"
 
 
+def upload_subjects(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """`P.host.<id>.upload.>`: where the host's agent publishes artifact chunks (into `<PU>_UPLOADS`)."""
+    return f"{prefix}.host.{host_id}.upload.>"
+
+
 def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
     """What the host's account imports from the devsched account: (kind, exported subject, local subject)."""
     _token("host id", host_id)
@@ -110,6 +118,7 @@ def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, 
         )
     imports.append(("service", f"$JS.ACK.{stream}.{consumer}.>", ""))
     imports.append(("service", log_subjects(host_id, prefix), ""))
+    imports.append(("service", upload_subjects(host_id, prefix), ""))
     imports.append(("stream", f"{prefix}.host.{host_id}.nudge", ""))
     return imports
 
@@ -131,6 +140,7 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
         f"{jetstream_api(prefix)}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
         log_subjects(host_id, prefix),
+        upload_subjects(host_id, prefix),
     ]
     subscribe = [f"{prefix}.host.{host_id}.nudge", f"_INBOX.{host_id}.>"]
     return {"publish": publish, "subscribe": subscribe}

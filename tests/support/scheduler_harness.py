@@ -335,9 +335,11 @@ async def task_events(js: JetStreamContext, prefix: str, task_id: str) -> list[d
 async def delete_streams(nc: NatsClient, prefix: str) -> None:
     """Remove the test's streams (they would otherwise pile up on the session's server)."""
     js = nc.jetstream()
-    for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS"):
+    for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS", "UPLOADS"):
         with contextlib.suppress(Exception):
             await js.delete_stream(f"{prefix.upper().replace('-', '_')}_{suffix}")
+    with contextlib.suppress(Exception):
+        await js.delete_stream(f"OBJ_{prefix.upper().replace('-', '_')}_ARTIFACTS")
 
 
 async def delete_streams_at(url: str, prefix: str) -> None:

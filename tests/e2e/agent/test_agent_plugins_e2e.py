@@ -64,7 +64,11 @@ async def test_a_plugin_action_runs_on_a_host_that_offers_it(lab: AgentLab) -> N
     adb, calls = stand_in_adb(lab)
     agent = await lab.agent("phone", env={"ADB": str(adb), "ANDROID_SERIAL": "emulator-5554"}).ready()
     task_id = await lab.submit(
-        [instrument(apk="/srv/app.apk", test_apk="/srv/app-test.apk", instrument_args={"class": "com.example.BootTest"})],
+        [
+            instrument(
+                apk="/srv/app.apk", test_apk="/srv/app-test.apk", instrument_args={"class": "com.example.BootTest"}
+            )
+        ],
         lease_ttl_s=TTL_S,
     )
     view = await lab.wait_status(task_id, "done", "failed")

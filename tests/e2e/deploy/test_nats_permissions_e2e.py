@@ -72,7 +72,13 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
             submitted = await client.submit(
                 {
                     "steps": [
-                        {"name": "hello", "action": "shell", "args": {"command": "echo hi from $DEVSCHED_DEVICE_ID"}}
+                        {"name": "hello", "action": "shell", "args": {"command": "echo hi from $DEVSCHED_DEVICE_ID"}},
+                        # issue 12: an artifact goes through the host's upload subject and the scheduler
+                        {
+                            "name": "art",
+                            "action": "shell",
+                            "args": {"command": "echo art > $DEVSCHED_ARTIFACTS_DIR/a.txt"},
+                        },
                     ]
                 },
                 selector={"platform": "sim"},
@@ -82,6 +88,9 @@ async def test_the_deploy_permissions_run_a_task_and_keep_hosts_apart(
             assert "hi from sim-7" in str(view.result)
             # the agent streamed the step's output into DEVSCHED_LOGS, and the operator reads it
             assert await collect_output(client.logs(submitted.task_id)) == b"hi from sim-7\n"
+            # the scheduler moved the host's upload into the bucket, and the operator reads it from there
+            assert [a.name for a in view.artifacts] == ["a.txt"]
+            assert await client.artifact_bytes(submitted.task_id, "a.txt") == b"art\n"
 
         # Another host: its own subjects only. Violations arrive as asynchronous errors.
         violations: list[str] = []

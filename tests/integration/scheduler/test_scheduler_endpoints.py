@@ -52,7 +52,9 @@ async def test_service_is_discoverable_with_every_endpoint_in_one_queue_group(
         f"{p}.api.hosts.list",
         f"{p}.api.devices.drain",
         f"{p}.api.hosts.drain",
+        f"{p}.api.tasks.artifacts",  # issue 12
         *(f"{p}.host.*.{verb}" for verb in ("register", "heartbeat", "claim", "renew", "report", "release")),
+        f"{p}.host.*.artifact",  # issue 12
     }
     assert {e["queue_group"] for e in info["endpoints"]} == {name}
     await call(nc, api(p, "hosts.list"))

@@ -1,9 +1,9 @@
 """Pruning ended history (migration 0006's `devsched_prune`, `Store.prune`) against the real Postgres.
 
-What goes: an ended task older than the retention, with its attempts, reservation, cancellation request and
-sent outbox rows. What stays: younger ended tasks, queued and running tasks however old, unsent outbox
-rows. The database's rule is checked against core's (`devsched.core.retention.prunable`) on a random mix,
-and two pruners side by side take different tasks.
+What goes: an ended task older than the retention, with its attempts, reservation, cancellation request,
+artifacts rows (migration 0007) and sent outbox rows. What stays: younger ended tasks, queued and running
+tasks however old, unsent outbox rows. The database's rule is checked against core's
+(`devsched.core.retention.prunable`) on a random mix, and two pruners side by side take different tasks.
 """
 
 from __future__ import annotations
@@ -12,20 +12,21 @@ import asyncio
 import random
 import re
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import text
 
 from devsched.core.retention import prunable
 from devsched.core.status import Outcome, TaskStatus
+from devsched.core.views import ArtifactView
 from devsched.store import Store
 from support.store_lab import Lab
 
 pytestmark = pytest.mark.integration
 
 KEEP = timedelta(days=30)
-_TABLES = ("tasks", "attempts", "reservations", "cancel_requests")
+_TABLES = ("tasks", "attempts", "reservations", "cancel_requests", "artifacts")
 
 
 async def age(store: Store, task_id: uuid.UUID, *, created_days: float, updated_days: float) -> None:
@@ -60,8 +61,11 @@ async def mark_all_sent(store: Store) -> None:
 
 
 async def cancelled_while_running(lab: Lab) -> uuid.UUID:
-    """A task with an attempt, a reservation, a cancellation request and events: cancelled by its host."""
+    """A task with an attempt, a reservation, a cancellation request, an artifact (issue 12) and events:
+    cancelled by its host."""
     lease = await lab.running()
+    artifact = ArtifactView(1, "a.bin", "s", 3, "0" * 64, lease.host_id, datetime.now(UTC), f"{lease.task_id}/1/u")
+    await lab.store.record_artifact(lease, artifact, max_attempt_bytes=100)
     await lab.store.request_cancel(lease.task_id, "no longer needed")
     await lab.store.report(lease, Outcome.CANCELLED, reason="cancelled")
     return lease.task_id

@@ -26,7 +26,10 @@ def test_the_builtins_are_the_protocols_builtin_actions() -> None:
 
 
 def test_plugin_actions_leave_out_the_builtins_and_repeats() -> None:
-    assert plugin_actions(["shell", "adb-instrument", "sleep", "flash", "adb-instrument"]) == ["adb-instrument", "flash"]
+    assert plugin_actions(["shell", "adb-instrument", "sleep", "flash", "adb-instrument"]) == [
+        "adb-instrument",
+        "flash",
+    ]
     assert plugin_actions(["shell", "noop"]) == []
     assert action_labels(["shell"]) == {}
 
@@ -36,11 +39,14 @@ def test_action_labels_round_trip_and_hide_from_views() -> None:
     assert labels["devsched.action.flash"] == "true"
     assert actions_of_labels(labels) == ["adb-instrument", "flash"]
     assert visible_labels(labels) == {"platform": "android"}
-    assert is_reserved(ACTION_LABEL_PREFIX + "x") and not is_reserved("devsched.actionx")
+    assert is_reserved(ACTION_LABEL_PREFIX + "x")
+    assert not is_reserved("devsched.actionx")
 
 
 @given(needed=st.lists(names, max_size=4), offered=st.lists(names, max_size=4))
-def test_a_device_matches_a_plan_exactly_when_its_host_offers_every_plugin(needed: list[str], offered: list[str]) -> None:
+def test_a_device_matches_a_plan_exactly_when_its_host_offers_every_plugin(
+    needed: list[str], offered: list[str]
+) -> None:
     device = DeviceRecord("d1", "h1", {"platform": "android", **action_labels(offered)})
     selector = Selector(labels={"platform": "android", **action_labels(needed)})
     assert matches(selector, device) == (set(plugin_actions(needed)) <= set(plugin_actions(offered)))

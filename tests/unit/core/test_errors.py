@@ -31,6 +31,9 @@ PROTOCOL_TABLE = {
     "internal": 500,
     # docs/protocol.md, additions:
     "too_many_requests": 429,
+    "artifact_too_large": 413,
+    "artifact_quota_exceeded": 413,
+    "upload_mismatch": 400,
 }
 
 ALL_CLASSES = [obj for obj in vars(errors).values() if isinstance(obj, type) and issubclass(obj, DevschedError)]

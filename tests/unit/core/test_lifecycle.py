@@ -43,6 +43,23 @@ EXPECTED: dict[tuple[TaskStatus | None, Trigger], TaskStatus] = {
     (D, Trigger.RELEASE_CANCEL): CANCELLED,
     (A, Trigger.RELEASE_FAIL): FAILED,
     (D, Trigger.RELEASE_FAIL): FAILED,
+    # "queued -> failed (reason queue_timeout): no device within the task's queue_timeout_s"
+    (Q, Trigger.QUEUE_TIMEOUT): FAILED,
+    # "assigned, dispatched -> failed (reason attempt_timeout) or retried by the task's retry policy", and
+    # a pending cancellation winning as it does at an expiry
+    (A, Trigger.ATTEMPT_TIMEOUT): FAILED,
+    (D, Trigger.ATTEMPT_TIMEOUT): FAILED,
+    (A, Trigger.ATTEMPT_TIMEOUT_RETRY): Q,
+    (D, Trigger.ATTEMPT_TIMEOUT_RETRY): Q,
+    (A, Trigger.TIMEOUT_CANCEL): CANCELLED,
+    (D, Trigger.TIMEOUT_CANCEL): CANCELLED,
+    # the deadline, across all attempts: queued or in flight
+    (Q, Trigger.DEADLINE): FAILED,
+    (A, Trigger.DEADLINE): FAILED,
+    (D, Trigger.DEADLINE): FAILED,
+    # a failed report that the retry policy retries
+    (A, Trigger.REPORT_RETRY): Q,
+    (D, Trigger.REPORT_RETRY): Q,
 }
 
 ALL_PAIRS = list(itertools.product([None, *TaskStatus], Trigger))

@@ -565,7 +565,7 @@ def _selects(policy: dict[str, Any], labels: dict[str, str]) -> bool:
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_network_policies_allow_no_ingress_and_only_nats_postgres_and_dns_egress(name: str) -> None:
+def test_network_policies_allow_no_ingress_and_only_nats_postgres_dns_and_collector_egress(name: str) -> None:
     docs = render(name)
     policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
     for workload in workloads(docs):
@@ -580,7 +580,8 @@ def test_network_policies_allow_no_ingress_and_only_nats_postgres_and_dns_egress
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
         assert policy["spec"]["ingress"] == []
         ports = {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
-        expected = {4222, 53} if component(workload) == "agent" else {4222, 5432, 53}
+        otlp = {4318, 4317}  # the OpenTelemetry Collector, where traces go
+        expected = {4222, 53} | otlp if component(workload) == "agent" else {4222, 5432, 53} | otlp
         assert ports == expected, workload["metadata"]["name"]
         for rule in policy["spec"]["egress"]:
             assert rule["to"], "an empty `to` would allow every destination"

@@ -159,6 +159,7 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
         subjects.host_logs("bench-07"),
+        subjects.host_uploads("bench-07"),
     ]
     # the drain notice rides on the host's nudge subject: draining needs no subscription of its own
     assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.bench-07.>"]
@@ -180,6 +181,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
         subjects.host_logs(host_id),
+        subjects.host_uploads(host_id),
     ]
     # what the host's account imports from the devsched account, and where
     assert host_user.host_imports(host_id, prefix) == [
@@ -196,6 +198,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
         ),
         ("service", f"$JS.ACK.{stream}.{consumer}.>", ""),
         ("service", subjects.host_logs(host_id), ""),
+        ("service", subjects.host_uploads(host_id), ""),
         ("stream", subjects.host(host_id, HostVerb.NUDGE), ""),
     ]
     # its own inbox only: exactly the prefix the agent connects with
@@ -206,7 +209,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
 def test_rendered_block_names_only_its_own_host() -> None:
     block = host_user.render("bench-07")
     quoted = _quoted(block)
-    assert len(quoted) == 12
+    assert len(quoted) == 14  # 12, and issue 12's artifact verb and upload subjects
     assert all("bench-07" in subject for subject in quoted)
     assert not any("*" in subject for subject in quoted), "no wildcard but the trailing > of its own subjects"
     assert 'user: "host-bench-07"' in block
@@ -274,7 +277,7 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
     devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
     exports = set(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    assert len(exports) == 11, exports
+    assert len(exports) == 13, exports  # 11, and the artifact verb and upload subjects (issue 12)
     for kind, subject, _ in host_user.host_imports("bench-07"):
         assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
     # a pull is answered by many messages, so its export must say so
@@ -289,7 +292,7 @@ def test_a_host_account_is_limited_and_imports_only_its_own_subjects() -> None:
     assert "HOST_bench-07: {" in block
     assert "limits: { max_connections: 2, max_subscriptions: 64, max_payload: 1048576 }" in block
     imported = re.findall(r'subject: "([^"]+)"', block) + re.findall(r'to: "([^"]+)"', block)
-    assert len(imported) == 13
+    assert len(imported) == 15  # 13, and the artifact verb and upload subjects (issue 12)
     assert all("bench-07" in subject for subject in imported)
     assert "jetstream" not in block, "a host account holds no stream"
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.unit
 PAIRS: list[tuple[type[m.WireModel], type[Any], set[str]]] = [
     (m.AttemptView, views.AttemptView, set()),
     (m.TaskView, views.TaskView, set()),
-    (m.TaskSummary, views.TaskView, {"attempts"}),
+    (m.TaskSummary, views.TaskView, {"attempts", "artifacts"}),
+    (m.ArtifactView, views.ArtifactView, set()),
     (m.ListTasksReply, views.TaskPage, set()),
     (m.HostView, views.HostView, set()),
     (m.DeviceView, views.DeviceView, {"host_id"}),

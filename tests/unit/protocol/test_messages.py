@@ -97,8 +97,16 @@ def _doc_examples() -> list[str]:
     return filled
 
 
-def test_doc_has_the_five_examples() -> None:
-    assert len(_doc_examples()) == 5
+def test_doc_has_the_six_examples() -> None:
+    assert len(_doc_examples()) == 6
+
+
+def test_doc_retry_policy_example_decodes() -> None:
+    (block,) = [b for b in _doc_examples() if '"retry"' in b]
+    req = decode(m.SubmitRequest, block.encode())
+    assert req.retry is not None
+    assert [s.infra for s in req.plan.steps] == [True, False]
+    assert (req.queue_timeout_s, req.attempt_timeout_s) == (600, 1800)
 
 
 def test_doc_submit_example_decodes() -> None:

@@ -3,7 +3,16 @@ from __future__ import annotations
 import pytest
 from opentelemetry import trace
 
-from devsched.protocol.tracing import TRACEPARENT, TRACESTATE, extract, inject, messaging_attributes, use_context
+from devsched.protocol.tracing import (
+    TRACEPARENT,
+    TRACESTATE,
+    destination_template,
+    extract,
+    inject,
+    messaging_attributes,
+    span_name,
+    use_context,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -57,6 +66,35 @@ def test_messaging_attributes() -> None:
     assert messaging_attributes("devsched.api.tasks.get", "send", 12) == {
         "messaging.system": "nats",
         "messaging.destination.name": "devsched.api.tasks.get",
+        "messaging.destination.template": "devsched.api.tasks.get",
         "messaging.operation.type": "send",
+        "messaging.operation.name": "send",
         "messaging.message.body.size": 12,
     }
+
+
+def test_a_publication_is_named_publish_and_typed_send() -> None:
+    attributes = messaging_attributes("devsched.assign.h1", "send", 3, operation_name="publish")
+    assert attributes["messaging.operation.name"] == "publish"
+    assert attributes["messaging.operation.type"] == "send"
+    assert attributes["messaging.destination.template"] == "devsched.assign.{host_id}"
+
+
+TASK = "0b7e9b1e-5d7e-4a57-9a52-2f3c1c2d4e5f"
+
+
+@pytest.mark.parametrize(
+    ("subject", "template"),
+    [
+        ("devsched.api.tasks.submit", "devsched.api.tasks.submit"),
+        ("devsched.host.bench-07.claim", "devsched.host.{host_id}.claim"),
+        ("devsched.host.*.renew", "devsched.host.{host_id}.renew"),
+        (f"lab-2.host.h1.log.{TASK}.3", "lab-2.host.{host_id}.log.{task_id}.{attempt}"),
+        ("devsched.assign.h1", "devsched.assign.{host_id}"),
+        (f"devsched.events.task.{TASK}", "devsched.events.task.{task_id}"),
+        ("devsched.internal.wake", "devsched.internal.wake"),
+    ],
+)
+def test_span_names_carry_the_subject_template_not_the_concrete_subject(subject: str, template: str) -> None:
+    assert destination_template(subject) == template
+    assert span_name("process", subject) == f"process {template}"

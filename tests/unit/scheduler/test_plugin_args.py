@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from devsched.plugins.adb import InstrumentArgs
 
 from devsched.core.errors import InvalidRequest
-from devsched.plugins.adb import InstrumentArgs
 from devsched.protocol.plans import Plan
 from devsched.scheduler.plugin_args import check_args, schema_problem
 
@@ -16,11 +16,15 @@ LOOSE: dict[str, Any] = {"type": "object"}
 
 
 def plan(*steps: tuple[str, dict[str, Any]]) -> Plan:
-    return Plan.model_validate({"steps": [{"name": f"s{i}", "action": a, "args": args} for i, (a, args) in enumerate(steps)]})
+    return Plan.model_validate(
+        {"steps": [{"name": f"s{i}", "action": a, "args": args} for i, (a, args) in enumerate(steps)]}
+    )
 
 
 def test_args_that_the_advertised_schema_accepts_pass() -> None:
-    check_args(plan(("adb-instrument", {"runner": "a/b", "instrument_args": {"class": "X"}})), {"adb-instrument": [ADB]})
+    check_args(
+        plan(("adb-instrument", {"runner": "a/b", "instrument_args": {"class": "X"}})), {"adb-instrument": [ADB]}
+    )
 
 
 def test_refused_args_name_each_path_and_why() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devsched.protocol.tracing import extract, inject, use_context
-from devsched.service.tracing import PropagatingTracerProvider
+from devsched.service.tracing import PropagatingTracerProvider, _span_exporters, service_resource
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +43,65 @@ def test_without_a_parent_a_span_starts_a_new_sampled_trace() -> None:
         seen.add(trace_id)
     assert len(seen) == 2, "each root span starts a trace of its own"
     assert inject({}) == {}, "nothing is current after the block"
+
+
+# -- what the standard OTEL_* variables select ---------------------------------------------------------
+
+OTEL_VARIABLES = (
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_RESOURCE_ATTRIBUTES",
+)
+
+
+@pytest.fixture
+def otel_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No OTEL_* variable of the environment the tests run in."""
+    for name in OTEL_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def _exporters() -> list[str]:
+    return [type(e).__name__ for e in _span_exporters()]
+
+
+def test_nothing_is_exported_without_an_endpoint_or_an_exporter(otel_env: pytest.MonkeyPatch) -> None:
+    assert _exporters() == []
+
+
+@pytest.mark.parametrize("variable", ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"])
+def test_an_otlp_endpoint_alone_selects_otlp(otel_env: pytest.MonkeyPatch, variable: str) -> None:
+    otel_env.setenv(variable, "http://127.0.0.1:4318")
+    assert _exporters() == ["OTLPSpanExporter"]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("none", []),
+        ("console", ["ConsoleSpanExporter"]),
+        ("otlp", ["OTLPSpanExporter"]),
+        ("otlp, console", ["OTLPSpanExporter", "ConsoleSpanExporter"]),
+        ("zipkin", []),
+    ],
+)
+def test_otel_traces_exporter_decides(otel_env: pytest.MonkeyPatch, value: str, expected: list[str]) -> None:
+    otel_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    otel_env.setenv("OTEL_TRACES_EXPORTER", value)
+    assert _exporters() == expected
+
+
+def test_the_resource_is_named_for_the_service_unless_otel_service_name_says(otel_env: pytest.MonkeyPatch) -> None:
+    otel_env.setenv("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=lab,service.namespace=devsched")
+    attributes = service_resource("devsched-agent").attributes
+    assert attributes["service.name"] == "devsched-agent"
+    assert attributes["deployment.environment.name"] == "lab"
+    assert attributes["service.namespace"] == "devsched"
+    otel_env.setenv("OTEL_SERVICE_NAME", "agent-bench-07")
+    assert service_resource("devsched-agent").attributes["service.name"] == "agent-bench-07"
+    otel_env.delenv("OTEL_SERVICE_NAME")
+    otel_env.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
+    assert service_resource("devsched-agent").attributes["service.name"] == "from-attributes"

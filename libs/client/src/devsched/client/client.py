@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import io
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
@@ -38,6 +39,7 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 from pydantic import BaseModel, ValidationError
 
+from devsched.client import artifacts as artifacts_io
 from devsched.client.errors import NatsUnreachable, from_validation, invalid
 from devsched.client.logs import LogReader
 from devsched.client.plans import build_request, load_request
@@ -55,6 +57,8 @@ from devsched.protocol.messages import (
     HostsListReply,
     HostsListRequest,
     HostView,
+    ListArtifactsReply,
+    ListArtifactsRequest,
     ListTasksReply,
     ListTasksRequest,
     Plan,
@@ -485,6 +489,30 @@ class Client:
         )
 
     # -- hosts and devices ---------------------------------------------------------------------------------
+
+    # -- artifacts (issue 12) ------------------------------------------------------------------------------
+
+    async def artifacts(self, task_id: TaskId, *, attempt: int | None = None) -> ListArtifactsReply:
+        """The task's stored artifacts (of one attempt, or all), by attempt then name, and their bucket."""
+        body = ListArtifactsRequest(task_id=task_uuid(task_id), attempt=attempt)
+        return await self._call(self.subjects.task_artifacts, body, ListArtifactsReply)
+
+    async def artifact_bytes(self, task_id: TaskId, name: str, *, attempt: int | None = None) -> bytes:
+        """One artifact's bytes (of `attempt`, or the newest attempt's), checked against its SHA-256."""
+        listing = await self.artifacts(task_id, attempt=attempt)
+        sink = io.BytesIO()
+        await artifacts_io.read_into(
+            self.nc.jetstream(), listing.bucket, artifacts_io.pick(listing.artifacts, name, attempt), sink
+        )
+        return sink.getvalue()
+
+    async def download_artifact(
+        self, task_id: TaskId, name: str, path: Path | str, *, attempt: int | None = None, force: bool = False
+    ) -> Path:
+        """Write one artifact to `path` atomically (refused if it exists, unless `force`); the path."""
+        listing = await self.artifacts(task_id, attempt=attempt)
+        chosen = artifacts_io.pick(listing.artifacts, name, attempt)
+        return await artifacts_io.download(self.nc.jetstream(), listing.bucket, chosen, Path(path), force=force)
 
     async def hosts(self) -> builtins.list[HostView]:
         """Every registered host with its devices and their states (`P.api.hosts.list`)."""

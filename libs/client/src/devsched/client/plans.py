@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,23 @@ def _as_request_document(source: SubmitRequest | Plan | Mapping[str, Any]) -> di
     raise invalid("", "expected a plan (a mapping with `steps`) or a submit request (a mapping with `plan`)")
 
 
+def _deadline(value: str) -> str:
+    """An RFC 3339 time as given, or `+SECONDS` from now on this machine's clock as one.
+
+    Raises:
+        InvalidRequest: `+SECONDS` that is not a number (path `deadline`).
+    """
+    if not value.startswith("+"):
+        return value  # checked by the schema
+    try:
+        seconds = float(value[1:])
+    except ValueError:
+        raise invalid("deadline", f"expected an RFC 3339 time or +SECONDS, got {value!r}") from None
+    if not math.isfinite(seconds) or seconds < 0:
+        raise invalid("deadline", f"expected a finite number of seconds >= 0, got {value!r}")
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
 def build_request(
     source: SubmitRequest | Plan | Mapping[str, Any],
     *,
@@ -121,6 +139,10 @@ def build_request(
     lease_ttl_s: int | None = None,
     idempotency_key: str | None = None,
     metadata: Mapping[str, Any] | None = None,
+    retry_on: Sequence[str] | None = None,
+    queue_timeout_s: float | None = None,
+    attempt_timeout_s: float | None = None,
+    deadline: str | None = None,
 ) -> SubmitRequest:
     """A validated `SubmitRequest` from a request, a plan or a parsed document, with overrides.
 
@@ -135,6 +157,11 @@ def build_request(
         lease_ttl_s: Replaces the lease ttl (1..3600 s).
         idempotency_key: Replaces the idempotency key.
         metadata: Merged into the metadata (the given values win).
+        retry_on: The causes the retry policy retries (`infra`, `lease_expired`, `released`, `step_failed`,
+            `attempt_timeout`); gives the task a policy (default backoff) if the source has none.
+        queue_timeout_s: Replaces the queue timeout (seconds).
+        attempt_timeout_s: Replaces the attempt timeout (seconds).
+        deadline: Replaces the deadline: an RFC 3339 time, or `+SECONDS` from now (this machine's clock).
 
     Raises:
         InvalidRequest: the result fails the protocol's schema; `details["errors"]` has the paths.
@@ -146,8 +173,14 @@ def build_request(
         "max_attempts": max_attempts,
         "lease_ttl_s": lease_ttl_s,
         "idempotency_key": idempotency_key,
+        "queue_timeout_s": queue_timeout_s,
+        "attempt_timeout_s": attempt_timeout_s,
+        "deadline": _deadline(deadline) if deadline is not None else None,
     }
     document.update({key: value for key, value in overrides.items() if value is not None})
+    if retry_on is not None:
+        current_retry = document.get("retry")
+        document["retry"] = {**(current_retry if isinstance(current_retry, dict) else {}), "on": list(retry_on)}
     if isinstance(selector, Selector):
         document["selector"] = selector.model_dump(mode="json")
     if (selector is not None and not isinstance(selector, Selector)) or device_id is not None:

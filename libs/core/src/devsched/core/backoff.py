@@ -17,6 +17,26 @@ from devsched.core.errors import TooManyRequests
 MAX_RETRY_AFTER_S = 60.0
 
 
+def backoff_ceiling(failures: int, *, base_s: float, cap_s: float, multiplier: float = 2.0) -> float:
+    """The longest delay before retry number `failures` (1 for the first): `base_s * multiplier**(n-1)`, capped.
+
+    A task's retry policy waits exactly this long (`devsched.core.retrying`); requests wait a jittered part
+    of it (`backoff_delay`).
+    """
+    if failures < 1:
+        raise ValueError(f"failures must be >= 1, got {failures}")
+    if not 0 < base_s <= cap_s:
+        raise ValueError(f"need 0 < base_s <= cap_s, got {base_s}, {cap_s}")
+    if not multiplier >= 1:
+        raise ValueError(f"need multiplier >= 1, got {multiplier}")
+    if multiplier == 1:
+        return base_s
+    # past the cap, the power would only overflow: log(cap/base) / log(multiplier) steps reach it
+    if failures - 1 >= math.log(cap_s / base_s) / math.log(multiplier) + 1:
+        return cap_s
+    return min(cap_s, base_s * multiplier ** (failures - 1))
+
+
 def backoff_delay(
     failures: int,
     *,
@@ -26,14 +46,10 @@ def backoff_delay(
 ) -> float:
     """The delay before retry number `failures` (1 for the first retry).
 
-    The ceiling doubles from `base_s` up to `cap_s`; the delay is drawn from its upper half ("equal
-    jitter"), so retries of many agents spread out but never come back at once.
+    The ceiling doubles from `base_s` up to `cap_s` (`backoff_ceiling`); the delay is drawn from its upper
+    half ("equal jitter"), so retries of many agents spread out but never come back at once.
     """
-    if failures < 1:
-        raise ValueError(f"failures must be >= 1, got {failures}")
-    if not 0 < base_s <= cap_s:
-        raise ValueError(f"need 0 < base_s <= cap_s, got {base_s}, {cap_s}")
-    ceiling = cap_s if failures > 64 else min(cap_s, base_s * 2 ** (failures - 1))
+    ceiling = backoff_ceiling(failures, base_s=base_s, cap_s=cap_s)
     return ceiling / 2 + ceiling / 2 * random_fraction()
 
 

@@ -95,6 +95,24 @@ class TooLarge(DevschedError):
     status = 413
 
 
+class ArtifactTooLarge(TooLarge):
+    """The artifact is larger than the per-file cap (an addition, issue 12)."""
+
+    code = "artifact_too_large"
+
+
+class ArtifactQuotaExceeded(TooLarge):
+    """The attempt's artifacts would exceed the per-attempt cap (an addition, issue 12)."""
+
+    code = "artifact_quota_exceeded"
+
+
+class UploadMismatch(InvalidRequest):
+    """The uploaded chunks are not the file the commit describes: missing, or another size or SHA-256."""
+
+    code = "upload_mismatch"
+
+
 class TooManyRequests(DevschedError):
     """Too many requests from this host; retry after `details.retry_after_s` seconds.
 
@@ -148,6 +166,9 @@ BY_CODE: dict[str, type[DevschedError]] = {
         CancelNotRequested,
         DeviceConflict,
         TooLarge,
+        ArtifactTooLarge,
+        ArtifactQuotaExceeded,
+        UploadMismatch,
         TooManyRequests,
         Unavailable,
         Internal,

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from devsched.core.lifecycle import Trigger, next_status
 from devsched.core.records import TaskRecord
+from devsched.core.retrying import Retry, RetryCause, retries, retry
 from devsched.core.status import AttemptStatus, EventKind, TaskReason, TaskStatus
 
 
@@ -18,6 +19,8 @@ class ExpiryDecision:
     task_status: TaskStatus
     reason: TaskReason | None
     event: EventKind
+    #: With a retry policy: when the requeued task may run again, and the device it should avoid.
+    retry: Retry | None = None
 
 
 def is_expired(task: TaskRecord, now: datetime) -> bool:
@@ -26,20 +29,26 @@ def is_expired(task: TaskRecord, now: datetime) -> bool:
     return cur is not None and cur.status is AttemptStatus.ACTIVE and now >= cur.expires_at
 
 
-def decide_expiry(task: TaskRecord) -> ExpiryDecision:
-    """Cancel if a cancellation is pending; else requeue if attempts remain; else fail.
+def decide_expiry(task: TaskRecord, now: datetime | None = None) -> ExpiryDecision:
+    """Cancel if a cancellation is pending; else requeue if attempts remain and expiries are retried; else fail.
 
     A pending cancellation wins whatever the attempts left: the user asked for the task to stop. Released
     attempts do not count: a task whose attempts were given back by shutting-down agents keeps its retries.
+    A task with a retry policy waits out its backoff from `now` (required then) before its next attempt.
     """
+    again = None
     if task.cancel_requested:
         trigger, reason, event = (
             Trigger.EXPIRE_CANCEL,
             TaskReason.CANCELLED_AFTER_LEASE_EXPIRED,
             EventKind.CANCELLED,
         )
-    elif task.attempts_spent >= task.max_attempts:
+    elif task.attempts_spent >= task.max_attempts or not retries(task.retry, RetryCause.LEASE_EXPIRED):
         trigger, reason, event = Trigger.EXPIRE_FAIL, TaskReason.LEASE_EXPIRED, EventKind.FAILED
     else:
         trigger, reason, event = Trigger.EXPIRE_REQUEUE, None, EventKind.REQUEUED
-    return ExpiryDecision(trigger, next_status(task.status, trigger), reason, event)
+        if task.retry is not None:
+            assert now is not None, "a policy's backoff counts from now"
+            assert task.current is not None
+            again = retry(task.retry, RetryCause.LEASE_EXPIRED, task.attempt_count, task.current.device_id, now)
+    return ExpiryDecision(trigger, next_status(task.status, trigger), reason, event, again)

@@ -34,7 +34,9 @@ from devsched.core.errors import (
 )
 from devsched.core.lifecycle import Trigger, next_status, sources
 from devsched.core.records import AttemptRecord, LeaseRef, TaskRecord
+from devsched.core.retrying import Retry, RetryCause, retries, retry
 from devsched.core.status import RECORDED, TERMINAL, AttemptStatus, Outcome, TaskReason, TaskStatus
+from devsched.core.timeouts import stop_reason
 
 #: The one attempt status in which a lease may still be used (claimed, renewed, reported).
 LIVE_ATTEMPT = AttemptStatus.ACTIVE
@@ -57,6 +59,9 @@ class Extension:
     cancel_requested: bool
     #: True only for the first claim, which moves the task from assigned to dispatched.
     dispatch: bool = False
+    #: `attempt_timeout` or `deadline_exceeded`: the host must stop the attempt as for a cancellation and
+    #: report it failed with this reason (`devsched.core.timeouts`); None otherwise.
+    stop: str | None = None
 
 
 class ReportKind(StrEnum):
@@ -75,6 +80,8 @@ class ReportDecision:
     kind: ReportKind
     task_status: TaskStatus
     attempt_status: AttemptStatus
+    #: A failed report the task's retry policy retries: the task is queued again, with its backoff.
+    retry: Retry | None = None
 
 
 #: The transition each reported outcome makes.
@@ -110,6 +117,7 @@ def _extend(task: TaskRecord, now: datetime, *, dispatch: bool) -> Extension:
         ttl_s=task.lease_ttl_s,
         cancel_requested=task.cancel_requested,
         dispatch=dispatch,
+        stop=stop_reason(task, now),
     )
 
 
@@ -146,11 +154,14 @@ def decide_report(
     now: datetime,
     *,
     cancel_requested_for_attempt: bool,
+    failure: RetryCause | None = None,
 ) -> ReportDecision:
     """Accept a terminal report from the live lease, or recognise an identical repeat.
 
     `cancel_requested_for_attempt` says whether a cancellation request was ever recorded against the
-    named attempt (a `cancelled` report needs one).
+    named attempt (a `cancelled` report needs one). `failure` is what made a `failed` run fail
+    (`devsched.core.retrying.failure_cause`): when the task's retry policy retries it and attempts are
+    left (and no cancellation is pending), the task is queued again instead of failing.
 
     Raises:
         LeaseForeign, LeaseSuperseded, OutcomeConflict, CancelNotRequested, TaskTerminal, LeaseExpired.
@@ -163,6 +174,18 @@ def decide_report(
     if outcome in NEEDS_CANCEL_REQUEST and not cancel_requested_for_attempt:
         raise CancelNotRequested()
     _check_live(task, attempt, now)
+    if (
+        outcome is Outcome.FAILED
+        and task.retry is not None
+        and failure is not None
+        and retries(task.retry, failure)
+        and task.attempts_spent < task.max_attempts
+        and not task.cancel_requested
+    ):
+        again = retry(task.retry, failure, task.attempt_count, attempt.device_id, now)
+        return ReportDecision(
+            ReportKind.ACCEPT, next_status(task.status, Trigger.REPORT_RETRY), outcome.attempt_status, again
+        )
     status = next_status(task.status, REPORT_TRIGGER[outcome])
     return ReportDecision(ReportKind.ACCEPT, status, outcome.attempt_status)
 
@@ -178,6 +201,8 @@ class ReleaseDecision:
     task_status: TaskStatus
     trigger: Trigger | None = None
     reason: TaskReason | None = None
+    #: With a retry policy that retries releases: when the task may run again, and the device to avoid.
+    retry: Retry | None = None
 
 
 def decide_release(
@@ -206,6 +231,11 @@ def decide_release(
         trigger, reason = Trigger.RELEASE_CANCEL, TaskReason.CANCELLED_AFTER_RELEASE
     elif task.releases >= max_releases:
         trigger, reason = Trigger.RELEASE_FAIL, TaskReason.RELEASED_TOO_OFTEN
+    elif not retries(task.retry, RetryCause.RELEASED):
+        trigger, reason = Trigger.RELEASE_FAIL, TaskReason.RELEASED
     else:
         trigger, reason = Trigger.RELEASE, None
+        if task.retry is not None:
+            again = retry(task.retry, RetryCause.RELEASED, task.attempt_count, attempt.device_id, now)
+            return ReleaseDecision(ReportKind.ACCEPT, next_status(task.status, trigger), trigger, reason, again)
     return ReleaseDecision(ReportKind.ACCEPT, next_status(task.status, trigger), trigger, reason)

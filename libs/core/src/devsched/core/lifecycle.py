@@ -32,6 +32,18 @@ class Trigger(StrEnum):
     RELEASE_CANCEL = "release_cancel"
     #: The owning host gave the attempt back once more than the releases a task is allowed.
     RELEASE_FAIL = "release_fail"
+    #: A failed report that the task's retry policy retries: the task waits out its backoff in the queue.
+    REPORT_RETRY = "report_retry"
+    #: No device took the task within its `queue_timeout_s`.
+    QUEUE_TIMEOUT = "queue_timeout"
+    #: The task's `deadline` passed (queued or in flight).
+    DEADLINE = "deadline"
+    #: The attempt ran past `attempt_timeout_s` and the sweeper ended it; the task fails.
+    ATTEMPT_TIMEOUT = "attempt_timeout"
+    #: The attempt ran past `attempt_timeout_s` and the sweeper ended it; the retry policy queues the task again.
+    ATTEMPT_TIMEOUT_RETRY = "attempt_timeout_retry"
+    #: The attempt ran past a timeout and the sweeper ended it while a cancellation was pending.
+    TIMEOUT_CANCEL = "timeout_cancel"
 
 
 _Q, _A, _D = TaskStatus.QUEUED, TaskStatus.ASSIGNED, TaskStatus.DISPATCHED
@@ -41,6 +53,8 @@ TRANSITIONS: Mapping[tuple[TaskStatus | None, Trigger], TaskStatus] = {
     (_Q, Trigger.ASSIGN): _A,
     (_A, Trigger.CLAIM): _D,
     (_Q, Trigger.CANCEL): TaskStatus.CANCELLED,
+    (_Q, Trigger.QUEUE_TIMEOUT): TaskStatus.FAILED,
+    (_Q, Trigger.DEADLINE): TaskStatus.FAILED,
     **{
         (src, trigger): dst
         for src in (_A, _D)
@@ -54,6 +68,11 @@ TRANSITIONS: Mapping[tuple[TaskStatus | None, Trigger], TaskStatus] = {
             (Trigger.RELEASE, _Q),
             (Trigger.RELEASE_CANCEL, TaskStatus.CANCELLED),
             (Trigger.RELEASE_FAIL, TaskStatus.FAILED),
+            (Trigger.REPORT_RETRY, _Q),
+            (Trigger.DEADLINE, TaskStatus.FAILED),
+            (Trigger.ATTEMPT_TIMEOUT, TaskStatus.FAILED),
+            (Trigger.ATTEMPT_TIMEOUT_RETRY, _Q),
+            (Trigger.TIMEOUT_CANCEL, TaskStatus.CANCELLED),
         )
     },
 }

@@ -15,3 +15,6 @@ LIST_LIMIT_MIN, LIST_LIMIT_MAX, LIST_LIMIT_DEFAULT = 1, 1000, 100
 #: Default of how many times a task may be released (given back by its host) and requeued; the release
 #: after that fails it (`released_too_often`), so a task that makes every agent stop cannot loop forever.
 MAX_RELEASES_DEFAULT = 10
+#: Longest `queue_timeout_s`, `attempt_timeout_s` and retry backoff a task may set (about 115 days): beyond
+#: it, the database's interval arithmetic would overflow long before anyone waited that long.
+TIMEOUT_MAX_S = 10_000_000

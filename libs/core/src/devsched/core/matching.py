@@ -20,15 +20,23 @@ def plan_assignments(
     """Greedy assignment: each task in the given order (priority, then age) takes the first free match.
 
     Greedy in priority order never lets a lower-priority task take a device that a higher-priority one
-    could use; devices are tried in the given order, so callers control spreading.
+    could use; devices are tried in the given order, so callers control spreading. A task retried after a
+    failure takes the device it failed on (`avoid_device_id`) only when no other free device matches: it
+    prefers another, and never waits for one.
     """
     free = list(devices)
     plan: list[tuple[QueuedTask, DeviceRecord]] = []
     for task in tasks:
+        fallback: int | None = None
         for i, device in enumerate(free):
             if matches(task.selector, device):
-                plan.append((task, free.pop(i)))
-                break
+                if device.device_id != task.avoid_device_id:
+                    plan.append((task, free.pop(i)))
+                    break
+                fallback = i
+        else:
+            if fallback is not None:
+                plan.append((task, free.pop(fallback)))
         if not free:
             break
     return plan

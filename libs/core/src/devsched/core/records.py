@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from devsched.core.retrying import RetryPolicy
 from devsched.core.status import AttemptStatus, TaskStatus
 
 
@@ -21,6 +22,8 @@ class AttemptRecord:
     status: AttemptStatus
     expires_at: datetime
     dispatched: bool = False
+    #: When the attempt started, for its `attempt_timeout_s`: its claim, or its assignment while unclaimed.
+    started_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +32,8 @@ class TaskRecord:
 
     `current` is the attempt numbered `attempt_count` (the newest), if any. `cancel_requested` says
     whether a cancellation request is recorded against that attempt. `releases` counts the attempts its
-    hosts gave back (released): they do not spend any of `max_attempts`.
+    hosts gave back (released): they do not spend any of `max_attempts`. `retry` is the task's retry policy
+    (None: the behaviour of a task submitted without one), `attempt_timeout_s` and `deadline` its limits.
     """
 
     task_id: uuid.UUID
@@ -40,6 +44,9 @@ class TaskRecord:
     current: AttemptRecord | None = None
     cancel_requested: bool = False
     releases: int = 0
+    retry: RetryPolicy | None = None
+    attempt_timeout_s: float | None = None
+    deadline: datetime | None = None
 
     @property
     def attempts_spent(self) -> int:
@@ -80,3 +87,5 @@ class QueuedTask:
 
     task_id: uuid.UUID
     selector: Selector
+    #: The device its last attempt failed on, under a retry policy: taken only when no other match is free.
+    avoid_device_id: str | None = None

@@ -81,6 +81,10 @@ class EndReason(StrEnum):
     LEASE_EXPIRED = "lease_expired"
     #: Given back by its host before it ended (`P.host.<host_id>.release`).
     RELEASED = "released"
+    #: Ended by the sweeper: it ran past the task's `attempt_timeout_s` (and a lease ttl more for its host to stop).
+    ATTEMPT_TIMEOUT = "attempt_timeout"
+    #: Ended by the sweeper: it ran past the task's `deadline` (and a lease ttl more for its host to stop).
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 class TaskReason(StrEnum):
@@ -96,6 +100,14 @@ class TaskReason(StrEnum):
     CANCELLED_AFTER_RELEASE = "cancelled_after_release"
     #: Failed: the host released the attempt, and the task had been released the most times allowed.
     RELEASED_TOO_OFTEN = "released_too_often"
+    #: Failed: the host released the attempt, and the task's retry policy does not retry releases.
+    RELEASED = "released"
+    #: Failed: no device took the task within its `queue_timeout_s`.
+    QUEUE_TIMEOUT = "queue_timeout"
+    #: Failed: the attempt ran past the task's `attempt_timeout_s` (stopped by its host, or by the sweeper).
+    ATTEMPT_TIMEOUT = "attempt_timeout"
+    #: Failed: the task's `deadline` passed before it ended.
+    DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
 class DeviceState(StrEnum):

@@ -61,6 +61,30 @@ class TaskView:
     releases: int = 0
     pending_reason: str | None = None
     attempts: tuple[AttemptView, ...] = ()
+    #: The retry policy as `RetryPolicy.to_json` writes it; None without one.
+    retry: Mapping[str, Any] | None = None
+    queue_timeout_s: float | None = None
+    attempt_timeout_s: float | None = None
+    deadline: datetime | None = None
+    #: While a retried task waits out its backoff: when it may run again.
+    not_before: datetime | None = None
+    #: Its stored artifacts (an addition, issue 12): filled by the scheduler's `get`, not by `get_task`.
+    artifacts: tuple[ArtifactView, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactView:
+    """A stored artifact: a file one attempt left in its artifacts directory, and where it is kept."""
+
+    attempt: int
+    name: str
+    step: str
+    size: int
+    sha256: str
+    host_id: str
+    stored_at: datetime
+    #: Its object in the artifacts bucket.
+    object: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,9 @@ class LeaseReply(ReplyModel):
     """Lease length in seconds; the agent renews at about a third of it on its monotonic clock."""
     cancel_requested: bool
     """Whether a cancellation request is pending: stop at the next step boundary."""
+    stop: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: `attempt_timeout` or `deadline_exceeded` when the attempt ran past the task's time limit: stop
+    as for a cancellation (teardown runs) and report `failed` with this reason. Left out when null."""
 
 
 class ReportRequest(LeaseRequest):

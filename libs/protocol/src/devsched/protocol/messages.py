@@ -4,6 +4,14 @@ The models live in small modules by topic (`plans`, `tasks`, `hosts`, `leases`, 
 from here so callers need not know the split.
 """
 
+from devsched.protocol.artifacts import (
+    ArtifactCommit,
+    ArtifactFailure,
+    ArtifactView,
+    ListArtifactsReply,
+    ListArtifactsRequest,
+    StepArtifacts,
+)
 from devsched.protocol.base import (
     Id,
     JsonObject,
@@ -61,6 +69,7 @@ from devsched.protocol.plans import (
     StepResult,
     StepStatus,
 )
+from devsched.protocol.policies import Backoff, RetryPolicy
 from devsched.protocol.tasks import (
     AttemptView,
     CancelReply,
@@ -79,8 +88,12 @@ __all__ = [
     "MAX_STEPS",
     "ActionOffer",
     "ActionView",
+    "ArtifactCommit",
+    "ArtifactFailure",
+    "ArtifactView",
     "Assignment",
     "AttemptView",
+    "Backoff",
     "CancelReply",
     "CancelRequest",
     "ClaimRequest",
@@ -104,6 +117,8 @@ __all__ = [
     "JsonObject",
     "LeaseReply",
     "LeaseRequest",
+    "ListArtifactsReply",
+    "ListArtifactsRequest",
     "ListTasksReply",
     "ListTasksRequest",
     "LogKind",
@@ -125,12 +140,14 @@ __all__ = [
     "RequestModel",
     "ResultFiles",
     "ResultsSummary",
+    "RetryPolicy",
     "RunResult",
     "Seconds",
     "Selector",
     "ShellArgs",
     "SleepArgs",
     "Step",
+    "StepArtifacts",
     "StepResult",
     "StepStatus",
     "SubmitReply",

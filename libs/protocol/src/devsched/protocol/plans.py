@@ -11,6 +11,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from devsched.core.actions import is_reserved
+from devsched.protocol.artifacts import StepArtifacts
 from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds, Timestamp, Token
 
 #: Most steps a plan may have.
@@ -118,6 +119,9 @@ class Step(RequestModel):
     """Run even after an earlier failure or a cancellation stop (teardown), while the lease is held."""
     results: ResultFiles | None = Field(default=None, exclude_if=_unless_none)
     """Addition: test results the step writes in `DEVSCHED_ARTIFACTS_DIR`, summarised in its result."""
+    infra: bool = Field(default=False, exclude_if=lambda v: v is False)
+    """Addition: the step prepares the device or the lab (flashing, booting); its failure is an `infra` one,
+    which a task's retry policy may retry on another device. Left out when false."""
 
     @field_validator("args")
     @classmethod
@@ -280,6 +284,9 @@ class StepResult(RequestModel):
     """The last part of the step's combined output."""
     results: ResultsSummary | None = Field(default=None, exclude_if=_unless_none)
     """Addition: the summary of the step's `results` file, for a step that declared one and ran."""
+    artifacts: StepArtifacts | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the files the step left in `DEVSCHED_ARTIFACTS_DIR` (new or changed) that were stored, and
+    those that were not, with why; null when it left none."""
 
 
 class RunResult(RequestModel):

@@ -33,6 +33,9 @@ class HostVerb(StrEnum):
     #: Published by the scheduler (core NATS): renew now, a cancellation is pending; or (an addition)
     #: a drain notice: finish the running work, take no more, exit.
     NUDGE = "nudge"
+    #: Request (an addition): store a file of an attempt's artifacts, whose chunks the host has just
+    #: published on `P.host.<host_id>.upload.<task_id>.<attempt>.<upload_id>`.
+    ARTIFACT = "artifact"
 
 
 #: The host verbs served as request/reply endpoints (nudge is published, not served).
@@ -43,6 +46,7 @@ HOST_ENDPOINT_VERBS: tuple[HostVerb, ...] = (
     HostVerb.RENEW,
     HostVerb.REPORT,
     HostVerb.RELEASE,
+    HostVerb.ARTIFACT,
 )
 
 
@@ -157,6 +161,34 @@ class Subjects:
         """`P.host.*.log.>`: the subjects of the logs stream."""
         return f"{self.prefix}.host.*.log.>"
 
+    def host_upload(self, host_id: str, task_id: uuid.UUID | str, attempt: int, upload_id: str) -> str:
+        """`P.host.<host_id>.upload.<task_id>.<attempt>.<upload_id>` (an addition): one artifact's chunks.
+
+        Under the host's own subjects, like its logs: NATS permissions let a host publish only its own
+        uploads, and the scheduler reads a commit's chunks only from the committing host's subject.
+
+        Raises:
+            ValueError: `host_id` or `upload_id` is not a token, `task_id` not a UUID, or `attempt` below 1.
+        """
+        if attempt < 1:
+            raise ValueError(f"attempt must be >= 1, got {attempt}")
+        host, upload = _require_token("host id", host_id), _require_token("upload id", upload_id)
+        return f"{self.prefix}.host.{host}.upload.{uuid.UUID(str(task_id))}.{attempt}.{upload}"
+
+    def host_uploads(self, host_id: str) -> str:
+        """`P.host.<host_id>.upload.>`: every upload subject of one host (what its NATS permissions allow)."""
+        return f"{self.prefix}.host.{_require_token('host id', host_id)}.upload.>"
+
+    @property
+    def host_upload_all(self) -> str:
+        """`P.host.*.upload.>`: the subjects of the uploads stream."""
+        return f"{self.prefix}.host.*.upload.>"
+
+    @property
+    def task_artifacts(self) -> str:
+        """`P.api.tasks.artifacts` (an addition): the artifacts of a task, for operators."""
+        return f"{self.prefix}.api.tasks.artifacts"
+
     # -- JetStream ---------------------------------------------------------------------------------------
 
     def assign(self, host_id: str) -> str:
@@ -214,6 +246,16 @@ class Subjects:
     def logs_stream(self) -> str:
         """`<PU>_LOGS` (an addition), e.g. `DEVSCHED_LOGS`: step output, `P.host.*.log.>`."""
         return f"{self._stream_prefix}_LOGS"
+
+    @property
+    def uploads_stream(self) -> str:
+        """`<PU>_UPLOADS` (an addition): artifact chunks on their way in, `P.host.*.upload.>` (short-lived)."""
+        return f"{self._stream_prefix}_UPLOADS"
+
+    @property
+    def artifacts_bucket(self) -> str:
+        """`<PU>_ARTIFACTS` (an addition): the Object Store bucket of stored artifacts (stream `OBJ_<PU>_ARTIFACTS`)."""
+        return f"{self._stream_prefix}_ARTIFACTS"
 
     @staticmethod
     def consumer(host_id: str) -> str:

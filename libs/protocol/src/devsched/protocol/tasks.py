@@ -19,8 +19,16 @@ from devsched.core.limits import (
     PRIORITY_MIN,
 )
 from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
+from devsched.protocol.policies import Limit, RetryPolicy
+
+
+def _unless_none(value: object) -> bool:
+    # Fields added to the task view are left out when null, so a task that does not use them is shown
+    # exactly as before (as a step's `results`).
+    return value is None
 
 
 class SubmitRequest(RequestModel):
@@ -42,6 +50,17 @@ class SubmitRequest(RequestModel):
     """A repeated key returns the existing task with `created: false` and creates nothing."""
     metadata: JsonObject = Field(default_factory=dict)
     """Free-form data kept with the task."""
+    retry: RetryPolicy | None = None
+    """Addition: which failures are retried, with which backoff; null keeps the behaviour without a policy
+    (expiries and releases retried at once, a failed report final)."""
+    queue_timeout_s: Limit | None = None
+    """Addition: the task fails (`queue_timeout`) when no device took it this long after it entered the queue."""
+    attempt_timeout_s: Limit | None = None
+    """Addition: an attempt running this long is stopped like a cancellation and ends `failed`
+    (`attempt_timeout`), or is retried if the policy says `attempt_timeout`."""
+    deadline: Timestamp | None = None
+    """Addition: the task fails (`deadline_exceeded`) if it has not ended by then, across all attempts. A
+    deadline already past is accepted: the task fails at the next sweep."""
 
 
 class SubmitReply(ReplyModel):
@@ -135,6 +154,16 @@ class TaskSummary(ReplyModel):
     """Addition: the submitted metadata."""
     releases: int = Field(default=0, ge=0)
     """Addition: attempts its hosts gave back (`released`), which do not count against `max_attempts`."""
+    retry: RetryPolicy | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the retry policy with its defaults filled in; left out when the task has none."""
+    queue_timeout_s: float | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the submitted queue timeout; left out when none."""
+    attempt_timeout_s: float | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the submitted attempt timeout; left out when none."""
+    deadline: Timestamp | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the submitted deadline; left out when none."""
+    not_before: Timestamp | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: while a retried task waits out its backoff, when it may run again; left out otherwise."""
 
 
 class TaskView(TaskSummary):
@@ -142,6 +171,8 @@ class TaskView(TaskSummary):
 
     attempts: list[AttemptView] = Field(default_factory=list)
     """Every attempt, oldest first."""
+    artifacts: list[ArtifactView] = Field(default_factory=list, exclude_if=lambda artifacts: not artifacts)
+    """Addition: the stored artifacts of every attempt, by attempt then name (issue 12)."""
 
 
 class ListTasksRequest(RequestModel):

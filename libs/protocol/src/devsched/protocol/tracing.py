@@ -8,11 +8,13 @@ is used explicitly rather than the global one, because the protocol fixes the he
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from functools import lru_cache
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 #: Header names of the W3C trace context.
@@ -61,11 +63,54 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def messaging_attributes(subject: str, operation: str, body_size: int) -> dict[str, str | int]:
-    """OpenTelemetry `messaging.*` attributes of a NATS message."""
+@lru_cache(maxsize=4096)
+def destination_template(subject: str) -> str:
+    """The subject with its variable tokens named, as span names want it (low cardinality).
+
+    `P.host.<host_id>.<verb>` -> `P.host.{host_id}.<verb>`, `P.host.<host_id>.log.<task_id>.<attempt>` ->
+    `P.host.{host_id}.log.{task_id}.{attempt}`, `P.assign.<host_id>` -> `P.assign.{host_id}`,
+    `P.events.task.<task_id>` -> `P.events.task.{task_id}`; a wildcard token reads the same. Any other
+    subject (`P.api.tasks.submit`) names no variable and is its own template.
+    """
+    parts = subject.split(".")
+    if len(parts) >= 4 and parts[1] == "host":
+        parts[2] = "{host_id}"
+        if len(parts) == 6 and parts[3] == "log":
+            parts[4:] = ["{task_id}", "{attempt}"]
+    elif len(parts) == 3 and parts[1] == "assign":
+        parts[2] = "{host_id}"
+    elif len(parts) == 4 and parts[1:3] == ["events", "task"]:
+        parts[3] = "{task_id}"
+    else:
+        return subject
+    return ".".join(parts)
+
+
+def span_name(operation: str, subject: str) -> str:
+    """`<operation> <destination template>`: the messaging span name (`publish P.assign.{host_id}`)."""
+    return f"{operation} {destination_template(subject)}"
+
+
+def messaging_attributes(
+    subject: str, operation: str, body_size: int, *, operation_name: str | None = None
+) -> dict[str, str | int]:
+    """OpenTelemetry `messaging.*` attributes of a NATS message.
+
+    `operation` is the `messaging.operation.type` (`send`, `process`), `operation_name` the operation's
+    own name when it differs (`publish`, a JetStream publication whose type is `send`).
+    """
     return {
         "messaging.system": "nats",
         "messaging.destination.name": subject,
+        "messaging.destination.template": destination_template(subject),
         "messaging.operation.type": operation,
+        "messaging.operation.name": operation_name or operation,
         "messaging.message.body.size": body_size,
     }
+
+
+def send_span(subject: str, body_size: int) -> AbstractContextManager[trace.Span]:
+    """The CLIENT span `send <subject template>` of a request, current for the block."""
+    return tracer().start_as_current_span(
+        span_name("send", subject), kind=SpanKind.CLIENT, attributes=messaging_attributes(subject, "send", body_size)
+    )

@@ -25,7 +25,7 @@ from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, TooLarge
 from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error
 from devsched.protocol.schemas import endpoint_schemas
-from devsched.protocol.tracing import extract, inject, messaging_attributes, tracer, use_context
+from devsched.protocol.tracing import extract, inject, messaging_attributes, send_span, span_name, tracer, use_context
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +84,7 @@ async def request(
         Internal: the reply is not a valid `reply_type`.
     """
     data = encode(payload)
-    span_attributes = messaging_attributes(subject, "send", len(data))
-    with tracer().start_as_current_span(f"send {subject}", kind=SpanKind.CLIENT, attributes=span_attributes):
+    with send_span(subject, len(data)):
         for attempt in range(retries + 1):
             try:
                 msg = await nc.request(subject, data, timeout=timeout, headers=inject(dict(headers or {})) or None)
@@ -142,7 +141,7 @@ def typed_handler(
         with (
             use_context(context),
             tracer().start_as_current_span(
-                f"process {subject}", kind=SpanKind.SERVER, attributes=span_attributes
+                span_name("process", subject), kind=SpanKind.SERVER, attributes=span_attributes
             ) as span,
         ):
             try:

@@ -6,7 +6,7 @@ from devsched.service.heap import settle_heap
 from devsched.service.lifecycle import Backoff, run, sleep_or_stop
 from devsched.service.logs import bind, configure_logging
 from devsched.service.settings import ServiceSettings, SettingsError, parse_settings, settings_from
-from devsched.service.tracing import setup_tracing
+from devsched.service.tracing import exporting_spans, setup_tracing, shutdown_tracing
 
 __all__ = [
     "Backoff",
@@ -20,6 +20,7 @@ __all__ = [
     "close_nats",
     "configure_logging",
     "connect_nats",
+    "exporting_spans",
     "flush_subscriptions",
     "parse_settings",
     "run",
@@ -27,6 +28,7 @@ __all__ = [
     "settings_from",
     "settle_heap",
     "setup_tracing",
+    "shutdown_tracing",
     "sleep_or_stop",
     "wake_subject",
 ]

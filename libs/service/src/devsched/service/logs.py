@@ -2,7 +2,8 @@
 
 `bind(task_id=..., attempt=..., lease_id=...)` puts ids in a context variable for the rest of the block,
 so every line logged meanwhile (by us, by the store, by a library) carries them without threading them
-through each call; `extra={...}` adds fields to one line.
+through each call; `extra={...}` adds fields to one line. A line logged while a span is current carries
+its `trace_id` and `span_id` (hex, as trace backends show them), so logs and traces find each other.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, TextIO
+
+from opentelemetry.trace import get_current_span
 
 #: Fields bound to the current task (asyncio copies the context into every task it starts).
 _BOUND: ContextVar[Mapping[str, Any] | None] = ContextVar("devsched_log_fields", default=None)
@@ -45,7 +48,7 @@ def _plain(value: Any) -> Any:
 
 
 class JsonFormatter(logging.Formatter):
-    """`{"ts", "level", "logger", "msg", <static>, <bound>, <extra>, "exc"?}` on one line."""
+    """`{"ts", "level", "logger", "msg", <static>, "trace_id"?, "span_id"?, <bound>, <extra>, "exc"?}` on one line."""
 
     def __init__(self, static: Mapping[str, Any] | None = None) -> None:
         super().__init__()
@@ -60,6 +63,10 @@ class JsonFormatter(logging.Formatter):
             "msg": record.getMessage(),
         }
         line.update(self._static)
+        span = get_current_span().get_span_context()
+        if span.is_valid:
+            line["trace_id"] = f"{span.trace_id:032x}"
+            line["span_id"] = f"{span.span_id:016x}"
         line.update({k: _plain(v) for k, v in bound_fields().items()})
         for key, value in vars(record).items():
             if key not in _RECORD_ATTRS and not key.startswith("_"):

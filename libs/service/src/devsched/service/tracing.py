@@ -2,7 +2,8 @@
 
 Without a tracer provider every span is a no-op and nothing is propagated. With one, a request's
 `traceparent` is continued by the scheduler, stored on the outbox rows it causes, published with the
-assignment, and continued again by the agent that runs it.
+assignment, and continued again by the agent that runs it. Spans are exported as the standard `OTEL_*`
+variables say (`setup_tracing`); without an exporter they only carry the trace context.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from contextlib import contextmanager
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.util.types import Attributes
@@ -95,40 +96,84 @@ class PropagatingTracerProvider(trace.TracerProvider):
         return self._tracer
 
 
+#: What `OTEL_TRACES_EXPORTER` may name (a comma-separated list); `none` alone exports nothing.
+EXPORTERS = ("otlp", "console", "none")
+
+
 def setup_tracing(service_name: str) -> TracerProvider | None:
     """Install a tracer provider for `service_name` (once per process); the SDK's when spans are exported.
 
-    Exporters: OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set and an OTLP exporter package is installed
-    (`opentelemetry-exporter-otlp-proto-http`); spans as JSON on stderr when `DEVSCHED_TRACE_CONSOLE=1`.
-    With neither, trace context is still continued, started and propagated, by a `PropagatingTracerProvider`
-    that records no spans (returns None). `OTEL_SDK_DISABLED=true` turns it all off.
+    Configured by the standard variables only. `OTEL_TRACES_EXPORTER` (`otlp`, `console`, `none`, or a list)
+    chooses the exporters; unset, it is `otlp` when `OTEL_EXPORTER_OTLP_ENDPOINT` or
+    `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set, else `none`. The OTLP exporter speaks OTLP/HTTP (protobuf)
+    and reads its own `OTEL_EXPORTER_OTLP_*` variables, the batch processor its `OTEL_BSP_*`; the resource
+    is `OTEL_RESOURCE_ATTRIBUTES` with `service.name` from `OTEL_SERVICE_NAME`, else `service_name`.
+    Without an exporter, trace context is still continued, started and propagated, by a
+    `PropagatingTracerProvider` that records no spans (returns None). `OTEL_SDK_DISABLED=true` turns it
+    all off. Call `shutdown_tracing` at the service's stop, so the last spans are exported.
     """
     global _installed
-    if _installed or os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
+    if _installed or os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return None
     _installed = True
-    processors = _span_processors()
-    if not processors:
+    exporters = _span_exporters()
+    if not exporters:
         trace.set_tracer_provider(PropagatingTracerProvider())
         return None
-    provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
-    for processor in processors:
-        provider.add_span_processor(processor)
+    provider = TracerProvider(resource=service_resource(service_name))
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    log.info(
+        "exporting spans",
+        extra={"exporters": ",".join(type(e).__name__ for e in exporters), "service_name": service_name},
+    )
     return provider
 
 
-def _span_processors() -> list[SpanProcessor]:
-    processors: list[SpanProcessor] = []
-    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # type: ignore[import-not-found]
-                OTLPSpanExporter,
-            )
-        except ImportError:
-            log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but no OTLP exporter is installed; spans not exported")
-        else:
-            processors.append(BatchSpanProcessor(OTLPSpanExporter()))
-    if os.environ.get("DEVSCHED_TRACE_CONSOLE") == "1":
-        processors.append(SimpleSpanProcessor(ConsoleSpanExporter(out=sys.stderr)))
-    return processors
+def shutdown_tracing() -> None:
+    """Export the spans still buffered and stop the exporters (at the service's stop); else nothing."""
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.shutdown()
+
+
+def exporting_spans() -> bool:
+    """Whether spans are recorded for export (an SDK provider is installed): worth building their details."""
+    return isinstance(trace.get_tracer_provider(), TracerProvider)
+
+
+def service_resource(service_name: str) -> Resource:
+    """`OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` (the SDK's detector), `service_name` if neither names it."""
+    detected = Resource.create()
+    if str(detected.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
+        detected = detected.merge(Resource({SERVICE_NAME: service_name}))
+    return detected
+
+
+def _span_exporters() -> list[SpanExporter]:
+    names = os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not names:
+        endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        names = "otlp" if endpoint else "none"
+    exporters: list[SpanExporter] = []
+    for name in (n.strip() for n in names.split(",")):
+        if name == "otlp":
+            exporters.append(_otlp_exporter())
+        elif name == "console":
+            exporters.append(ConsoleSpanExporter(out=sys.stderr))
+        elif name not in ("none", ""):
+            log.warning("OTEL_TRACES_EXPORTER names an unknown exporter; ignored", extra={"exporter": name})
+    return exporters
+
+
+def _otlp_exporter() -> SpanExporter:
+    protocol = (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or ""
+    )
+    if protocol.strip() not in ("", "http/protobuf"):
+        log.warning("only OTLP over http/protobuf is supported; using it", extra={"protocol": protocol})
+    # imported here: it brings requests and protobuf, which a service exporting nothing need not load
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter()

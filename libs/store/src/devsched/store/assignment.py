@@ -98,7 +98,8 @@ def _device(row: Any) -> DeviceRecord:
 
 
 def _queued(row: Any) -> QueuedTask:
-    return QueuedTask(row.task_id, Selector(labels=row.selector_labels, device_id=row.selector_device_id))
+    selector = Selector(labels=row.selector_labels, device_id=row.selector_device_id)
+    return QueuedTask(row.task_id, selector, row.avoid_device_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +221,9 @@ async def assign(
     if not free:
         return Outcome([], settled=True)
     subsets, wide = candidates.label_keys(free)
-    params = {"subsets": subsets, "wide": wide, "device_ids": [d.device_id for d in free], "limit": limit}
+    params = {
+        "subsets": subsets, "wide": wide, "device_ids": [d.device_id for d in free], "limit": limit, "now": now,
+    }  # fmt: skip
     rows = (await conn.execute(candidates.CANDIDATES, params)).all()
     chosen, complete = await _choose(conn, [_queued(r) for r in rows], free)
     assigned = await _apply(conn, outbox, chosen, clock)

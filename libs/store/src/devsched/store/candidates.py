@@ -70,11 +70,18 @@ def matching(task: str, device: str) -> str:
 #: A selector (aliased `t`) that one of the devices `f(device_id, labels)` satisfies.
 _MATCHES_F = f"EXISTS (SELECT 1 FROM f WHERE {matching('t', 'f')})"
 
-#: The CTE `head`: the first `:scan` queued tasks, in order.
+
+#: A queued task (aliased `t`) that is not waiting out a retry policy's backoff at `now`.
+def ready(now: str) -> str:
+    """SQL: the task `t` may be assigned at `now` (its `not_before`, if any, has passed)."""
+    return f"(t.not_before IS NULL OR t.not_before <= {now})"
+
+
+#: The CTE `head`: the first `:scan` queued tasks that are not in a backoff, in order (after the CTE `c`).
 QUEUE_HEAD = f"""
     head AS (
-        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at
-        FROM tasks t WHERE t.status IN {QUEUED}
+        SELECT t.task_id, t.selector_labels, t.selector_device_id, t.priority, t.created_at, t.avoid_device_id
+        FROM tasks t WHERE t.status IN {QUEUED} AND {ready("(SELECT now FROM c)")}
         ORDER BY t.priority DESC, t.created_at, t.task_id
         LIMIT :scan
     )"""
@@ -109,9 +116,9 @@ SUBMITTED_FREE = f"""
 #: checked against their device. Nothing but the chosen rows reaches the scheduler.
 CANDIDATES = text(
     f"""
-    SELECT t.task_id, t.selector_labels, t.selector_device_id
+    SELECT t.task_id, t.selector_labels, t.selector_device_id, t.avoid_device_id
     FROM tasks t
-    WHERE t.status IN {QUEUED}
+    WHERE t.status IN {QUEUED} AND {ready("CAST(:now AS timestamptz)")}
       AND ((t.selector_device_id IS NULL
             AND (t.selector_labels = ANY(CAST(:subsets AS jsonb[]))
                  OR t.selector_labels <@ ANY(CAST(:wide AS jsonb[]))))

@@ -42,6 +42,7 @@ from devsched.core.leases import (
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.core.timeouts import ATTEMPT_TIMEOUT, DEADLINE_EXCEEDED
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Row, Sql
 from devsched.store.inline import (
@@ -75,6 +76,11 @@ def _granted() -> str:
 #: Whether a cancellation was requested on the attempt `a`.
 _CANCEL_REQUESTED = "EXISTS (SELECT 1 FROM cancel_requests c WHERE c.task_id = a.task_id AND c.attempt = a.attempt)"
 
+#: Whether the host must stop the attempt `a` of task `t` for a time limit (`devsched.core.timeouts.stop_reason`).
+_STOP = f"""CASE WHEN t.deadline <= {NOW} THEN '{DEADLINE_EXCEEDED}'
+                 WHEN COALESCE(a.dispatched_at, a.assigned_at) + make_interval(secs => t.attempt_timeout_s) <= {NOW}
+                 THEN '{ATTEMPT_TIMEOUT}' END"""
+
 #: Referenced from the first row a statement reads, so the host row is locked before the task and attempt
 #: rows (as in the locked path); a data-modifying CTE nobody references would run after the main query.
 _AFTER_TOUCH = "(SELECT count(*) FROM touched) >= 0"
@@ -88,7 +94,7 @@ _RENEW = Sql(
     FROM tasks t
     WHERE a.task_id = :task_id AND a.attempt = :attempt AND t.task_id = a.task_id AND {_AFTER_TOUCH}
       AND {_granted()}
-    RETURNING a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested
+    RETURNING a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested, {_STOP} AS stop
     """
 )
 
@@ -97,7 +103,9 @@ _LOCKED = f"""
     touched AS ({TOUCH} RETURNING 1),
     seen AS (SELECT xmin AS version FROM tasks WHERE task_id = :task_id),
     t AS MATERIALIZED (
-        SELECT task_id, status, attempt_count, lease_ttl_s, xmin AS version FROM tasks
+        SELECT task_id, status, attempt_count, lease_ttl_s, deadline, attempt_timeout_s, retry IS NULL AS no_retry,
+               xmin AS version
+        FROM tasks
         WHERE task_id = :task_id AND {_AFTER_TOUCH}
         FOR UPDATE
     )
@@ -132,7 +140,7 @@ def _advance_sql(*, claim: bool) -> str:
         FROM t, seen, held
         WHERE {_LOCKED_ATTEMPT} AND {_granted()}
         RETURNING a.task_id, a.device_id, a.expires_at, t.lease_ttl_s, {dispatch} AS dispatch,
-                  {_CANCEL_REQUESTED} AS cancel_requested,
+                  {_CANCEL_REQUESTED} AS cancel_requested, {_STOP} AS stop,
                   held.progress IS DISTINCT FROM COALESCE(CAST(:progress AS jsonb), held.progress) AS progressed
     ),
     moved AS (
@@ -144,7 +152,8 @@ def _advance_sql(*, claim: bool) -> str:
         RETURNING tasks.event_seq, tasks.status, tasks.updated_at
     ),
     event AS ({events})
-    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.dispatch, {INSERTED} AS inserted FROM ext
+    SELECT ext.expires_at, ext.lease_ttl_s, ext.cancel_requested, ext.stop, ext.dispatch, {INSERTED} AS inserted
+    FROM ext
     """
 
 
@@ -161,6 +170,9 @@ def _report_sql(outcome: Outcome) -> str:
     trigger = REPORT_TRIGGER[outcome]
     status = outcome.attempt_status.value
     needs_request = f"AND {_CANCEL_REQUESTED}" if outcome in NEEDS_CANCEL_REQUEST else ""
+    # a failure of a task with a retry policy may queue it again: the locked path decides (`leasing.report`)
+    if outcome is Outcome.FAILED:
+        needs_request += " AND t.no_retry"
     return f"""
     WITH {_LOCKED},
     ended AS (
@@ -215,7 +227,9 @@ def _extension(row: Row | None, written: list[OutboxMessage] | None) -> Extensio
     if row is None:
         return None
     dispatch = bool(row.get("dispatch", False))  # only a claim's statement says
-    return Extension(row["expires_at"], row["lease_ttl_s"], row["cancel_requested"], dispatch=dispatch)
+    return Extension(
+        row["expires_at"], row["lease_ttl_s"], row["cancel_requested"], dispatch=dispatch, stop=row["stop"]
+    )
 
 
 async def renew(

@@ -31,7 +31,7 @@ def device_busy(devices: str = "d") -> str:
 
 
 #: A device its host still lists, or that still runs an attempt: it belongs to that host.
-_HELD = f"(d.registered OR {device_busy('d')})"
+HELD = f"(d.registered OR {device_busy('d')})"
 
 _UPSERT_HOST = text(
     """
@@ -47,7 +47,7 @@ _UPSERT_HOST = text(
 _TAKEN = text(
     f"""
     SELECT d.device_id, d.host_id FROM devices d
-    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id AND {_HELD}
+    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id AND {HELD}
     FOR UPDATE OF d
     """
 )
@@ -127,15 +127,19 @@ _DEVICE_COLUMNS = f"""
 """
 
 
+def device_state(*, drained: bool, busy: bool, online: bool) -> DeviceState:
+    """What an operator sees of a device (the views and the metrics' device counts)."""
+    if drained:
+        return DeviceState.DRAINED
+    if busy:
+        return DeviceState.RESERVED
+    if not online:
+        return DeviceState.OFFLINE
+    return DeviceState.AVAILABLE
+
+
 def _device_view(row: Any) -> DeviceView:
-    if row.drained:
-        state = DeviceState.DRAINED
-    elif row.busy:
-        state = DeviceState.RESERVED
-    elif not row.online:
-        state = DeviceState.OFFLINE
-    else:
-        state = DeviceState.AVAILABLE
+    state = device_state(drained=row.drained, busy=row.busy, online=row.online)
     return DeviceView(row.device_id, row.host_id, visible_labels(row.labels), state, row.drained, row.drain_reason)
 
 
@@ -155,7 +159,7 @@ _LISTED_DEVICES = text(
     f"""
     SELECT {_DEVICE_COLUMNS}
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
-    WHERE {_HELD}
+    WHERE {HELD}
     ORDER BY d.device_id
     """
 )
@@ -235,7 +239,7 @@ _HOST_DEVICES = text(
     f"""
     SELECT {_DEVICE_COLUMNS}
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
-    WHERE d.host_id = :id AND {_HELD}
+    WHERE d.host_id = :id AND {HELD}
     ORDER BY d.device_id
     """
 )

@@ -15,6 +15,7 @@ from devsched.core.events import StepProgress, TaskEvent
 from devsched.core.leases import Extension, ReportKind, decide_claim, decide_renew, decide_report
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
+from devsched.core.retrying import failure_cause
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store.clock import Clock
 from devsched.store.liveness import Rejected, touch_host
@@ -142,6 +143,20 @@ _END_TASK = text(
 
 _RECORDED_AT = text("SELECT ended_at FROM attempts WHERE task_id = :task_id AND attempt = :attempt")
 
+#: A failed run the retry policy retries: the task waits out its backoff in the queue (keeping its place by
+#: submit time), preferring another device; the failed attempt keeps the report's reason and result.
+_REQUEUE_TASK = text(
+    f"""
+    UPDATE tasks
+    SET status = {entering(Trigger.REPORT_RETRY)}, updated_at = :now, event_seq = event_seq + 1,
+        not_before = :not_before, avoid_device_id = :avoid
+    WHERE task_id = :task_id AND status IN {leaving(Trigger.REPORT_RETRY)}
+    RETURNING event_seq
+    """
+)
+
+_PLAN = text("SELECT plan FROM tasks WHERE task_id = :task_id")
+
 
 async def report(
     conn: AsyncConnection,
@@ -158,8 +173,14 @@ async def report(
     task = await lock_task(conn, ref.task_id)
     now = await clock.now(conn)  # after the lock: see `extend`
     named, cancel_for_attempt = await named_attempt(conn, task, ref.attempt)
+    failure = None
+    if outcome is Outcome.FAILED and task.retry is not None:
+        plan = (await conn.execute(_PLAN, {"task_id": ref.task_id})).scalar_one()
+        failure = failure_cause(plan, result, reason)
     try:
-        decision = decide_report(task, named, ref, outcome, now, cancel_requested_for_attempt=cancel_for_attempt)
+        decision = decide_report(
+            task, named, ref, outcome, now, cancel_requested_for_attempt=cancel_for_attempt, failure=failure
+        )
     except Conflict as exc:
         return Rejected(exc)
     if decision.kind is ReportKind.DUPLICATE:
@@ -178,6 +199,18 @@ async def report(
     ).scalar_one_or_none()
     if device_id is None:
         raise LeaseExpired()
+    if decision.retry is not None:
+        again = decision.retry
+        requeue = {"task_id": ref.task_id, "now": now, "not_before": again.not_before, "avoid": again.avoid_device_id}
+        seq = (await conn.execute(_REQUEUE_TASK, requeue)).scalar_one()
+        outbox.add(
+            TaskEvent(
+                kind=EventKind.REQUEUED, task_id=ref.task_id, seq=seq, status=TaskStatus.QUEUED, at=now,
+                attempt=ref.attempt, host_id=ref.host_id, device_id=device_id, reason=again.cause.value,
+            )
+        )  # fmt: skip
+        await outbox.flush(conn, now)
+        return ReportReceipt(ref.task_id, ref.attempt, TaskStatus.QUEUED, now, duplicate=False)
     seq = (await conn.execute(_END_TASK, {**params, "status": decision.task_status.value})).scalar_one()
     outbox.add(
         TaskEvent(

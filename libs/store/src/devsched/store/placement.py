@@ -52,7 +52,9 @@ _PLACE = Sql(
              JOIN devices d ON d.device_id = f.device_id
         WHERE (t.status IN {candidates.QUEUED}) IS TRUE AND d.registered AND NOT d.drained
           AND NOT {device_busy("d")}
-        ORDER BY m.priority DESC, m.created_at, m.task_id, f.updated_at, f.device_id
+        -- a retried task prefers another device than the one it failed on, and takes that one if it is the only
+        ORDER BY m.priority DESC, m.created_at, m.task_id, f.device_id IS NOT DISTINCT FROM m.avoid_device_id,
+                 f.updated_at, f.device_id
         LIMIT 1
         FOR UPDATE OF t, d SKIP LOCKED
     ),

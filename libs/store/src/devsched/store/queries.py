@@ -52,6 +52,11 @@ def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | 
         releases=row.releases,
         pending_reason=pending,
         attempts=attempts,
+        retry=row.retry,
+        queue_timeout_s=row.queue_timeout_s,
+        attempt_timeout_s=row.attempt_timeout_s,
+        deadline=row.deadline,
+        not_before=row.not_before if row.status == TaskStatus.QUEUED else None,
     )
 
 
@@ -104,6 +109,11 @@ async def _matching(
 
 async def pending_reason(conn: AsyncConnection, row: Any, now: datetime) -> str:
     """Why a queued task waits, as a stable code then a colon and a human explanation."""
+    if row.not_before is not None and row.not_before > now:
+        return (
+            f"retry_backoff: attempt {row.attempt_count} ended and the retry policy waits until "
+            f"{row.not_before.isoformat()}"
+        )
     rows = await _matching(conn, row.selector_labels, row.selector_device_id, now)
     online = [r for r in rows if r.online]
     if not online:

@@ -50,7 +50,9 @@ _MOVE_TASK = text(
     UPDATE tasks
     SET status = :status, reason = :task_reason,
         result = CASE WHEN :ends THEN CAST(:result AS jsonb) ELSE result END,
-        releases = releases + 1, updated_at = :now, event_seq = event_seq + 1
+        releases = releases + 1, updated_at = :now, event_seq = event_seq + 1,
+        not_before = COALESCE(CAST(:not_before AS timestamptz), not_before),
+        avoid_device_id = COALESCE(CAST(:avoid AS text), avoid_device_id)
     WHERE task_id = :task_id AND status IN {leaving(Trigger.RELEASE)}
     RETURNING event_seq
     """
@@ -112,6 +114,8 @@ async def release(
                 "status": decision.task_status.value,
                 "task_reason": task_reason,
                 "ends": decision.task_status is not TaskStatus.QUEUED,
+                "not_before": decision.retry.not_before if decision.retry else None,
+                "avoid": decision.retry.avoid_device_id if decision.retry else None,
             },
         )
     ).scalar_one()

@@ -23,8 +23,9 @@ from devsched.core.leases import Extension
 from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskStatus
-from devsched.core.views import DeviceView, HostView, TaskPage, TaskView
+from devsched.core.views import ArtifactView, DeviceView, HostView, TaskPage, TaskView
 from devsched.store import (
+    artifacts,
     assignment,
     grants,
     handover,
@@ -37,14 +38,16 @@ from devsched.store import (
     queries,
     releasing,
     resync,
+    stats,
     sweeping,
     tasks,
+    timeouts,
 )
 from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.driver import Driver, in_transaction
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
-from devsched.store.transaction import Transactor
+from devsched.store.transaction import OperationHook, Transactor
 from devsched.store.views import (
     ActionSpec,
     CancelReceipt,
@@ -137,6 +140,15 @@ class Store:
     async def close(self) -> None:
         """Close every pooled connection."""
         await self.engine.dispose()
+
+    @property
+    def on_operation(self) -> OperationHook | None:
+        """Told of every operation's name and duration in seconds, however it ended (the metrics)."""
+        return self._tx.on_operation
+
+    @on_operation.setter
+    def on_operation(self, hook: OperationHook | None) -> None:
+        self._tx.on_operation = hook
 
     async def _write(self, name: str, op: _Write[T], *, assignable: bool) -> T:
         """Run a writing operation in one transaction; its events are written at its end, in one statement.
@@ -398,6 +410,41 @@ class Store:
 
         return _unwrap(await self._write("release", op, assignable=False))
 
+    # -- artifacts (issue 12) ----------------------------------------------------------------
+
+    async def admit_artifact(self, ref: LeaseRef, name: str, size: int, *, max_attempt_bytes: int) -> None:
+        """Check a commit before its chunks are read: the host's live lease, and the attempt's cap.
+
+        Raises:
+            NotFound, LeaseForeign, LeaseSuperseded, TaskTerminal, LeaseExpired, ArtifactQuotaExceeded.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> None:
+            await artifacts.admit(conn, self.clock, ref, name, size, max_attempt_bytes)
+
+        await self._tx.run(op, name="admit_artifact")
+
+    async def record_artifact(
+        self, ref: LeaseRef, artifact: ArtifactView, *, max_attempt_bytes: int
+    ) -> tuple[ArtifactView, str | None]:
+        """Record a stored object as an artifact (the checks of `admit_artifact` again, under the lock).
+
+        Returns the row, and the object it replaced (the caller deletes it from the bucket), if any.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[ArtifactView, str | None]:
+            return await artifacts.record(conn, self.clock, ref, artifact, max_attempt_bytes)
+
+        return await self._tx.run(op, name="record_artifact")
+
+    async def list_artifacts(self, task_id: uuid.UUID, attempt: int | None = None) -> tuple[ArtifactView, ...]:
+        """The task's stored artifacts, by attempt then name (NotFound: no such task)."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[ArtifactView, ...]:
+            return await artifacts.list_artifacts(conn, task_id, attempt)
+
+        return await self._tx.run(op, name="list_artifacts")
+
     # -- scheduler and sweeper ---------------------------------------------------------------
 
     async def assign(self, *, limit: int = 200, device_limit: int = 2000) -> list[AttemptAssigned]:
@@ -423,6 +470,26 @@ class Store:
             return expired
 
         return await self._write("sweep", op, assignable=False)
+
+    async def sweep_timeouts(self, *, limit: int = 500) -> tuple[list[uuid.UUID], list[ExpiredLease]]:
+        """Apply up to `limit` of each kind of time limit: (queued tasks failed, attempts ended).
+
+        Queued tasks past their `queue_timeout_s` or `deadline` fail; attempts past their `attempt_timeout_s`
+        or their task's `deadline` by a lease ttl (their host did not stop them) end, and their tasks fail, are
+        retried by their policy, or are cancelled (a cancellation pending). One transaction.
+        """
+
+        async def op(
+            conn: AsyncConnection, now: datetime, changes: _Changes
+        ) -> tuple[list[uuid.UUID], list[ExpiredLease]]:
+            failed = await timeouts.fail_queued(conn, now, changes.outbox, limit=limit, clock=self.clock)
+            ended = await timeouts.end_overdue(
+                conn, now, changes.outbox, limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
+            )
+            changes.assignable = bool(ended)  # requeued tasks, and devices free once their grace ends
+            return failed, ended
+
+        return await self._write("sweep_timeouts", op, assignable=False)
 
     async def prune(self, keep: timedelta, *, limit: int = 1000) -> int:
         """Remove up to `limit` ended tasks older than `keep`, with all that is theirs; how many.
@@ -496,3 +563,24 @@ class Store:
             return await outbox.unsent_count(conn)
 
         return await self._tx.run(op, name="unsent_count")
+
+    # -- metrics -----------------------------------------------------------------------------
+
+    async def gauges(self) -> stats.Gauges:
+        """Queue depth and age by priority band, tasks by status, hosts, devices by state, the outbox's lag.
+
+        A few aggregate statements (`devsched.store.stats`): for a periodic loop, not for every scrape.
+        """
+
+        async def op(conn: AsyncConnection, now: datetime) -> stats.Gauges:
+            return await stats.gauges(conn, now)
+
+        return await self._tx.run(op, name="gauges")
+
+    async def starts(self, task_ids: Sequence[uuid.UUID], attempts: Sequence[tuple[uuid.UUID, int]]) -> stats.Starts:
+        """When `task_ids` were submitted and `attempts` (task, attempt) assigned: where latencies start."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> stats.Starts:
+            return await stats.starts(conn, task_ids, attempts)
+
+        return await self._tx.run(op, name="starts")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -46,10 +47,13 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "cancel_requests": "SELECT, INSERT",
         "outbox": "SELECT, INSERT, UPDATE (sent_at)",
         "alembic_version": "SELECT",  # readiness: the schema is this release's (store/health.py)
+        # issue 12: a commit stores or replaces a row; rows go only through `devsched_prune`
+        "artifacts": "SELECT, INSERT, UPDATE",
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
-        "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq)",
+        # `not_before` and `avoid_device_id`: the backoff of a task the retry policy queues again (migration 0008)
+        "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq, not_before, avoid_device_id)",
         "attempts": "SELECT, UPDATE (status, end_reason, ended_at)",
         "devices": "SELECT, UPDATE (available_after)",
         "cancel_requests": "SELECT",
@@ -152,6 +156,36 @@ def _tables(conn: Connection) -> set[str]:
     return {str(r[0]) for r in rows}
 
 
+def _columns(conn: Connection) -> dict[str, set[str]]:
+    rows = conn.execute(
+        text("SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = 'public'")
+    )
+    columns: dict[str, set[str]] = {}
+    for table, column in rows:
+        columns.setdefault(str(table), set()).add(str(column))
+    return columns
+
+
+def _existing(privileges: str, columns: set[str] | None) -> str:
+    """`privileges` without the columns of its column lists that the table does not have (yet).
+
+    A migration run applies the grants after each revision (0003 among them), when columns that a later
+    revision adds do not exist; the run's final pass grants them. A list left empty drops its privilege.
+    """
+    if columns is None:
+        return privileges
+    kept: list[str] = []
+    for part in re.split(r",\s*(?![^()]*\))", privileges):
+        name, _, listed = part.partition("(")
+        if not listed:
+            kept.append(part.strip())
+            continue
+        present = [c.strip() for c in listed.rstrip(") ").split(",") if c.strip() in columns]
+        if present:
+            kept.append(f"{name.strip()} ({', '.join(present)})")
+    return ", ".join(kept)
+
+
 def _sequences(conn: Connection) -> set[str]:
     rows = conn.execute(text("SELECT sequencename FROM pg_sequences WHERE schemaname = 'public'"))
     return {str(r[0]) for r in rows}
@@ -168,7 +202,12 @@ def _functions(conn: Connection) -> set[str]:
 
 
 def grant_statements(
-    roles: DatabaseRoles, tables: set[str], sequences: set[str], present: set[str], functions: set[str]
+    roles: DatabaseRoles,
+    tables: set[str],
+    sequences: set[str],
+    present: set[str],
+    functions: set[str],
+    columns: Mapping[str, set[str]] | None = None,
 ) -> list[str]:
     """The statements that make the service roles' privileges exactly `GRANTS` (for roles in `present`).
 
@@ -187,8 +226,9 @@ def grant_statements(
             f"GRANT USAGE ON SCHEMA public TO {role}",
         ]
         for table, privileges in table_grants.items():
-            if table in tables:
-                statements.append(f"GRANT {privileges} ON TABLE public.{quote_ident(table)} TO {role}")
+            granted = _existing(privileges, None if columns is None else columns.get(table, set()))
+            if table in tables and granted:
+                statements.append(f"GRANT {granted} ON TABLE public.{quote_ident(table)} TO {role}")
         for sequence in SEQUENCE_GRANTS.get(service, ()):
             if sequence in sequences:
                 statements.append(f"GRANT USAGE ON SEQUENCE public.{quote_ident(sequence)} TO {role}")
@@ -227,7 +267,7 @@ def apply_grants(conn: Connection, roles: DatabaseRoles | None = None) -> list[s
     if owns_schema:  # before PostgreSQL 15 `public` belongs to the bootstrap superuser: leave it to them
         statements.append("REVOKE ALL ON SCHEMA public FROM PUBLIC")
     statements += [f"GRANT CONNECT ON DATABASE {database} TO {quote_ident(r)}" for r in sorted(present)]
-    statements += grant_statements(roles, tables, sequences, present, _functions(conn))
+    statements += grant_statements(roles, tables, sequences, present, _functions(conn), _columns(conn))
     for statement in statements:
         conn.exec_driver_sql(statement)
     apply_role_settings(conn, roles, only_if_allowed=True)

@@ -11,12 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import NotFound
 from devsched.core.records import AttemptRecord, TaskRecord
+from devsched.core.retrying import RetryPolicy
 from devsched.core.status import AttemptStatus, TaskStatus
 
 TASK_COLUMNS = """
     t.task_id, t.status, t.attempt_count, t.max_attempts, t.lease_ttl_s, t.releases,
+    t.retry, t.attempt_timeout_s, t.deadline,
     a.attempt, a.lease_id, a.host_id, a.device_id, a.status AS attempt_status, a.expires_at,
-    a.dispatched_at,
+    a.dispatched_at, a.assigned_at,
     EXISTS (SELECT 1 FROM cancel_requests c
             WHERE c.task_id = t.task_id AND c.attempt = t.attempt_count) AS cancel_requested
 """
@@ -35,7 +37,7 @@ _READ_TASK = text(
 
 _ATTEMPT = text(
     """
-    SELECT attempt, lease_id, host_id, device_id, status, expires_at, dispatched_at,
+    SELECT attempt, lease_id, host_id, device_id, status, expires_at, dispatched_at, assigned_at,
            EXISTS (SELECT 1 FROM cancel_requests c
                    WHERE c.task_id = a.task_id AND c.attempt = a.attempt) AS cancel_requested
     FROM attempts a WHERE task_id = :task_id AND attempt = :attempt
@@ -53,6 +55,7 @@ def attempt_record(row: Any) -> AttemptRecord:
         status=AttemptStatus(row.attempt_status if hasattr(row, "attempt_status") else row.status),
         expires_at=row.expires_at,
         dispatched=row.dispatched_at is not None,
+        started_at=row.dispatched_at or row.assigned_at,
     )
 
 
@@ -67,6 +70,9 @@ def task_record(row: Row[Any]) -> TaskRecord:
         current=attempt_record(row) if row.attempt is not None else None,
         cancel_requested=bool(row.cancel_requested),
         releases=row.releases,
+        retry=RetryPolicy.from_json(row.retry) if row.retry is not None else None,
+        attempt_timeout_s=row.attempt_timeout_s,
+        deadline=row.deadline,
     )
 
 

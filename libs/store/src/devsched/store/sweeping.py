@@ -51,8 +51,10 @@ _EXPIRE_ATTEMPTS = text(
 
 _END_TASKS = text(
     f"""
-    UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[])) AS u(id, s, r)
+    UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1,
+                       not_before = COALESCE(u.nb, t.not_before), avoid_device_id = COALESCE(u.av, t.avoid_device_id)
+    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
+                CAST(:not_before AS timestamptz[]), CAST(:avoid AS text[])) AS u(id, s, r, nb, av)
     WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
     RETURNING t.task_id, t.event_seq, t.trace_headers
     """
@@ -100,13 +102,15 @@ async def sweep_expired(
     )
     expired = [t for t in expired if t.task_id in ended]
     point("sweep.after_expire")
-    decisions = {t.task_id: decide_expiry(t) for t in expired}
+    decisions = {t.task_id: decide_expiry(t, now) for t in expired}
     ended_rows = await conn.execute(
         _END_TASKS,
         {
             "task_ids": [t.task_id for t in expired],
             "statuses": [decisions[t.task_id].task_status.value for t in expired],
             "reasons": [d.reason.value if (d := decisions[t.task_id]).reason else None for t in expired],
+            "not_before": [r.not_before if (r := decisions[t.task_id].retry) else None for t in expired],
+            "avoid": [r.avoid_device_id if (r := decisions[t.task_id].retry) else None for t in expired],
             "now": now,
         },
     )

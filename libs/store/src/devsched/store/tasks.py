@@ -29,10 +29,11 @@ _SUBMIT = Sql(
     ins AS (
         INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
                            selector_device_id, plan, metadata, idempotency_key, created_at, updated_at, event_seq,
-                           trace_headers)
+                           trace_headers, retry, queue_timeout_s, attempt_timeout_s, deadline)
         SELECT :task_id, :name, {entering(Trigger.SUBMIT)}, :priority, :max_attempts, :lease_ttl_s,
                CAST(:labels AS jsonb), :device_id, CAST(:plan AS jsonb), CAST(:metadata AS jsonb), :key, c.now, c.now,
-               1, CAST(:trace AS jsonb)
+               1, CAST(:trace AS jsonb), CAST(:retry AS jsonb), CAST(:queue_timeout_s AS double precision),
+               CAST(:attempt_timeout_s AS double precision), CAST(:deadline AS timestamptz)
         FROM c
         ON CONFLICT DO NOTHING
         RETURNING task_id, status, created_at
@@ -70,6 +71,10 @@ async def submit(
         "metadata": json.dumps(dict(new.metadata)),
         "key": new.idempotency_key,
         "trace": json.dumps(dict(current_trace())),
+        "retry": json.dumps(new.retry.to_json()) if new.retry is not None else None,
+        "queue_timeout_s": new.queue_timeout_s,
+        "attempt_timeout_s": new.attempt_timeout_s,
+        "deadline": new.deadline,
         CLOCK_PARAM: clock.bound(),
         **event_params(event),
     }

@@ -1,4 +1,4 @@
-"""One choke point for every repository call: typed errors, retries, safe cancellation.
+"""One choke point for every repository call: typed errors, retries, safe cancellation, a span.
 
 An operation runs in one transaction, or as statements that are each whole by themselves.
 """
@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
 import sqlalchemy.exc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, Unavailable
@@ -24,8 +27,13 @@ Operation = Callable[[AsyncConnection, datetime], Awaitable[T]]
 #: An operation of statements that each commit on their own (no transaction around them), run through the
 #: driver; they read the clock inline (`devsched.store.clock.NOW`).
 Statements = Callable[[Driver], Awaitable[T]]
+#: Told of every operation run: its name and how long it took in seconds, retries included (for metrics).
+OperationHook = Callable[[str, float], None]
 
 log = logging.getLogger("devsched.store")
+
+#: The tracer of the operations' spans (a proxy: it follows the provider a service installs later).
+_TRACER = trace.get_tracer("devsched.store")
 
 #: Serialization failure, deadlock: the transaction lost a race and can simply run again.
 _RETRY_STATES = frozenset({"40001", "40P01"})
@@ -69,6 +77,8 @@ class Transactor:
         self._engine = engine
         self._clock = clock
         self._attempts = attempts
+        #: See `OperationHook`; called however the operation ended, and must not raise.
+        self.on_operation: OperationHook | None = None
 
     async def run(self, op: Operation[T], *, name: str) -> T:
         """Run `op` in one transaction to completion even if the caller is cancelled meanwhile.
@@ -78,7 +88,7 @@ class Transactor:
         a cancelled caller waits for it to commit or roll back (bounded by the statement timeout) and
         then sees the cancellation.
         """
-        return await self._shielded(self._with_retries(self._transaction(op), name))
+        return await self._traced(name, lambda: self._with_retries(self._transaction(op), name))
 
     async def statements(self, op: Statements[T], *, name: str) -> T:
         """Run `op` on a pooled connection through the driver, without a transaction around it.
@@ -89,7 +99,42 @@ class Transactor:
         extends again, a report finds itself recorded, a submit finds its own task id). Errors, other
         retries and cancellation as in `run`.
         """
-        return await self._shielded(self._with_retries(self._statements(op), name))
+        return await self._traced(name, lambda: self._with_retries(self._statements(op), name))
+
+    async def _timed(self, work: Awaitable[T], name: str) -> T:
+        hook = self.on_operation
+        if hook is None:
+            return await self._shielded(work)
+        started = time.perf_counter()
+        try:
+            return await self._shielded(work)
+        finally:
+            hook(name, time.perf_counter() - started)
+
+    async def _traced(self, name: str, work: Callable[[], Awaitable[T]]) -> T:
+        """Run `work` shielded and timed, in a span of its own named `name` when the caller's span is recorded.
+
+        Only then: a span that exports nothing (tracing off, a `PropagatingTracerProvider`) would cost every
+        operation its id and context for nothing, and an operation outside any recorded work (a relay
+        pass, a health check) would make a trace of one span every tick.
+        """
+        if not trace.get_current_span().is_recording():
+            return await self._timed(work(), name)
+        attributes = {"db.system.name": "postgresql", "db.operation.name": name}
+        with _TRACER.start_as_current_span(
+            name, kind=SpanKind.CLIENT, attributes=attributes, record_exception=False, set_status_on_exception=False
+        ) as span:
+            try:
+                return await self._timed(work(), name)
+            except DevschedError as exc:  # a refusal (409, 404) is an answer; only a failure is an error
+                span.set_attribute("error.type", exc.code)
+                if exc.status >= 500:
+                    span.set_status(Status(StatusCode.ERROR, exc.code))
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                raise
 
     async def _shielded(self, work: Awaitable[T]) -> T:
         task = asyncio.ensure_future(work)
@@ -161,6 +206,7 @@ class Transactor:
                         ) from retry
                     raise Unavailable(f"{name}: gave up after {attempt} conflicting attempts") from retry
                 log.debug("retrying %s after %s", name, retry)
+                trace.get_current_span().add_event("retry", {"reason": str(retry), "attempt": attempt})
                 await asyncio.sleep(0.005 * attempt)
         raise AssertionError("unreachable")
 

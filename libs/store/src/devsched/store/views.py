@@ -15,6 +15,7 @@ from typing import Any
 from devsched.core.events import AttemptAssigned, DomainEvent
 from devsched.core.limits import LEASE_TTL_DEFAULT_S, MAX_ATTEMPTS_DEFAULT, PRIORITY_DEFAULT
 from devsched.core.records import Selector
+from devsched.core.retrying import RetryPolicy
 from devsched.core.status import TaskStatus
 
 
@@ -30,6 +31,11 @@ class NewTask:
     lease_ttl_s: int = LEASE_TTL_DEFAULT_S
     idempotency_key: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    #: The retry policy (None: retry as devsched always did) and the time limits (None: none).
+    retry: RetryPolicy | None = None
+    queue_timeout_s: float | None = None
+    attempt_timeout_s: float | None = None
+    deadline: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ from devsched.agent.health import add_checks
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
 from devsched.agent.logstream import LogStreams, jetstream_publish
+from devsched.agent.metrics import READY, SPOOL
+from devsched.agent.metrics import REGISTRY as METRICS
 from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
 from devsched.agent.reporter import Reporter, encode_report
@@ -48,6 +50,7 @@ from devsched.agent.shutdown import Graces, shut_down, wait_idle
 from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, release_key
 from devsched.agent.steps import StepUser
 from devsched.agent.taken import remembered
+from devsched.agent.uploads import UploadLimits, uploads_factory
 from devsched.agent.workers import DeviceWorkers
 from devsched.agent.workspace import (
     Workspace,
@@ -59,6 +62,7 @@ from devsched.agent.workspace import (
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
 from devsched.service import HealthServer, ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
+from devsched.service.metrics import serve_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +140,7 @@ class Agent:
         async with serving_health(config.metrics_host, config.metrics_port, service="devsched-agent") as health:
             if health is not None:
                 add_checks(health, self)
+                serve_metrics(health, METRICS, ready=READY, component="agent")
             self.health = health
             return await self._serve(stop)
 
@@ -151,6 +156,8 @@ class Agent:
                 spool = await asyncio.to_thread(Spool, self.config.spool_dir)
                 await asyncio.to_thread(spool.lock)
                 taken.callback(spool.unlock)
+                if self.config.metrics_port is not None:
+                    SPOOL.depth = spool.depth
                 groups, held, taken_before = await asyncio.to_thread(self._recover, spool)
             except (OSError, SpoolLocked, SpoolUnsafe) as exc:
                 logger.error("cannot use the spool directory", extra={"error": str(exc)})
@@ -291,6 +298,19 @@ class Agent:
             else None
         )
 
+        uploads = (
+            uploads_factory(
+                nc,
+                self.subjects,
+                config.host_id,
+                limits=UploadLimits(config.artifact_max_file_bytes, config.artifact_max_attempt_bytes),
+                stop_grace_s=config.stop_grace_s,
+                timeout_s=config.request_timeout_s,
+            )
+            if config.artifact_uploads
+            else None
+        )
+
         def new_attempt(received: Received, device: DeviceConfig) -> Attempt:
             return Attempt(
                 received.assignment,
@@ -304,6 +324,7 @@ class Agent:
                 workspace=taken.workspace,
                 groups=taken.groups,
                 logs=logs,
+                uploads=uploads,
             )
 
         workers = DeviceWorkers(config.devices, new_attempt=new_attempt, reports=reports, held=taken.held)

@@ -19,6 +19,7 @@ from devsched.agent.runner import PlanRunner, RunResult, first_progress, skipped
 from devsched.agent.spool import SpooledReport
 from devsched.agent.steps import GroupLedger, RunIdentity
 from devsched.agent.stop import StopReason, StopSignal
+from devsched.agent.uploads import UploadsFactory
 from devsched.agent.workspace import Workspace, artifacts_dir
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import InvalidRequest
@@ -87,6 +88,7 @@ class Attempt:
         workspace: Workspace | None = None,
         groups: GroupLedger | None = None,
         logs: LogStreams | None = None,
+        uploads: UploadsFactory | None = None,
     ) -> None:
         self.assignment = assignment
         self.device = device
@@ -98,6 +100,7 @@ class Attempt:
         self._workspace = workspace
         self._groups = groups
         self._logs = logs
+        self._uploads = uploads
         self.stop = StopSignal()
         self.keeper = LeaseKeeper(
             self._renew_call,
@@ -203,6 +206,12 @@ class Attempt:
             task_id=str(a.task_id), attempt=a.attempt, lease_id=str(a.lease_id), device_id=a.device_id
         )
         log = self._logs.open(a.task_id, a.attempt, a.lease_id) if self._logs is not None else None
+        user = None if self._workspace is None else self._workspace.user
+        uploads = (
+            self._uploads(a, artifacts_dir(workdir), user, self.stop)
+            if self._uploads is not None and workdir is not None
+            else None
+        )
         runner = PlanRunner(
             a.plan.steps,
             identity=identity,
@@ -218,6 +227,7 @@ class Attempt:
             groups=self._groups,
             claimed=self.claimed_with,
             log=log,
+            artifacts=None if uploads is None else uploads.after_step,
         )
         keeping = asyncio.create_task(self.keeper.run())
         try:

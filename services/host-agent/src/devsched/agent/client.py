@@ -32,7 +32,7 @@ from devsched.protocol.messages import (
     ReportReply,
 )
 from devsched.protocol.subjects import HostVerb, Subjects
-from devsched.protocol.tracing import inject
+from devsched.protocol.tracing import inject, send_span
 from devsched.protocol.transport import NoReply, request
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,9 @@ R = TypeVar("R", ReportReply, ReleaseReply)
 
 def _granted(reply: LeaseReply) -> Extension:
     """The grant a claim or renewal reply carries (`dispatch`, the store's own flag, is not on the wire)."""
-    return Extension(expires_at=reply.expires_at, ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested)
+    return Extension(
+        expires_at=reply.expires_at, ttl_s=reply.ttl_s, cancel_requested=reply.cancel_requested, stop=reply.stop
+    )
 
 
 class HostClient:
@@ -136,12 +138,13 @@ class HostClient:
 
     async def _send_spooled(self, verb: HostVerb, body: bytes, reply_type: type[R]) -> R:
         subject = self._subject(verb)
-        try:
-            msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
-            reason = "timeout" if isinstance(exc, nats.errors.TimeoutError) else "no_responders"
-            raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
-        raise_for_error(msg.headers, msg.data)
+        with send_span(subject, len(body)):
+            try:
+                msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+                reason = "timeout" if isinstance(exc, nats.errors.TimeoutError) else "no_responders"
+                raise NoReply(f"no reply from {subject}: {reason}", subject=subject, reason=reason) from exc
+            raise_for_error(msg.headers, msg.data)
         try:
             return decode(reply_type, msg.data)
         except InvalidRequest as exc:

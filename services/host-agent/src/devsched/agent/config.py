@@ -21,6 +21,8 @@ The agent's credentials are files only: every step the agent runs inherits its e
 Step output streaming (`log_streaming`, `log_max_bytes`, `log_buffer_bytes`, `log_record_bytes`,
 `log_linger_s`, `log_flush_s`) is described in `logstream.py` and `logbatch.py`.
 
+Artifacts (`artifact_uploads`, `artifact_max_file_bytes`, `artifact_max_attempt_bytes`): `uploads.py`.
+
 Optional confinement of steps: `work_dir` (default `devsched-agent` under the system temp dir) and
 `step_user` (an unprivileged user steps run as; checked at the agent's start, `workspace.py`).
 """
@@ -38,6 +40,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.agent.logbatch import LogLimits, MiB
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES
 from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
 
 #: What a `nats_url` with credentials in it is refused with (one line).
@@ -145,6 +148,13 @@ class AgentConfig(BaseModel):
     #: At an attempt's end, how long the agent may wait for its output to be stored before it reports
     #: (only while publishing makes progress; the lease is renewed meanwhile).
     log_flush_s: Seconds = 10.0
+
+    #: Store the files steps leave in `DEVSCHED_ARTIFACTS_DIR` after each step (issue 12, `uploads.py`).
+    artifact_uploads: bool = True
+    #: Largest artifact file sent (the scheduler has its own cap, `DEVSCHED_ARTIFACT_MAX_FILE_BYTES`).
+    artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
+    #: Most artifact bytes sent per attempt (the scheduler's: `DEVSCHED_ARTIFACT_MAX_ATTEMPT_BYTES`).
+    artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
 
     @field_validator("nats_url")
     @classmethod

@@ -5,10 +5,10 @@ on its own at about a third of the ttl (the `LeaseClock`). A renewal carries the
 until one carrying it is granted (a boundary, or the retry of one whose reply was lost): the scheduler
 records a step in the statement that takes the task's lock, and a renewal without progress needs none.
 
-A reply with `cancel_requested` is a cancellation stop; a rejected renewal (409, or 404: the scheduler
-no longer knows the task or host) or no successful renewal before the local deadline is a lease-loss
-stop, after which it renews no more. Other errors (timeouts, no responders, 503, 500) are retried with
-backoff until the deadline.
+A reply with `cancel_requested` is a cancellation stop, one with `stop` (a time limit) a timeout stop; a
+rejected renewal (409, or 404: the scheduler no longer knows the task or host) or no successful renewal
+before the local deadline is a lease-loss stop, after which it renews no more. Other errors (timeouts, no
+responders, 503, 500) are retried with backoff until the deadline.
 
 It keeps renewing while the run winds down after a cancellation or a shutdown: teardown steps need the
 lease, and a step that finishes before it stops should not lose its device to another attempt meanwhile.
@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.lease import LeaseClock
+from devsched.agent.metrics import RENEWAL_SECONDS
 from devsched.agent.stop import StopReason, StopSignal
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import Conflict, DevschedError, NotFound
@@ -88,6 +90,9 @@ class LeaseKeeper:
         if grant.cancel_requested and self._stop.reason is not StopReason.CANCELLED:
             logger.info("cancellation requested", extra=self._log)
             self._stop.request(StopReason.CANCELLED, "cancellation requested")
+        if grant.stop is not None and self._stop.reason is not StopReason.TIMEOUT:
+            logger.info("time limit reached", extra={**self._log, "stop": grant.stop})
+            self._stop.request(StopReason.TIMEOUT, grant.stop)
 
     def _lose(self, detail: str) -> None:
         if not self._lost:
@@ -109,8 +114,10 @@ class LeaseKeeper:
                 self._lose("no successful renewal within the lease ttl")
                 return
             try:
+                started = time.perf_counter()
                 async with asyncio.timeout(min(self._request_timeout_s, self.clock.remaining(sent_at))):
                     grant = await self._renew_call(unacknowledged)
+                RENEWAL_SECONDS.observe(time.perf_counter() - started)
             except Exception as exc:
                 if ends_lease(exc):
                     code = exc.code if isinstance(exc, DevschedError) else type(exc).__name__

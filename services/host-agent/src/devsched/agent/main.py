@@ -9,7 +9,7 @@ from pathlib import Path
 
 from devsched.agent.agent import Agent, agent_version
 from devsched.agent.config import ConfigError, load_config
-from devsched.service import configure_logging, run, setup_tracing
+from devsched.service import configure_logging, run, setup_tracing, shutdown_tracing
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -37,7 +37,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     configure_logging(options.log_level, service="devsched-agent")
     setup_tracing("devsched-agent")
-    return run(Agent(config).serve)
+    try:
+        return run(Agent(config).serve)
+    finally:
+        shutdown_tracing()  # export the last spans
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -99,13 +99,16 @@ def _open_dir(path: str | Path, what: str, dir_fd: int | None = None) -> int:
         raise _refusal(exc, what) from None
 
 
-def open_beneath(directory: Path, relative: str, *, owner: int | None = None) -> int:
+def open_beneath(
+    directory: Path, relative: str, *, owner: int | None = None, max_bytes: int | None = MAX_RESULTS_BYTES
+) -> int:
     """Open `directory/relative` for reading without leaving `directory`; the caller closes the descriptor.
 
     Args:
         directory: the artifacts directory (its own last part is not followed either).
         relative: a normalised relative path (the protocol's `ResultFiles` checks it at submit).
         owner: the uid the file must belong to (the step user's), or None for any.
+        max_bytes: the largest file accepted (a results file's limit by default), or None for any size.
 
     Raises:
         ResultsError: a part is missing or a link, or the file is not a single-linked regular file of `owner`.
@@ -135,7 +138,7 @@ def open_beneath(directory: Path, relative: str, *, owner: int | None = None) ->
             raise ResultsError(f"{relative} has {st.st_nlink} hard links (refused: it may be a file of someone else)")
         if owner is not None and st.st_uid != owner:
             raise ResultsError(f"{relative} is not owned by the step user (uid {st.st_uid})")
-        if st.st_size > MAX_RESULTS_BYTES:
+        if max_bytes is not None and st.st_size > max_bytes:
             raise ResultsError(f"{relative} is {st.st_size} bytes, above the {_LIMIT} limit")
     except BaseException:
         os.close(file_fd)

@@ -13,24 +13,30 @@ Rules (PROTOCOL.md, host-agent.md):
 - Every step of the plan is in the result, in order.
 
 Outcome: `done` when every step is done; `failed` when a step failed or timed out first, or the run was
-stopped by a lease loss; `cancelled` when a cancellation stopped it first. A run the agent's shutdown
-stopped first is `released`: given back to the scheduler, which queues the task again without spending
-an attempt (its outcome field says `failed`, for an agent that could only report). A stop counts only if
-it changed something (a step was interrupted or skipped): a plan that ran to the end reports how its
-steps ended. Failures after the first cause (a failing teardown after a cancellation or a shutdown, a
-lease loss during teardown) keep the outcome and are named in the reason.
+stopped by a lease loss or a time limit (its reason then starts with the limit: `attempt_timeout`);
+`cancelled` when a cancellation stopped it first. A run the agent's shutdown stopped first is `released`:
+given back to the scheduler, which queues the task again without spending an attempt (its outcome field says
+`failed`, for an agent that could only report). A stop counts only if it changed something (a step was
+interrupted or skipped): a plan that ran to the end reports how its steps ended. Failures after the first
+cause (a failing teardown after a cancellation or a shutdown, a lease loss during teardown) keep the outcome
+and are named in the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
 from devsched.agent.actions import ActionRegistry, default_registry
+from devsched.agent.metrics import STEP_SECONDS, UNKNOWN_ACTION
 from devsched.agent.results import summarise
 from devsched.agent.steps import (
     FAILURES,
@@ -45,9 +51,13 @@ from devsched.agent.steps import (
 )
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
+from devsched.protocol.artifacts import StepArtifacts
 from devsched.protocol.plans import Progress, ResultFiles, StepResult, StepStatus
 
 logger = logging.getLogger(__name__)
+
+#: The tracer of the steps' spans (a proxy: it follows the provider `main` installs).
+_TRACER = trace.get_tracer("devsched.agent")
 
 #: Extra time past `timeout_s` (and two stop graces) after which the runner gives up on an action that
 #: ignores its own timeout.
@@ -102,6 +112,8 @@ class RunResult:
 
 #: Called at each step boundary with the step about to start; renews the lease (and may request a stop).
 RenewHook = Callable[[Progress], Awaitable[None]]
+#: Called after each step that ran, with its name: stores the artifacts it left (issue 12; never raises).
+ArtifactsHook = Callable[[str], Awaitable[StepArtifacts | None]]
 
 
 def utc_now() -> datetime:
@@ -170,8 +182,10 @@ class PlanRunner:
         groups: GroupLedger | None = None,
         claimed: Progress | None = None,
         log: RunLog | None = None,
+        artifacts: ArtifactsHook | None = None,
     ) -> None:
         self._steps = tuple(steps)
+        self._artifacts = artifacts
         #: The progress the (successful) claim carried: the boundary of that step does not renew again.
         self._claimed = claimed
         self._identity = identity
@@ -249,6 +263,8 @@ class PlanRunner:
             first = self._stop.reason
             outcome = Outcome.CANCELLED if first is StopReason.CANCELLED else Outcome.FAILED
             cause = f"{first.value}: {self._stop.detail}" if self._stop.detail else first.value
+            if first is StopReason.TIMEOUT:
+                cause = self._stop.detail  # the limit's code, the task's reason: `attempt_timeout`, `deadline_exceeded`
             halt = self._stop.halt
             if first is not StopReason.LEASE_LOST and halt is not None and halt[0] is not first:
                 notes.append(f"then {halt[0].value}" + (f": {halt[1]}" if halt[1] else ""))
@@ -265,18 +281,38 @@ class PlanRunner:
         return StopLevel.HALT if step.always else StopLevel.STOP
 
     async def _run_step(self, step: StepSpec, index: int) -> StepResult:
+        """Run `step` in a span `step <action>` (its name, action, index, then status and exit code)."""
+        attributes: dict[str, str | int] = {
+            "devsched.step.name": step.name,
+            "devsched.step.action": step.action,
+            "devsched.step.index": index,
+        }
+        with _TRACER.start_as_current_span(f"step {step.action}", attributes=attributes) as span:
+            report = await self._step(step, index)
+            span.set_attribute("devsched.step.status", report.status.value)
+            if report.exit_code is not None:
+                span.set_attribute("process.exit.code", report.exit_code)
+            if report.status in FAILURES:
+                span.set_status(Status(StatusCode.ERROR, report.status.value))
+            return report
+
+    async def _step(self, step: StepSpec, index: int) -> StepResult:
         started_at = self._now()
         log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
         logger.info("step started", extra=log)
         output = self._log.step(step.name, index) if self._log is not None else None
+        started = time.perf_counter()
         with self._stop.interrupt(self._threshold(step)) as interrupt:
             result = await self._call(step, interrupt, output)
         finished_at = self._now()
+        action = step.action if step.action in self._registry else UNKNOWN_ACTION
+        STEP_SECONDS.labels(action, result.status.value).observe(time.perf_counter() - started)
         logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
         if self._log is not None:
             self._log.step_end(step.name, index, result.status, result.exit_code)
         # Whatever the status: a failed or timed-out test run is when its results matter most.
         results = await summarise(step.results, self._artifacts_dir, self._user)
+        artifacts = await self._artifacts(step.name) if self._artifacts is not None else None
         return StepResult(
             name=step.name,
             status=result.status,
@@ -285,6 +321,7 @@ class PlanRunner:
             finished_at=finished_at,
             output_tail=result.output_tail,
             results=results,
+            artifacts=artifacts,
         )
 
     async def _call(self, step: StepSpec, interrupt: asyncio.Event, output: OutputSink | None) -> ActionResult:

@@ -204,6 +204,10 @@ class Spool:
         found.sort(key=lambda item: (item[0], item[1]))
         return [SpooledReport(path.name[: -len(_SUFFIX)], body, path) for _, _, body, path in found]
 
+    def depth(self) -> int:
+        """How many reports are stored (for the metrics: names only, no file read)."""
+        return sum(1 for path in self.directory.glob(f"*{_SUFFIX}") if not path.name.startswith("."))
+
     def remove(self, key: str) -> None:
         """Forget the report under `key` (no error if it is gone already)."""
         try:

@@ -5,13 +5,14 @@ hands each running step an interrupt that fires at the level that step yields to
 
 | level | set by | no new step of kind | running steps interrupted |
 | --- | --- | --- | --- |
-| `STOP` | a cancellation seen in a renewal reply; shutdown | planned (not `always`) | interruptible, not `always` |
+| `STOP` | cancellation or time limit (renewal reply); shutdown | planned (not `always`) | interruptible, not `always` |
 | `HALT` | lease lost (409, or no renewal within the ttl) | any, `always` included | interruptible |
 | `KILL` | the end of the shutdown grace | any | every step |
 
-The FIRST reason is what the run reports (`cancelled` only for a cancellation; a shutdown gives the attempt
-back, `release`); a later halt still halts, and is mentioned in the report's reason. A shutdown holds the
-lease, so its teardown (`always`) steps run, as after a cancellation; they never run after a lease loss.
+The FIRST reason is what the run reports (`cancelled` only for a cancellation; a time limit `failed`, with
+the limit, `attempt_timeout` or `deadline_exceeded`, as its reason; a shutdown gives the attempt back,
+`release`); a later halt still halts, and is mentioned in the report's reason. A shutdown holds the lease,
+so its teardown (`always`) steps run, as after a cancellation; they never run after a lease loss.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class StopReason(StrEnum):
     LEASE_LOST = "lease_lost"
     #: The agent is shutting down: teardown steps run, then the attempt is given back (released).
     SHUTDOWN = "shutdown"
+    #: A renewal reply said the attempt ran past a time limit (`stop`): teardown runs, the run reports failed.
+    TIMEOUT = "timeout"
 
 
 class StopLevel(IntEnum):
@@ -48,6 +51,7 @@ _LEVEL_OF = {
     StopReason.CANCELLED: StopLevel.STOP,
     StopReason.LEASE_LOST: StopLevel.HALT,
     StopReason.SHUTDOWN: StopLevel.STOP,
+    StopReason.TIMEOUT: StopLevel.STOP,
 }
 
 

@@ -28,7 +28,7 @@ from devsched.agent.delivery import ReportDelivery
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Received, settle
 from devsched.agent.runner import RunResult
-from devsched.protocol.tracing import extract, tracer, use_context
+from devsched.protocol.tracing import extract, messaging_attributes, span_name, tracer, use_context
 from devsched.service import bind
 
 logger = logging.getLogger(__name__)
@@ -110,12 +110,16 @@ class DeviceWorkers:
 
     async def _handle(self, device: DeviceConfig, received: Received) -> None:
         attempt = self._new_attempt(received, device)
+        a = received.assignment
+        subject = received.msg.subject
         span = tracer().start_as_current_span(
-            f"run attempt {received.assignment.attempt}",
+            span_name("process", subject),
             kind=SpanKind.CONSUMER,
             attributes={
-                "devsched.task_id": str(received.assignment.task_id),
-                "devsched.attempt": received.assignment.attempt,
+                **messaging_attributes(subject, "process", len(received.msg.data)),
+                "devsched.task_id": str(a.task_id),
+                "devsched.attempt": a.attempt,
+                "devsched.device_id": a.device_id,
             },
         )
         # continue the trace the assignment carries: claim, renewals and the report join the task's trace

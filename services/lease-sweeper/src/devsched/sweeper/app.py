@@ -1,5 +1,8 @@
 """The lease sweeper: every `sweep_interval_s`, end expired leases in batches until none is left.
 
+It also applies the tasks' time limits (issue 13): queue timeouts, deadlines, and attempt timeouts that
+the hosts did not enforce themselves (`Store.sweep_timeouts`).
+
 The store decides each task's fate in the same transaction (requeue with attempts left, fail with
 `lease_expired` at the limit, cancel when a cancellation is pending), keeps the expired attempt for
 audit, and writes the events to the outbox. Several sweepers are safe: tasks are claimed with SKIP LOCKED.
@@ -21,6 +24,7 @@ from contextlib import AsyncExitStack
 from datetime import timedelta
 
 from nats.aio.client import Client
+from opentelemetry import trace
 from pydantic import Field, field_validator
 
 from devsched.core.errors import DevschedError
@@ -38,10 +42,15 @@ from devsched.service import (
     wake_subject,
 )
 from devsched.service.health import plainly
+from devsched.service.metrics import serve_metrics
 from devsched.store import ExpiredLease, Store
 from devsched.store.health import DatabaseNotReady, check_schema, ping
+from devsched.sweeper.metrics import PRUNED, READY, REGISTRY, count_expired, observe_store
 
 log = logging.getLogger("devsched.sweeper")
+
+#: The tracer of the sweep batches' spans (a proxy: it follows the provider `main` installs).
+_TRACER = trace.get_tracer("devsched.sweeper")
 
 
 class SweeperSettings(ServiceSettings):
@@ -72,10 +81,10 @@ class SweeperSettings(ServiceSettings):
         return timedelta(days=self.retention_days) if self.retention_days else None
 
 
-def _log_expired(expired: list[ExpiredLease]) -> None:
+def _log_expired(expired: list[ExpiredLease], message: str = "lease expired") -> None:
     for lease in expired:
         log.info(
-            "lease expired",
+            message,
             extra={
                 "task_id": lease.task_id,
                 "attempt": lease.attempt,
@@ -135,13 +144,35 @@ class Sweeper:
         async def work() -> int:
             ended = 0
             while True:
-                expired = await store.sweep_expired(limit=limit)
+                with _TRACER.start_as_current_span("sweep batch", attributes={"devsched.batch.limit": limit}) as span:
+                    expired = await store.sweep_expired(limit=limit)
+                    span.set_attribute("devsched.batch.count", len(expired))
                 _log_expired(expired)
+                count_expired(expired)
                 ended += len(expired)
                 if len(expired) < limit:
                     return ended
 
-        return sum(await asyncio.gather(*(work() for _ in range(self.settings.sweep_workers))))
+        expired = sum(await asyncio.gather(*(work() for _ in range(self.settings.sweep_workers))))
+        return expired + await self.sweep_timeouts()
+
+    async def sweep_timeouts(self) -> int:
+        """Apply the tasks' time limits now, batch after batch; how many tasks it failed or attempts it ended.
+
+        Queued tasks past their `queue_timeout_s` or `deadline` fail; attempts past their `attempt_timeout_s`
+        or deadline by a lease ttl (their host did not stop them) end. Few tasks have limits, so one worker.
+        """
+        assert self._store is not None
+        limit, changed = self.settings.sweep_batch, 0
+        while True:
+            failed, overdue = await self._store.sweep_timeouts(limit=limit)
+            for task_id in failed:
+                log.info("task timed out while queued", extra={"task_id": task_id})
+            _log_expired(overdue, "attempt timed out")
+            # either wakes the schedulers: their relay publishes the events, their loop assigns what was freed
+            changed += len(failed) + len(overdue)
+            if len(failed) < limit and len(overdue) < limit:
+                return changed
 
     async def prune(self) -> int:
         """Remove ended tasks older than the retention, batch after batch; returns how many.
@@ -157,6 +188,7 @@ class Sweeper:
         while True:
             batch = await self._store.prune(keep, limit=limit)
             pruned += batch
+            PRUNED.inc(batch)
             if batch < limit:
                 break
         if pruned:
@@ -193,6 +225,7 @@ class Sweeper:
             )
             if self.health is not None:
                 self._add_checks(self.health)
+                serve_metrics(self.health, REGISTRY, ready=READY, component="sweeper")
             self._store = Store.connect(
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
@@ -201,6 +234,8 @@ class Sweeper:
                 max_overflow=1,
             )
             stack.push_async_callback(self._store.close)
+            if self.health is not None:
+                observe_store(self._store)
             connecting = asyncio.create_task(self._connect(stop))
             stack.push_async_callback(self._disconnect, connecting)
             log.info(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from devsched.service import configure_logging, parse_settings, run, setup_tracing
+from devsched.service import configure_logging, parse_settings, run, setup_tracing, shutdown_tracing
 from devsched.sweeper.app import Sweeper, SweeperSettings
 
 
@@ -27,4 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         await Sweeper(settings).run(stop)
         return 0
 
-    return run(serve)
+    try:
+        return run(serve)
+    finally:
+        shutdown_tracing()  # export the last spans

@@ -7,6 +7,7 @@ that are not `DevschedError`s (JetStream's) become protocol errors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -25,6 +26,7 @@ from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
+from devsched.scheduler.artifacts import ArtifactIntake
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.plugin_args import check_plugin_args, schema_problem
@@ -94,6 +96,10 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
         lease_ttl_s=req.lease_ttl_s,
         idempotency_key=req.idempotency_key,
         metadata=dict(req.metadata),
+        retry=req.retry.to_core() if req.retry is not None else None,
+        queue_timeout_s=req.queue_timeout_s,
+        attempt_timeout_s=req.attempt_timeout_s,
+        deadline=req.deadline,
     )
 
 
@@ -143,6 +149,7 @@ class Api:
         self._settings = settings
         self._assign = assign_wakeup
         self._relay = relay_wakeup
+        self._artifacts = ArtifactIntake(store, nc, js, subjects, settings)
 
     def _host_of(self, subject: str) -> str:
         try:
@@ -169,7 +176,18 @@ class Api:
     async def get(self, req: m.GetTaskRequest, subject: str) -> m.TaskView:
         """`P.api.tasks.get`."""
         with bind(task_id=req.task_id):
-            return m.TaskView.from_value(await self._store.get_task(req.task_id))
+            view = await self._store.get_task(req.task_id)
+            artifacts = await self._store.list_artifacts(req.task_id)  # issue 12: the view lists them
+            return m.TaskView.from_value(dataclasses.replace(view, artifacts=artifacts) if artifacts else view)
+
+    async def artifacts(self, req: m.ListArtifactsRequest, subject: str) -> m.ListArtifactsReply:
+        """`P.api.tasks.artifacts` (an addition, issue 12): a task's stored artifacts."""
+        with bind(task_id=req.task_id):
+            return await self._artifacts.list(req)
+
+    async def artifact(self, req: m.ArtifactCommit, subject: str) -> m.ArtifactView:
+        """`P.host.<id>.artifact` (an addition, issue 12): store an uploaded file (`devsched.scheduler.artifacts`)."""
+        return await self._artifacts.commit(self._host_of(subject), req)
 
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`."""

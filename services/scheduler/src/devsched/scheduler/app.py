@@ -24,6 +24,7 @@ from devsched.scheduler.assigner import Assigner
 from devsched.scheduler.health import add_checks
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_streams
 from devsched.scheduler.loops import Wakeup, WorkLoop
+from devsched.scheduler.metrics import DATABASE_GAUGES, READY, REGISTRY, Latencies, Stats, observe_store
 from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
 from devsched.scheduler.service import Dispatcher, endpoint_specs, start_service, stop_taking_requests
@@ -38,6 +39,7 @@ from devsched.service import (
     sleep_or_stop,
     wake_subject,
 )
+from devsched.service.metrics import serve_metrics
 from devsched.store import Committed, Store
 
 log = logging.getLogger("devsched.scheduler")
@@ -107,6 +109,7 @@ class Scheduler:
             )
             if self.health is not None:
                 add_checks(self.health, self)
+                serve_metrics(self.health, REGISTRY, ready=READY, component="scheduler")
             store = self.store = Store.connect(
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
@@ -117,6 +120,10 @@ class Scheduler:
                 assign_inline=s.assign_inline,
             )
             stack.push_async_callback(store.close)
+            latencies: Latencies | None = None
+            if self.health is not None:
+                observe_store(store)
+                latencies = Latencies()
             nc = self.nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
             stack.push_async_callback(close_nats, nc)
             js = nc.jetstream(timeout=s.publish_timeout_s)
@@ -132,16 +139,23 @@ class Scheduler:
                 loops.append(WorkLoop("relay", relay.step, self.relay_wakeup, tick=s.relay_tick_s))
                 relay.start()
                 stack.push_async_callback(relay.stop)
+                if latencies is not None:
+                    DATABASE_GAUGES.published = lambda: relay.published
 
             resync = self.resync = Resync(store, js, self.subjects, s)
             stack.push_async_callback(resync.stop)
             if s.resync_interval_s > 0:
                 loops.append(WorkLoop("resync", resync.step, Wakeup(), tick=s.resync_interval_s))
+            if latencies is not None:
+                stats = Stats(store, latencies)
+                loops.append(WorkLoop("metrics", stats.refresh, Wakeup(), tick=s.metrics_interval_s))
 
             def on_commit(committed: Committed) -> None:
                 if relay is not None:
                     relay.offer(committed)  # published at once; without a relay, the table keeps it
                 assigner.on_commit(committed)
+                if latencies is not None:
+                    latencies.on_commit(committed)
 
             store.on_commit = on_commit
             for loop in loops:

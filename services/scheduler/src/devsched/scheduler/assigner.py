@@ -19,6 +19,7 @@ import time
 
 from devsched.core.events import AttemptAssigned
 from devsched.scheduler.loops import Wakeup
+from devsched.scheduler.spans import TRACER
 from devsched.service import bind
 from devsched.store import Committed, Store
 
@@ -63,11 +64,13 @@ class Assigner:
         if not self._due and now < self._next_tick:
             return False  # woken for work the requests placed themselves
         self._due, self._next_tick = False, now + self._tick
-        try:
-            messages = await self._store.assign(limit=self._batch)
-        except BaseException:
-            self._due = True
-            raise
+        with TRACER.start_as_current_span("assign batch", attributes={"devsched.batch.limit": self._batch}) as span:
+            try:
+                messages = await self._store.assign(limit=self._batch)
+            except BaseException:
+                self._due = True
+                raise
+            span.set_attribute("devsched.batch.count", len(messages))
         self.passes += 1
         if len(messages) >= self._batch:
             self._due = True

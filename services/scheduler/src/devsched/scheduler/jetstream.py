@@ -11,6 +11,8 @@ any number of watchers read, with their own consumers, at their own pace.
 
 Logs (an addition): LIMITS retention by age and optional total size, for step output (`logs_stream_config`).
 
+Uploads and the artifacts bucket (additions, issue 12): `devsched.scheduler.artifacts`.
+
 All: file storage, a de-duplication window long enough to cover a relay that crashed between publishing
 and marking a row (the next relay republishes within seconds; the window is minutes), configurable replicas.
 """
@@ -33,6 +35,7 @@ from nats.js.api import (
 from nats.js.errors import APIError, BadRequestError
 
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler.artifacts import bucket_stream_config, uploads_stream_config
 from devsched.scheduler.settings import SchedulerSettings
 
 log = logging.getLogger("devsched.scheduler.jetstream")
@@ -42,7 +45,7 @@ _STREAM_NAME_IN_USE = 10058
 
 
 def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[StreamConfig]:
-    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS` and `<PU>_LOGS`."""
+    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS`, `<PU>_LOGS`, `<PU>_UPLOADS` and `OBJ_<PU>_ARTIFACTS`."""
     storage = StorageType(settings.stream_storage)
     return [
         StreamConfig(
@@ -70,6 +73,8 @@ def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[Stre
             allow_direct=True,
         ),
         logs_stream_config(subjects, settings),
+        uploads_stream_config(subjects, settings),
+        bucket_stream_config(subjects, settings),
     ]
 
 

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 
 from devsched.scheduler.app import Scheduler
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service import Stopped, configure_logging, parse_settings, run, settle_heap, setup_tracing
+from devsched.service import (
+    Stopped,
+    configure_logging,
+    parse_settings,
+    run,
+    settle_heap,
+    setup_tracing,
+    shutdown_tracing,
+)
 
 log = logging.getLogger("devsched.scheduler")
 
@@ -62,4 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     settle_heap()
-    return run(serve)
+    try:
+        return run(serve)
+    finally:
+        shutdown_tracing()  # export the last spans

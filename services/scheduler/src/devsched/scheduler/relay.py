@@ -15,6 +15,10 @@ A message reaches JetStream one of two ways:
 A crash before the mark commits publishes the messages again, and the stream's duplicate window drops the
 copies by `Nats-Msg-Id`. What a message is on the wire (model, subject, stream, message id) is
 `outgoing`'s to say.
+
+When spans are exported, each publication is a PRODUCER span `publish <subject template>` in the trace
+the row was stored with (the request that caused it, or the task's submit), ended at its acknowledgement;
+the message carries that span's context, so the agent's processing of an assignment is its child.
 """
 
 from __future__ import annotations
@@ -26,12 +30,15 @@ from collections.abc import Sequence
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import NoStreamResponseError
+from opentelemetry import trace
 
-from devsched.protocol.subjects import MSG_ID_HEADER, Subjects
+from devsched.protocol.subjects import Subjects
 from devsched.scheduler.jetstream import ensure_streams
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.outgoing import outgoing
 from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.spans import end_span, publish_headers, publish_span
+from devsched.service import exporting_spans
 from devsched.store import Committed, OutboxMessage, Published, Store
 from devsched.store.faults import point
 
@@ -160,19 +167,29 @@ class Relay:
     async def _send(self, batch: Sequence[OutboxMessage]) -> _Sent:
         """Send every message of `batch` without waiting for acknowledgements, stopping at the first error."""
         futures: dict[asyncio.Future[PubAck], OutboxMessage] = {}
+        spans: dict[asyncio.Future[PubAck], trace.Span] | None = {} if exporting_spans() else None
         for message in batch:
+            span: trace.Span | None = None
             try:
                 wire = outgoing(message.event, self._subjects)
+                data = wire.data
+                if spans is not None:
+                    span = publish_span(wire.subject, len(data), message.headers)
+                headers = publish_headers(message.headers, wire.msg_id, span)
                 future = await self._js.publish_async(
                     wire.subject,
-                    wire.data,
+                    data,
                     stream=wire.stream,  # never let another stream swallow it
-                    headers={**message.headers, MSG_ID_HEADER: wire.msg_id},
+                    headers=headers,
                 )
             except Exception as exc:  # any failure: keep what was sent, retry the rest later
-                return _Sent(futures, exc)
+                if span is not None:
+                    end_span(span, exc)
+                return _Sent(futures, exc, spans)
             futures[future] = message
-        return _Sent(futures)
+            if spans is not None and span is not None:
+                spans[future] = span
+        return _Sent(futures, spans=spans)
 
     async def _acknowledged(self, sent: _Sent) -> Published:
         """Wait (up to `publish_timeout_s`) for the acknowledgements of `sent`; what JetStream stored."""
@@ -184,6 +201,8 @@ class Relay:
             future.cancel()
         if pending and error is None:
             error = TimeoutError(f"no acknowledgement within {self._settings.publish_timeout_s} s")
+        if sent.spans:
+            sent.end_spans(error)
         ids: list[int] = []
         for future in done:
             message = sent.futures[future]
@@ -254,10 +273,24 @@ class Relay:
 
 
 class _Sent:
-    """Messages handed to JetStream, by the future of each acknowledgement; the error that stopped sending."""
+    """Messages handed to JetStream, by the future of each acknowledgement; the error that stopped sending.
 
-    __slots__ = ("error", "futures")
+    `spans`: the publication span of each message, when spans are exported.
+    """
 
-    def __init__(self, futures: dict[asyncio.Future[PubAck], OutboxMessage], error: Exception | None = None) -> None:
+    __slots__ = ("error", "futures", "spans")
+
+    def __init__(
+        self,
+        futures: dict[asyncio.Future[PubAck], OutboxMessage],
+        error: Exception | None = None,
+        spans: dict[asyncio.Future[PubAck], trace.Span] | None = None,
+    ) -> None:
         self.futures = futures
         self.error = error
+        self.spans = spans
+
+    def end_spans(self, error: Exception | None) -> None:
+        """End each publication's span as its acknowledgement came (or did not: `error`)."""
+        for future, span in (self.spans or {}).items():
+            end_span(span, (error or TimeoutError("no acknowledgement")) if future.cancelled() else future.exception())

@@ -28,11 +28,14 @@ from collections.abc import AsyncIterator, Iterable
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import NoStreamResponseError, NotFoundError
+from opentelemetry import trace
 
-from devsched.protocol.subjects import MSG_ID_HEADER, Subjects
+from devsched.protocol.subjects import Subjects
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.outgoing import Outgoing, resent
 from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.spans import end_span, publish_headers, publish_span
+from devsched.service import exporting_spans
 from devsched.store import Store, Unclaimed
 
 log = logging.getLogger("devsched.scheduler.resync")
@@ -129,20 +132,27 @@ class Resync:
         sent: dict[asyncio.Future[PubAck], tuple[Unclaimed, Outgoing]] = {}
         unsent: list[Unclaimed] = []  # never sent: `failure` stopped the rest of the page
         failure: Exception | None = None
+        spans: dict[asyncio.Future[PubAck], trace.Span] | None = {} if exporting_spans() else None
         for i, u in enumerate(page):
             try:
                 wire = resent(u.assignment, self._subjects, at_ms)
             except ValueError as exc:  # not a valid message (the relay would have refused it too): a bug
                 log.error("assignment cannot be published again", extra={**_ids(u), "error": str(exc)})
                 continue
+            data = wire.data
+            span = publish_span(wire.subject, len(data), u.headers) if spans is not None else None
             try:
                 future = await self._js.publish_async(
-                    wire.subject, wire.data, stream=wire.stream, headers={**u.headers, MSG_ID_HEADER: wire.msg_id}
+                    wire.subject, data, stream=wire.stream, headers=publish_headers(u.headers, wire.msg_id, span)
                 )
             except Exception as exc:  # NATS is away: the rest waits for the next pass
+                if span is not None:
+                    end_span(span, exc)
                 unsent, failure = page[i:], exc
                 break
             sent[future] = (u, wire)
+            if spans is not None and span is not None:
+                spans[future] = span
         if sent:
             _, pending = await asyncio.wait(sent, timeout=self._settings.publish_timeout_s)
             for future in pending:
@@ -150,6 +160,8 @@ class Resync:
         missing_stream = False
         for future, (u, wire) in sent.items():
             error = _error_of(future)
+            if spans is not None:
+                end_span(spans[future], error)
             fields = {**_ids(u), "msg_id": wire.msg_id, "trigger": trigger}
             if error is None:
                 self.resent += 1

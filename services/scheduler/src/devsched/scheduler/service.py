@@ -31,6 +31,7 @@ from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.transport import EndpointTally, add_typed_endpoint
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
+from devsched.scheduler.metrics import counted, timed
 from devsched.service import flush_subscriptions
 
 log = logging.getLogger("devsched.scheduler.service")
@@ -173,6 +174,7 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
         EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
+        EndpointSpec("tasks-artifacts", subjects.task_artifacts, m.ListArtifactsRequest, api.artifacts),
         EndpointSpec(
             "host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register, host=True
         ),
@@ -184,6 +186,9 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report, host=True),
         EndpointSpec(
             "host-release", subjects.host_endpoint(HostVerb.RELEASE), m.ReleaseRequest, api.release, host=True
+        ),
+        EndpointSpec(
+            "host-artifact", subjects.host_endpoint(HostVerb.ARTIFACT), m.ArtifactCommit, api.artifact, host=True
         ),
     ]
 
@@ -207,18 +212,18 @@ async def start_service(
             name=spec.name,
             subject=spec.subject,
             request_type=spec.request_type,
-            handler=observed(spec.name, spec.handler),
+            handler=counted(spec.name, observed(spec.name, spec.handler)),
             max_payload_bytes=max_payload_bytes,
-            hand_off=functools.partial(_dispatched, dispatcher, host_of),
+            hand_off=functools.partial(_dispatched, dispatcher, host_of, spec.name),
             reply_type=spec.reply_type,
         )
     return service
 
 
 def _dispatched(
-    dispatcher: Dispatcher, host_of: Callable[[str], str] | None, handler: Handler, tally: EndpointTally
+    dispatcher: Dispatcher, host_of: Callable[[str], str] | None, name: str, handler: Handler, tally: EndpointTally
 ) -> Handler:
-    return dispatcher.wrap(handler, host_of=host_of, tally=tally)
+    return dispatcher.wrap(timed(name, handler), host_of=host_of, tally=tally)
 
 
 def endpoints_registered(service: Service) -> int:

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from devsched.core.limits import MAX_RELEASES_DEFAULT
+from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES
 from devsched.service.settings import Seconds, ServiceSettings
 
 #: A list of subject prefixes: comma-separated in the environment and on the command line.
@@ -36,6 +37,18 @@ class SchedulerSettings(ServiceSettings):
     logs_max_bytes: int = Field(default=-1, ge=-1)
     """Size cap of the logs stream in bytes, oldest output dropped first; -1 for none (only the max age).
     Each attempt's output is capped by its agent (`log_max_bytes`, 64 MiB by default)."""
+    artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
+    """Largest artifact file a host may store (issue 12); a larger one is refused `artifact_too_large`."""
+    artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
+    """Most bytes of artifacts one attempt may store; past it, `artifact_quota_exceeded`."""
+    artifacts_max_age_s: Seconds = 7 * 86400.0
+    """Oldest artifact kept in the bucket `<PU>_ARTIFACTS` (like the logs); its row goes with its task."""
+    artifacts_max_bytes: int = Field(default=-1, ge=-1)
+    """Size cap of the artifacts bucket in bytes (new objects refused when full); -1 for none."""
+    uploads_max_age_s: Seconds = 3600.0
+    """Oldest chunk kept in `<PU>_UPLOADS` (a commit purges its upload at once; this drops abandoned ones)."""
+    uploads_max_bytes: int = Field(default=4 * 1024 * 1024 * 1024, ge=-1)
+    """Size cap of `<PU>_UPLOADS` in bytes (new chunks refused when full); -1 for none."""
     consumer_ack_wait_s: Seconds = 30.0
     """How long an agent has to ack an assignment before JetStream redelivers it."""
     consumer_max_deliver: int = Field(default=10, ge=1)
@@ -67,6 +80,9 @@ class SchedulerSettings(ServiceSettings):
     assign_inline: bool = True
     """A submit assigns its task to a free device, and a report the device it frees to the next queued task,
     in their own transactions; the assignment loop's pass runs only when one may find more."""
+    metrics_interval_s: Seconds = 5.0
+    """With `metrics_port` set: how often the gauges read from the database (queue, tasks, hosts, devices,
+    outbox) are read again; a scrape serves the last reading."""
     publish_timeout_s: Seconds = 5.0
     """Bound on one JetStream publish acknowledgement."""
     max_concurrency: int = Field(default=64, ge=1, le=10000)

@@ -126,6 +126,32 @@ def submit(
         str | None, typer.Option(help="Submitting the same key again returns the existing task.")
     ] = None,
     name: Annotated[str | None, typer.Option(help="A name for people.")] = None,
+    retry_on: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--retry-on",
+            metavar="CAUSE",
+            help="Retry the task after this kind of failure (infra, lease_expired, released, step_failed, "
+            "attempt_timeout), with backoff and preferably on another device; repeatable.",
+        ),
+    ] = None,
+    queue_timeout: Annotated[
+        float | None,
+        typer.Option("--queue-timeout", help="Fail (queue_timeout) when no device took it within this many seconds."),
+    ] = None,
+    attempt_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--attempt-timeout", help="Stop an attempt running this many seconds; it fails (attempt_timeout)."
+        ),
+    ] = None,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            "--deadline",
+            help="Fail (deadline_exceeded) if not ended by then: an RFC 3339 time, or +SECONDS from now.",
+        ),
+    ] = None,
     wait: Annotated[
         bool,
         typer.Option(
@@ -152,6 +178,10 @@ def submit(
             max_attempts=max_attempts,
             lease_ttl_s=lease_ttl,
             idempotency_key=idempotency_key,
+            retry_on=retry_on,
+            queue_timeout_s=queue_timeout,
+            attempt_timeout_s=attempt_timeout,
+            deadline=deadline,
         )
 
     request = check(build)

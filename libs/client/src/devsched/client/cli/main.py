@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from devsched.client.cli import artifacts as artifact_commands
 from devsched.client.cli import commands
 from devsched.client.cli import logs as log_commands
 from devsched.client.cli.common import ExitCode, Settings, fail
@@ -121,6 +122,7 @@ app.command("ls")(commands.ls)
 app.command()(commands.cancel)
 app.command()(commands.watch)
 app.command()(log_commands.logs)
+app.command()(artifact_commands.artifacts)
 app.command()(commands.hosts)
 app.command()(commands.drain)
 

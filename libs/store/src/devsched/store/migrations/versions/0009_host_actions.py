@@ -8,7 +8,7 @@ The downgrade drops the column and the derived labels of the devices (the older 
 a queued task whose selector holds some keeps waiting until a release with plug-ins runs again.
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0008
 Create Date: 2026-12-02
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0006"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,269 @@
+"""Artifacts in (issue 12): a host's commit moves its uploaded chunks into the artifacts bucket.
+
+A host cannot write to the bucket: an Object Store's chunk subjects (`$O.<bucket>.C.<nuid>`) cannot be
+confined to one host. It publishes a file's chunks on its own upload subject (stream `<PU>_UPLOADS`) and
+commits them here (`P.host.<host_id>.artifact`). The scheduler then
+
+1. refuses a file above `artifact_max_file_bytes` (`artifact_too_large`), a chunk count that does not fit
+   the size, and, in the store (`admit_artifact`, under the task's lock), a lease that is not the
+   committing host's live one, or an attempt whose artifacts would exceed `artifact_max_attempt_bytes`
+   (`artifact_quota_exceeded`);
+2. reads the chunks from the committing host's own subject, in order (a repeated chunk is skipped), and
+   writes them as an object's chunks while hashing them, refusing a gap, a chunk of the wrong size, or a
+   total size or SHA-256 other than committed (`upload_mismatch`): the chunks written are purged and no
+   object exists;
+3. writes the object's meta (the object is then complete), records the row (the same checks again, so
+   commits that raced cannot pass the cap together; on a refusal the object is deleted), deletes the object
+   a re-upload of the same name replaced, and purges the upload.
+
+The object is `<task_id>/<attempt>/<upload_id>` in bucket `<PU>_ARTIFACTS`, written in the format of the
+NATS Object Store (nats-py and the `nats` CLI read it), its description the artifact's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from datetime import UTC, datetime
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext, api
+from nats.js.errors import NotFoundError
+
+from devsched.core.errors import ArtifactTooLarge, UploadMismatch
+from devsched.core.records import LeaseRef
+from devsched.core.views import ArtifactView
+from devsched.protocol import messages as m
+from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, object_name
+from devsched.protocol.subjects import Subjects
+from devsched.scheduler.settings import SchedulerSettings
+from devsched.service import bind
+from devsched.store import Store
+
+log = logging.getLogger("devsched.scheduler.artifacts")
+
+#: How long the next chunk may take to arrive from the uploads stream (they are all stored before the commit).
+_CHUNK_WAIT_S = 5.0
+#: Object Store names (nats-py's templates).
+_OBJ_STREAM = "OBJ_{bucket}"
+_CHUNKS = "$O.{bucket}.C.{nuid}"
+_META = "$O.{bucket}.M.{name}"
+_ROLLUP = {"Nats-Rollup": "sub"}
+
+
+def object_stream(bucket: str) -> str:
+    """`OBJ_<bucket>`: the stream behind an Object Store bucket."""
+    return _OBJ_STREAM.format(bucket=bucket)
+
+
+def bucket_stream_config(subjects: Subjects, settings: SchedulerSettings) -> api.StreamConfig:
+    """The stream of the bucket `<PU>_ARTIFACTS`, as `create_object_store` makes it, with our retention."""
+    bucket = subjects.artifacts_bucket
+    return api.StreamConfig(
+        name=object_stream(bucket),
+        description=f"devsched artifacts ({subjects.prefix}): files steps left in DEVSCHED_ARTIFACTS_DIR",
+        subjects=[f"$O.{bucket}.C.>", f"$O.{bucket}.M.>"],
+        max_age=settings.artifacts_max_age_s,
+        max_bytes=settings.artifacts_max_bytes,
+        storage=api.StorageType(settings.stream_storage),
+        num_replicas=settings.stream_replicas,
+        discard=api.DiscardPolicy.NEW,
+        allow_rollup_hdrs=True,
+        allow_direct=True,
+    )
+
+
+def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings) -> api.StreamConfig:
+    """`<PU>_UPLOADS`: chunks on their way in, `P.host.*.upload.>`; each upload is purged once committed.
+
+    Short-lived (`uploads_max_age_s`, an hour by default) and bounded (`uploads_max_bytes`); when full, new
+    chunks are refused (DiscardPolicy NEW) rather than older uploads cut short.
+    """
+    return api.StreamConfig(
+        name=subjects.uploads_stream,
+        description=f"devsched artifact uploads ({subjects.prefix}): chunks until the scheduler commits them",
+        subjects=[subjects.host_upload_all],
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType(settings.stream_storage),
+        num_replicas=settings.stream_replicas,
+        max_age=settings.uploads_max_age_s,
+        max_bytes=settings.uploads_max_bytes,
+        max_msg_size=CHUNK_BYTES + 4096,  # and its headers
+        duplicate_window=min(settings.duplicate_window_s, settings.uploads_max_age_s),
+        discard=api.DiscardPolicy.NEW,
+    )
+
+
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+class ArtifactIntake:
+    """The `P.host.<host_id>.artifact` commit and the operators' listing."""
+
+    def __init__(self, store: Store, nc: Client, js: JetStreamContext, subjects: Subjects, settings: SchedulerSettings):
+        self._store = store
+        self._nc = nc
+        self._js = js
+        self._subjects = subjects
+        self._settings = settings
+        self._bucket = subjects.artifacts_bucket
+
+    async def commit(self, host_id: str, req: m.ArtifactCommit) -> m.ArtifactView:
+        """Store one uploaded file as an artifact of the host's attempt (see the module docstring)."""
+        ref = LeaseRef(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id)
+        settings = self._settings
+        upload = self._subjects.host_upload(host_id, req.task_id, req.attempt, req.upload_id)
+        with bind(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id):
+            try:
+                if req.size > settings.artifact_max_file_bytes:
+                    raise ArtifactTooLarge(
+                        f"artifact {req.name!r} is {req.size} bytes, above the per-file cap of "
+                        f"{settings.artifact_max_file_bytes} bytes",
+                        limit=settings.artifact_max_file_bytes,
+                        size=req.size,
+                    )
+                if req.chunks != chunk_count(req.size):
+                    raise UploadMismatch(
+                        f"{req.size} bytes travel in {chunk_count(req.size)} chunks of {CHUNK_BYTES}, not {req.chunks}"
+                    )
+                await self._store.admit_artifact(
+                    ref, req.name, req.size, max_attempt_bytes=settings.artifact_max_attempt_bytes
+                )
+                started = time.perf_counter()
+                name = object_name(req.task_id, req.attempt, req.upload_id)
+                await self._copy(upload, req, name)
+                row = ArtifactView(
+                    attempt=req.attempt,
+                    name=req.name,
+                    step=req.step,
+                    size=req.size,
+                    sha256=req.sha256,
+                    host_id=host_id,
+                    stored_at=datetime.now(UTC),
+                    object=name,
+                )
+                try:
+                    row, replaced = await self._store.record_artifact(
+                        ref, row, max_attempt_bytes=settings.artifact_max_attempt_bytes
+                    )
+                except BaseException:
+                    await self._delete(name)
+                    raise
+                if replaced is not None:
+                    await self._delete(replaced)
+            finally:
+                await self._purge(upload)
+            log.info(
+                "artifact stored",
+                extra={
+                    "artifact": req.name,
+                    "size": req.size,
+                    "object": name,
+                    "ms": round((time.perf_counter() - started) * 1000, 1),
+                },
+            )
+            return m.ArtifactView.from_value(row)
+
+    async def list(self, req: m.ListArtifactsRequest) -> m.ListArtifactsReply:
+        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them."""
+        rows = await self._store.list_artifacts(req.task_id, req.attempt)
+        return m.ListArtifactsReply(
+            task_id=req.task_id, bucket=self._bucket, artifacts=[m.ArtifactView.from_value(r) for r in rows]
+        )
+
+    async def _copy(self, upload: str, req: m.ArtifactCommit, name: str) -> None:
+        """Move the upload's chunks into a new object `name`, checked chunk by chunk, then its meta."""
+        nuid = self._nc._nuid.next().decode()
+        chunks = _CHUNKS.format(bucket=self._bucket, nuid=nuid)
+        digest = hashlib.sha256()
+        try:
+            size = await self._copy_chunks(upload, req, chunks, digest) if req.chunks else 0
+            if size != req.size or digest.hexdigest() != req.sha256:
+                raise UploadMismatch(
+                    f"the uploaded bytes of {req.name!r} are not the committed file ({size} bytes, sha256 "
+                    f"{digest.hexdigest()}; committed {req.size} bytes, sha256 {req.sha256})"
+                )
+            info = api.ObjectInfo(
+                name=name,
+                bucket=self._bucket,
+                nuid=nuid,
+                size=size,
+                chunks=req.chunks,
+                digest="SHA-256=" + base64.urlsafe_b64encode(digest.digest()).decode(),
+                mtime=datetime.now(UTC).isoformat(),
+                description=req.name,
+                headers={"Devsched-Step": [req.step], "Devsched-Sha256": [req.sha256]},
+                options=api.ObjectMetaOptions(max_chunk_size=CHUNK_BYTES),
+            )
+            await self._js.publish(
+                _META.format(bucket=self._bucket, name=_b64(name)), json.dumps(info.as_dict()).encode(), headers=_ROLLUP
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._js.purge_stream(object_stream(self._bucket), subject=chunks)
+            raise
+
+    async def _copy_chunks(self, upload: str, req: m.ArtifactCommit, chunks: str, digest: hashlib._Hash) -> int:
+        """The upload's chunks, in order, published as `chunks`; the bytes copied."""
+        sub = await self._js.subscribe(upload, stream=self._subjects.uploads_stream, ordered_consumer=True)
+        expected, size, last = 0, 0, req.chunks - 1
+        pending: list[asyncio.Future[api.PubAck]] = []
+        try:
+            while expected < req.chunks:
+                try:
+                    msg: Msg = await sub.next_msg(timeout=_CHUNK_WAIT_S)
+                except TimeoutError:
+                    raise UploadMismatch(
+                        f"chunk {expected} of {req.chunks} of {req.name!r} is missing from the upload"
+                    ) from None
+                index = _index(msg)
+                if index is None or index > expected:
+                    raise UploadMismatch(f"chunk {expected} of {req.name!r} is missing or out of order")
+                if index < expected:
+                    continue  # a publish the host retried, stored twice
+                want = CHUNK_BYTES if index < last else req.size - CHUNK_BYTES * last
+                if len(msg.data) != want:
+                    raise UploadMismatch(f"chunk {index} of {req.name!r} holds {len(msg.data)} bytes, not {want}")
+                digest.update(msg.data)
+                size += len(msg.data)
+                pending.append(asyncio.ensure_future(self._js.publish(chunks, msg.data)))
+                if len(pending) >= 16:  # a window of acknowledgements in flight
+                    await pending.pop(0)
+                expected += 1
+            for ack in pending:
+                await ack
+            pending.clear()
+            return size
+        finally:
+            for ack in pending:
+                ack.cancel()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _delete(self, name: str) -> None:
+        """Delete an object, best effort (the bucket's max age removes what is left)."""
+        try:
+            store = await self._js.object_store(self._bucket)
+            await store.delete(name)
+        except NotFoundError:
+            pass
+        except Exception as exc:
+            log.warning("object not deleted: %s", type(exc).__name__, extra={"object": name})
+
+    async def _purge(self, upload: str) -> None:
+        try:
+            await self._js.purge_stream(self._subjects.uploads_stream, subject=upload)
+        except Exception as exc:  # the stream's max age removes it
+            log.info("upload not purged: %s", type(exc).__name__, extra={"subject": upload})
+
+
+def _index(msg: Msg) -> int | None:
+    value = (msg.headers or {}).get(CHUNK_HEADER, "")
+    return int(value) if value.isdigit() and len(value) < 10 else None

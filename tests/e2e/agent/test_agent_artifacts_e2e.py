@@ -1,0 +1,78 @@
+"""Artifacts (issue 12) with the real agent, scheduler and CLI: a file a step leaves in
+`$DEVSCHED_ARTIFACTS_DIR` is stored, listed with its sha256, and read back byte for byte."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from devsched.client import Client
+from support.agent_e2e import AgentLab, shell
+
+from .test_agent_logs_e2e import run_cli
+
+pytestmark = pytest.mark.e2e
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+async def client(lab: AgentLab) -> AsyncIterator[Client]:
+    async with Client.connect(lab.plane.nats_url, prefix=lab.prefix) as c:
+        yield c
+
+
+async def test_an_artifact_round_trips_with_its_sha256(lab: AgentLab, client: Client) -> None:
+    await lab.agent("d1").ready()
+    kept = lab.path("kept.bin")
+    task_id = await lab.submit(
+        [
+            shell(
+                "make",
+                f'mkdir -p "$DEVSCHED_ARTIFACTS_DIR/out" && head -c {3 * MiB + 12345} /dev/urandom'
+                f' | tee "$DEVSCHED_ARTIFACTS_DIR/out/data.bin" > "{kept}"'
+                ' && ln -s /etc/passwd "$DEVSCHED_ARTIFACTS_DIR/passwd"',
+            ),
+            shell("more", 'echo hello > "$DEVSCHED_ARTIFACTS_DIR/hello.txt"'),
+        ],
+        lease_ttl_s=5,
+    )
+    await lab.wait_status(task_id, "done", within=90)
+    view = await lab.task(task_id)
+    expected = kept.read_bytes()
+    sha = hashlib.sha256(expected).hexdigest()
+
+    # the step results say what was stored, and what was not and why
+    make, more = view["result"]["steps"]
+    assert make["artifacts"]["stored"] == 1, make["artifacts"]
+    assert make["artifacts"]["stored_bytes"] == len(expected)
+    assert make["artifacts"]["failed"] == 1
+    assert make["artifacts"]["failures"][0]["name"] == "passwd"
+    assert "symbolic link" in make["artifacts"]["failures"][0]["error"]
+    assert more["artifacts"] == {"stored": 1, "stored_bytes": 6, "failed": 0, "failures": []}, "only what is new"
+
+    # the task view lists them
+    listed = {(a["name"], a["size"], a["sha256"], a["step"]) for a in view["artifacts"]}
+    assert listed == {
+        ("out/data.bin", len(expected), sha, "make"),
+        ("hello.txt", 6, hashlib.sha256(b"hello\n").hexdigest(), "more"),
+    }
+
+    cli = await run_cli(lab, "artifacts", "artifacts", task_id, "--json")
+    rows = json.loads(cli.stdout)["artifacts"]
+    assert [(r["attempt"], r["name"], r["sha256"]) for r in rows] == [
+        (1, "hello.txt", hashlib.sha256(b"hello\n").hexdigest()),
+        (1, "out/data.bin", sha),
+    ]
+    table = await run_cli(lab, "artifacts-table", "artifacts", task_id)
+    assert sha.encode() in table.stdout
+
+    target = lab.path("got.bin")
+    await run_cli(lab, "get", "artifacts", "get", task_id, "out/data.bin", "-o", str(target))
+    assert target.read_bytes() == expected, "byte for byte"
+    again = await run_cli(lab, "get-stdout", "artifacts", "get", task_id, "hello.txt", "-o", "-")
+    assert again.stdout == b"hello\n"
+    assert await client.artifact_bytes(task_id, "out/data.bin") == expected, "and the Python client reads it too"

@@ -1,0 +1,92 @@
+"""`Store.gauges` and `Store.starts` (the metrics' reads) against a real database, and the operation hook."""
+
+from __future__ import annotations
+
+import pytest
+
+from devsched.core.status import DeviceState, Outcome, TaskStatus
+from devsched.store import ManualClock, Store
+from devsched.store.stats import PRIORITY_BANDS
+from support.store_lab import Lab
+
+pytestmark = pytest.mark.integration
+
+
+async def test_an_empty_database_has_every_key_at_zero(store: Store) -> None:
+    g = await store.gauges()
+    assert g.queued == dict.fromkeys(PRIORITY_BANDS, 0)
+    assert g.oldest_queued_s == dict.fromkeys(PRIORITY_BANDS, 0.0)
+    assert g.tasks == {s.value: 0 for s in TaskStatus}
+    assert g.devices == {s.value: 0 for s in DeviceState}
+    assert (g.hosts_online, g.hosts_offline, g.outbox_unsent, g.outbox_oldest_unsent_s) == (0, 0, 0, 0.0)
+
+
+async def test_gauges_count_the_queue_tasks_hosts_devices_and_the_outbox(lab: Lab, clock: ManualClock) -> None:
+    store = lab.store
+    await lab.host("h1", "d1", "d2")
+    await lab.host("idle")  # lists a device, stays online
+    running = await lab.running(labels={"platform": "android"}, device_id="d1", lease_ttl_s=600)
+    await store.drain_device("d2", True)
+    nowhere = {"labels": {"platform": "nowhere"}}
+    await lab.submit(priority=7, **nowhere)
+    clock.advance(4)
+    await lab.submit(priority=-3, **nowhere)
+    await lab.submit(**nowhere)
+    clock.advance(6)
+    await store.heartbeat("idle")
+
+    g = await store.gauges()
+    assert g.queued == {"low": 1, "normal": 1, "high": 1}
+    assert g.oldest_queued_s == {"low": pytest.approx(6), "normal": pytest.approx(6), "high": pytest.approx(10)}
+    assert g.tasks[TaskStatus.QUEUED.value] == 3
+    assert g.tasks[TaskStatus.DISPATCHED.value] == 1
+    assert (g.hosts_online, g.hosts_offline) == (2, 0)
+    assert g.devices == {"available": 1, "reserved": 1, "offline": 0, "drained": 1}
+    assert g.outbox_unsent > 0  # no relay here: every event waits
+    assert g.outbox_oldest_unsent_s == pytest.approx(10)
+
+    clock.advance(20)  # past 3 heartbeats of 5 s: h1 is offline (idle heartbeats)
+    await store.heartbeat("idle")
+    g = await store.gauges()
+    assert (g.hosts_online, g.hosts_offline) == (1, 1)
+    # a busy device stays reserved, a drained one drained, whatever its host
+    assert g.devices == {"available": 1, "reserved": 1, "offline": 0, "drained": 1}
+    await store.report(running, Outcome.DONE)  # a sign of life of h1: online again, d1 free
+    g = await store.gauges()
+    assert g.devices == {"available": 2, "reserved": 0, "offline": 0, "drained": 1}
+    assert g.tasks[TaskStatus.DONE.value] == 1
+    clock.advance(20)
+    await store.heartbeat("idle")
+    g = await store.gauges()
+    assert g.devices == {"available": 1, "reserved": 0, "offline": 1, "drained": 1}
+
+
+async def test_a_host_that_lists_no_devices_is_not_counted_offline(lab: Lab, clock: ManualClock) -> None:
+    await lab.store.register_host("gone", [])
+    clock.advance(60)
+    g = await lab.store.gauges()
+    assert (g.hosts_online, g.hosts_offline) == (0, 0)
+
+
+async def test_starts_are_the_submission_and_assignment_times(lab: Lab, clock: ManualClock) -> None:
+    await lab.host("h1", "d1")
+    task_id = await lab.submit(labels={"platform": "android"})
+    submitted = clock.current
+    assigned = clock.advance(3)
+    lease = await lab.assign_one(task_id)
+    starts = await lab.store.starts([task_id], [(task_id, lease.attempt), (task_id, 9)])
+    assert starts.created == {task_id: submitted}
+    assert starts.assigned == {(task_id, 1): assigned}
+
+
+async def test_the_operation_hook_hears_each_operation_and_its_time(lab: Lab) -> None:
+    heard: list[tuple[str, float]] = []
+    lab.store.on_operation = lambda name, seconds: heard.append((name, seconds))
+    await lab.host("h1", "d1")
+    await lab.submit()
+    await lab.store.gauges()
+    assert [name for name, _ in heard] == ["register", "submit", "gauges"]
+    assert all(0 < seconds < 10 for _, seconds in heard)
+    lab.store.on_operation = None
+    await lab.store.gauges()
+    assert len(heard) == 3
