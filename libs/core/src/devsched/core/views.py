@@ -108,6 +108,14 @@ class DeviceView:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionInfo:
+    """An action a host advertised: its name and version."""
+
+    name: str
+    version: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class HostView:
     """A host and its devices."""
 
@@ -116,3 +124,5 @@ class HostView:
     last_seen_at: datetime
     agent_version: str | None
     devices: tuple[DeviceView, ...]
+    #: What it advertised at its latest registration, built-ins included; empty from an older agent.
+    actions: tuple[ActionInfo, ...] = ()

@@ -8,7 +8,14 @@ from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from devsched.core.status import DeviceState
-from devsched.protocol.base import Lax, ReplyModel, RequestModel, Seconds, Timestamp, Token
+from devsched.protocol.base import JsonObject, Lax, Name, ReplyModel, RequestModel, Seconds, Timestamp, Token
+from devsched.protocol.plans import refuse_reserved_labels
+
+#: Most actions a host may advertise.
+MAX_ACTIONS = 100
+#: Longest action name and version a host may advertise, in characters.
+MAX_ACTION_NAME_CHARS = 200
+MAX_ACTION_VERSION_CHARS = 100
 
 
 class HostsListRequest(RequestModel):
@@ -30,6 +37,15 @@ class DeviceView(ReplyModel):
     """Why it was drained (an addition)."""
 
 
+class ActionView(ReplyModel):
+    """An action a host offers, as operators see it (an addition)."""
+
+    name: Name
+    """The action's name, as plans use it."""
+    version: str | None = None
+    """Its version (the plug-in package's), when the host said."""
+
+
 class HostView(ReplyModel):
     """A registered host."""
 
@@ -43,6 +59,9 @@ class HostView(ReplyModel):
     """What the agent said at registration (an addition)."""
     devices: list[DeviceView]
     """The devices of its latest registration (plus any still running an attempt)."""
+    actions: list[ActionView] = Field(default_factory=list)
+    """The actions of its latest registration, built-ins included (an addition); empty for an agent that
+    predates plug-ins, which runs the built-ins only."""
 
 
 class HostsListReply(ReplyModel):
@@ -103,6 +122,19 @@ class DeviceRegistration(RequestModel):
     labels: dict[str, str] = Field(default_factory=dict)
     """What selectors match against."""
 
+    _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
+
+
+class ActionOffer(RequestModel):
+    """An action a host runs, as it advertises it at registration (an addition)."""
+
+    name: Name = Field(max_length=MAX_ACTION_NAME_CHARS)
+    """The action's name, as plans use it."""
+    version: str | None = Field(default=None, max_length=MAX_ACTION_VERSION_CHARS)
+    """Its version (the plug-in package's)."""
+    args_schema: JsonObject | None = None
+    """The JSON Schema of its `args` (a plug-in's), which the scheduler checks at submit; null: unchecked."""
+
 
 class RegisterRequest(RequestModel):
     """`P.host.<host_id>.register`: the host's full device list, replacing the previous one."""
@@ -111,6 +143,19 @@ class RegisterRequest(RequestModel):
     """May be empty; device ids are unique within the request."""
     agent_version: str | None = None
     """The agent's version, for operators."""
+    actions: list[ActionOffer] | None = Field(default=None, max_length=MAX_ACTIONS)
+    """Every action the agent runs, built-ins included (an addition). Null (an agent that predates plug-ins):
+    the built-ins only. Each plug-in among them becomes a reserved label on every device of the host."""
+
+    @field_validator("actions")
+    @classmethod
+    def _unique_actions(cls, actions: list[ActionOffer] | None) -> list[ActionOffer] | None:
+        repeated = sorted(a for a, n in Counter(a.name for a in actions or ()).items() if n > 1)
+        if repeated:
+            raise PydanticCustomError(
+                "duplicate_action", "action names must be unique; repeated: {names}", {"names": ", ".join(repeated)}
+            )
+        return actions
 
     @field_validator("devices")
     @classmethod

@@ -26,6 +26,8 @@ from devsched.protocol.base import (
 )
 from devsched.protocol.events import Assignment, DrainNotice, ErrorBody, ErrorDetail, Nudge, TaskEvent
 from devsched.protocol.hosts import (
+    ActionOffer,
+    ActionView,
     DeviceDrainView,
     DeviceRegistration,
     DeviceView,
@@ -84,6 +86,8 @@ from devsched.protocol.tasks import (
 __all__ = [
     "BUILTIN_ARGS",
     "MAX_STEPS",
+    "ActionOffer",
+    "ActionView",
     "ArtifactCommit",
     "ArtifactFailure",
     "ArtifactView",

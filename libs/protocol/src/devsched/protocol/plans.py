@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
+from devsched.core.actions import is_reserved
 from devsched.protocol.artifacts import StepArtifacts
 from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds, Timestamp, Token
 
@@ -66,7 +67,8 @@ class NoopArgs(RequestModel):
     """Arguments of the built-in `noop` action: none."""
 
 
-#: Argument models of the built-in actions; any other action is a plug-in and its args are free-form.
+#: Argument models of the built-in actions (`devsched.core.actions.BUILTIN_ACTIONS`); any other action is a
+#: plug-in, whose args the scheduler checks against the JSON Schema its hosts advertise.
 BUILTIN_ARGS: dict[str, type[RequestModel]] = {"shell": ShellArgs, "sleep": SleepArgs, "noop": NoopArgs}
 
 
@@ -159,6 +161,18 @@ class Step(RequestModel):
         return parsed
 
 
+def refuse_reserved_labels(labels: dict[str, str]) -> dict[str, str]:
+    """Refuse label keys of the reserved action prefix (`devsched.core.actions`): only devsched derives them."""
+    reserved = sorted(k for k in labels if is_reserved(k))
+    if reserved:
+        raise PydanticCustomError(
+            "reserved_label",
+            "label keys starting with 'devsched.action.' are reserved (derived from plug-in actions): {keys}",
+            {"keys": ", ".join(reserved)},
+        )
+    return labels
+
+
 class Plan(RequestModel):
     """The steps of a task, run in order on one device."""
 
@@ -175,6 +189,10 @@ class Plan(RequestModel):
             )
         return steps
 
+    def actions(self) -> list[str]:
+        """Every action the plan uses, in plan order, without repeats."""
+        return list(dict.fromkeys(step.action for step in self.steps))
+
 
 class Selector(RequestModel):
     """Which devices a task may run on. The default matches any device."""
@@ -183,6 +201,8 @@ class Selector(RequestModel):
     """A device matches when its labels contain every one of these pairs."""
     device_id: Token | None = None
     """Names one device, when set."""
+
+    _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
 
 
 class Progress(RequestModel):

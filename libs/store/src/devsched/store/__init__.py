@@ -5,6 +5,7 @@ from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.outbox import PublishBatch, Published
 from devsched.store.repository import Store
 from devsched.store.views import (
+    ActionSpec,
     CancelReceipt,
     Committed,
     DeviceSpec,
@@ -18,6 +19,7 @@ from devsched.store.views import (
 )
 
 __all__ = [
+    "ActionSpec",
     "CancelReceipt",
     "Clock",
     "Committed",

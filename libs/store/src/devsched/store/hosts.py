@@ -10,11 +10,12 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from devsched.core.actions import action_labels, visible_labels
 from devsched.core.errors import DeviceConflict, NotFound
 from devsched.core.status import AttemptStatus, DeviceState
-from devsched.core.views import DeviceView, HostView
+from devsched.core.views import ActionInfo, DeviceView, HostView
 from devsched.store.liveness import host_online
-from devsched.store.views import DeviceSpec
+from devsched.store.views import ActionSpec, DeviceSpec
 
 
 def device_busy(devices: str = "d") -> str:
@@ -34,11 +35,11 @@ HELD = f"(d.registered OR {device_busy('d')})"
 
 _UPSERT_HOST = text(
     """
-    INSERT INTO hosts (host_id, agent_version, heartbeat_interval_s, registered_at, last_seen_at)
-    VALUES (:host_id, :version, :interval, :now, :now)
+    INSERT INTO hosts (host_id, agent_version, heartbeat_interval_s, registered_at, last_seen_at, actions)
+    VALUES (:host_id, :version, :interval, :now, :now, CAST(:actions AS jsonb))
     ON CONFLICT (host_id) DO UPDATE
     SET agent_version = EXCLUDED.agent_version, heartbeat_interval_s = EXCLUDED.heartbeat_interval_s,
-        registered_at = EXCLUDED.registered_at, last_seen_at = EXCLUDED.last_seen_at
+        registered_at = EXCLUDED.registered_at, last_seen_at = EXCLUDED.last_seen_at, actions = EXCLUDED.actions
     """
 )
 
@@ -76,11 +77,13 @@ async def register_host(
     devices: Sequence[DeviceSpec],
     agent_version: str | None,
     heartbeat_interval_s: float,
+    actions: Sequence[ActionSpec] = (),
 ) -> None:
-    """Register `host_id` with exactly `devices`, replacing its previous list.
+    """Register `host_id` with exactly `devices` and `actions`, replacing its previous lists.
 
     A dropped device keeps a running attempt until it ends or expires, and gets no new work. A drained
-    device stays drained. A device id another host holds is a conflict, and nothing changes.
+    device stays drained. A device id another host holds is a conflict, and nothing changes. Each device
+    is stored with the reserved labels of the host's plug-in actions (`devsched.core.actions`).
 
     Raises:
         DeviceConflict: a device id is registered by another host.
@@ -92,17 +95,25 @@ async def register_host(
             f"device {taken[0].device_id} is registered by host {taken[0].host_id}",
             devices={r.device_id: r.host_id for r in taken},
         )
+    offered = [{"name": a.name, "version": a.version, "args_schema": a.args_schema} for a in actions]
     await conn.execute(
         _UPSERT_HOST,
-        {"host_id": host_id, "version": agent_version, "interval": heartbeat_interval_s, "now": now},
+        {
+            "host_id": host_id,
+            "version": agent_version,
+            "interval": heartbeat_interval_s,
+            "now": now,
+            "actions": json.dumps(offered),
+        },
     )
     if ids:
+        derived = action_labels(a.name for a in actions)
         await conn.execute(
             _UPSERT_DEVICES,
             {
                 "host_id": host_id,
                 "ids": ids,
-                "labels": [json.dumps(dict(d.labels)) for d in devices],
+                "labels": [json.dumps({**d.labels, **derived}) for d in devices],
                 "now": now,
             },
         )
@@ -129,12 +140,17 @@ def device_state(*, drained: bool, busy: bool, online: bool) -> DeviceState:
 
 def _device_view(row: Any) -> DeviceView:
     state = device_state(drained=row.drained, busy=row.busy, online=row.online)
-    return DeviceView(row.device_id, row.host_id, row.labels, state, row.drained, row.drain_reason)
+    return DeviceView(row.device_id, row.host_id, visible_labels(row.labels), state, row.drained, row.drain_reason)
+
+
+def _host_view(row: Any, devices: tuple[DeviceView, ...]) -> HostView:
+    actions = tuple(ActionInfo(a["name"], a.get("version")) for a in row.actions)
+    return HostView(row.host_id, bool(row.online), row.last_seen_at, row.agent_version, devices, actions)
 
 
 _HOSTS = text(
     f"""
-    SELECT host_id, agent_version, last_seen_at,
+    SELECT host_id, agent_version, last_seen_at, actions,
            {host_online("hosts")} AS online
     FROM hosts ORDER BY host_id
     """
@@ -155,9 +171,33 @@ async def list_hosts(conn: AsyncConnection, now: datetime) -> tuple[HostView, ..
     for row in (await conn.execute(_LISTED_DEVICES, {"now": now})).all():
         by_host.setdefault(row.host_id, []).append(_device_view(row))
     return tuple(
-        HostView(h.host_id, bool(h.online), h.last_seen_at, h.agent_version, tuple(by_host.get(h.host_id, ())))
-        for h in (await conn.execute(_HOSTS, {"now": now})).all()
+        _host_view(h, tuple(by_host.get(h.host_id, ()))) for h in (await conn.execute(_HOSTS, {"now": now})).all()
     )
+
+
+#: The args schemas hosts advertise for the named actions (null: a host that checks nothing), newest first.
+_ACTION_SCHEMAS = text(
+    """
+    SELECT a.offer->>'name' AS name, a.offer->'args_schema' AS args_schema
+    FROM hosts h CROSS JOIN LATERAL jsonb_array_elements(h.actions) AS a(offer)
+    WHERE a.offer->>'name' = ANY(CAST(:names AS text[]))
+    ORDER BY h.registered_at DESC, h.host_id
+    """
+)
+
+
+async def action_schemas(conn: AsyncConnection, names: Sequence[str]) -> dict[str, list[dict[str, Any] | None]]:
+    """For each of `names` that some host offers: the distinct args schemas advertised, newest first.
+
+    None among them stands for a host that advertised no schema. An action no host offers is absent.
+    """
+    found: dict[str, list[dict[str, Any] | None]] = {}
+    for row in (await conn.execute(_ACTION_SCHEMAS, {"names": list(names)})).all():
+        schema = row.args_schema if isinstance(row.args_schema, dict) else None
+        schemas = found.setdefault(row.name, [])
+        if schema not in schemas:
+            schemas.append(schema)
+    return found
 
 
 _DRAIN = text(
@@ -192,7 +232,8 @@ _DRAIN_HOST_DEVICES = text(
     """
 )
 _ONE_HOST = text(
-    f"SELECT host_id, agent_version, last_seen_at, {host_online('hosts')} AS online FROM hosts WHERE host_id = :id"
+    f"SELECT host_id, agent_version, last_seen_at, actions, {host_online('hosts')} AS online"
+    " FROM hosts WHERE host_id = :id"
 )
 _HOST_DEVICES = text(
     f"""
@@ -218,4 +259,4 @@ async def drain_host(conn: AsyncConnection, now: datetime, host_id: str, drained
         raise NotFound(f"no host {host_id}", host_id=host_id)
     await conn.execute(_DRAIN_HOST_DEVICES, {"host_id": host_id, "drained": drained, "reason": reason, "now": now})
     devices = tuple(_device_view(r) for r in (await conn.execute(_HOST_DEVICES, {"id": host_id, "now": now})).all())
-    return HostView(host.host_id, bool(host.online), host.last_seen_at, host.agent_version, devices)
+    return _host_view(host, devices)

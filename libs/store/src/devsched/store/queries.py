@@ -6,12 +6,14 @@ import base64
 import binascii
 import json
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from devsched.core.actions import actions_of_labels, visible_labels
 from devsched.core.errors import InvalidRequest, NotFound
 from devsched.core.limits import LIST_LIMIT_MAX, LIST_LIMIT_MIN
 from devsched.core.records import Selector
@@ -39,7 +41,7 @@ def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | 
         attempt_count=row.attempt_count,
         lease_ttl_s=row.lease_ttl_s,
         cancel_requested=bool(row.cancel_pending),
-        selector=Selector(labels=row.selector_labels, device_id=row.selector_device_id),
+        selector=Selector(labels=visible_labels(row.selector_labels), device_id=row.selector_device_id),
         plan=row.plan,
         metadata=row.metadata,
         idempotency_key=row.idempotency_key,
@@ -98,6 +100,13 @@ _CANDIDATES = text(
 )
 
 
+async def _matching(
+    conn: AsyncConnection, labels: Mapping[str, str], device_id: str | None, now: datetime
+) -> list[Any]:
+    params = {"labels": json.dumps(dict(labels)), "device_id": device_id, "now": now}
+    return list((await conn.execute(_CANDIDATES, params)).all())
+
+
 async def pending_reason(conn: AsyncConnection, row: Any, now: datetime) -> str:
     """Why a queued task waits, as a stable code then a colon and a human explanation."""
     if row.not_before is not None and row.not_before > now:
@@ -105,16 +114,14 @@ async def pending_reason(conn: AsyncConnection, row: Any, now: datetime) -> str:
             f"retry_backoff: attempt {row.attempt_count} ended and the retry policy waits until "
             f"{row.not_before.isoformat()}"
         )
-    rows = (
-        await conn.execute(
-            _CANDIDATES,
-            {"labels": json.dumps(row.selector_labels), "device_id": row.selector_device_id, "now": now},
-        )
-    ).all()
+    rows = await _matching(conn, row.selector_labels, row.selector_device_id, now)
     online = [r for r in rows if r.online]
     if not online:
         if rows:
             return "no_online_device: every device matching the selector is on an offline host"
+        needed = actions_of_labels(row.selector_labels)
+        if needed and await _matching(conn, visible_labels(row.selector_labels), row.selector_device_id, now):
+            return f"no_host_with_action: no host with a matching device offers {', '.join(needed)}"
         return "no_matching_device: no registered device matches the selector"
     in_service = [r for r in online if not r.drained]
     if not in_service:

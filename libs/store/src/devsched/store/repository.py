@@ -49,6 +49,7 @@ from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
 from devsched.store.transaction import OperationHook, Transactor
 from devsched.store.views import (
+    ActionSpec,
     CancelReceipt,
     Committed,
     DeviceSpec,
@@ -240,16 +241,20 @@ class Store:
     # -- hosts -------------------------------------------------------------------------------
 
     async def register_host(
-        self, host_id: str, devices: Sequence[DeviceSpec], agent_version: str | None = None
+        self,
+        host_id: str,
+        devices: Sequence[DeviceSpec],
+        agent_version: str | None = None,
+        actions: Sequence[ActionSpec] = (),
     ) -> float:
-        """Register a host with exactly these devices; returns the heartbeat interval to use."""
+        """Register a host with exactly these devices and actions; returns the heartbeat interval to use."""
         if not is_token(host_id):
             raise InvalidRequest(
                 f"host id {host_id!r} is not a token", errors=[{"path": "host_id", "message": "not a token"}]
             )
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> None:
-            await hosts.register_host(conn, now, host_id, devices, agent_version, self.heartbeat_interval_s)
+            await hosts.register_host(conn, now, host_id, devices, agent_version, self.heartbeat_interval_s, actions)
 
         await self._write("register", op, assignable=True)
         return self.heartbeat_interval_s
@@ -270,6 +275,14 @@ class Store:
             return await hosts.list_hosts(conn, now)
 
         return await self._tx.run(op, name="list_hosts")
+
+    async def action_schemas(self, names: Sequence[str]) -> dict[str, list[dict[str, Any] | None]]:
+        """The args schemas hosts advertise for these actions (`hosts.action_schemas`)."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> dict[str, list[dict[str, Any] | None]]:
+            return await hosts.action_schemas(conn, names)
+
+        return await self._tx.run(op, name="action_schemas")
 
     async def drain_device(self, device_id: str, drained: bool, reason: str | None = None) -> DeviceView:
         """Take a device out of service, or return it."""

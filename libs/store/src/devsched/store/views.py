@@ -56,6 +56,15 @@ class DeviceSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionSpec:
+    """An action as a host advertises it: name, version, and the JSON Schema of a plug-in's args."""
+
+    name: str
+    version: str | None = None
+    args_schema: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReportReceipt:
     """The answer to a report (or a release); a duplicate carries the first one's `recorded_at`."""
 

@@ -32,7 +32,7 @@ from importlib import metadata
 
 from nats.aio.client import Client
 
-from devsched.agent.actions import ActionRegistry, default_registry
+from devsched.agent.actions import ActionRegistry, agent_registry
 from devsched.agent.attempt import Attempt, AttemptKey
 from devsched.agent.client import HostClient
 from devsched.agent.config import AgentConfig, ConfigError, DeviceConfig
@@ -103,7 +103,7 @@ class Agent:
     def __init__(self, config: AgentConfig, *, registry: ActionRegistry | None = None) -> None:
         self.config = config
         self.subjects = Subjects(config.subject_prefix)
-        self.registry = registry if registry is not None else default_registry()
+        self.registry = registry if registry is not None else agent_registry()
         self.version = agent_version()
         #: Set once registered, for tests and health checks.
         self.registered = asyncio.Event()
@@ -280,7 +280,9 @@ class Agent:
     async def _serve_connected(self, nc: Client, taken: _Taken, stop: asyncio.Event) -> None:
         config = self.config
         client = HostClient(nc, self.subjects, config.host_id, timeout_s=config.request_timeout_s)
-        registration = Registration(client, config.devices, self.version, registered=self.registered)
+        registration = Registration(
+            client, config.devices, self.version, actions=self.registry.offers(), registered=self.registered
+        )
         reporter = Reporter(client, taken.spool, on_not_found=registration.reregister)
         reports = ReportDelivery(reporter)
         logs = (

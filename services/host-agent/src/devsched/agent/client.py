@@ -8,6 +8,7 @@ keeper needs the send time of the very try that succeeded. Error replies raise t
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import TypeVar
 
@@ -18,6 +19,7 @@ from devsched.core.errors import Internal, InvalidRequest
 from devsched.core.leases import Extension
 from devsched.protocol.codec import decode, raise_for_error
 from devsched.protocol.messages import (
+    ActionOffer,
     ClaimRequest,
     DeviceRegistration,
     HeartbeatRequest,
@@ -32,6 +34,8 @@ from devsched.protocol.messages import (
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject, send_span
 from devsched.protocol.transport import NoReply, request
+
+log = logging.getLogger(__name__)
 
 R = TypeVar("R", ReportReply, ReleaseReply)
 
@@ -58,10 +62,27 @@ class HostClient:
     def _subject(self, verb: HostVerb) -> str:
         return self._subjects.host(self.host_id, verb)
 
-    async def register(self, devices: list[DeviceRegistration], agent_version: str | None) -> RegisterReply:
-        """Replace this host's device list; the reply gives the heartbeat interval."""
-        body = RegisterRequest(devices=devices, agent_version=agent_version)
-        reply = await request(self._nc, self._subject(HostVerb.REGISTER), body, RegisterReply, timeout=self.timeout_s)
+    async def register(
+        self,
+        devices: list[DeviceRegistration],
+        agent_version: str | None,
+        actions: list[ActionOffer] | None = None,
+    ) -> RegisterReply:
+        """Replace this host's device list (and its actions); the reply gives the heartbeat interval.
+
+        A scheduler that predates plug-ins refuses `actions` as an unknown field: the host then registers
+        without them (it gets tasks of built-in actions only) and says so once.
+        """
+        body = RegisterRequest(devices=devices, agent_version=agent_version, actions=actions)
+        subject = self._subject(HostVerb.REGISTER)
+        try:
+            reply = await request(self._nc, subject, body, RegisterReply, timeout=self.timeout_s)
+        except InvalidRequest as exc:
+            if actions is None or not any(e.get("path") == "actions" for e in exc.details.get("errors", [])):
+                raise
+            log.warning("the scheduler does not take advertised actions: registered without them (built-ins only)")
+            body = RegisterRequest(devices=devices, agent_version=agent_version)
+            reply = await request(self._nc, subject, body, RegisterReply, timeout=self.timeout_s)
         self.claim_progress = reply.claim_progress
         return reply
 

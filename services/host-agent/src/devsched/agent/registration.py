@@ -28,11 +28,18 @@ class Registration:
     """Registers the host's devices and keeps the host alive with heartbeats."""
 
     def __init__(
-        self, client: HostClient, devices: Sequence[DeviceConfig], version: str, *, registered: asyncio.Event
+        self,
+        client: HostClient,
+        devices: Sequence[DeviceConfig],
+        version: str,
+        *,
+        registered: asyncio.Event,
+        actions: Sequence[wire.ActionOffer] | None = None,
     ) -> None:
         self._client = client
         self._devices = [wire.DeviceRegistration(device_id=d.device_id, labels=d.labels) for d in devices]
         self._version = version
+        self._actions = list(actions) if actions is not None else None
         self._lock = asyncio.Lock()
         self._heartbeats: asyncio.Task[None] | None = None
         #: Set once registered (the agent's `registered`, for tests and health checks).
@@ -46,7 +53,7 @@ class Registration:
         """Register once (any failure raises)."""
         devices = [] if self._withdrawn else self._devices
         async with self._lock:
-            reply = await self._client.register(devices, self._version)
+            reply = await self._client.register(devices, self._version, self._actions)
         self.heartbeat_interval_s = reply.heartbeat_interval_s
         self.registered.set()
         logger.info("registered", extra={"devices": len(devices), "heartbeat_interval_s": reply.heartbeat_interval_s})

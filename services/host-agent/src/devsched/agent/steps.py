@@ -141,6 +141,24 @@ class ActionResult:
 Action = Callable[[StepContext], Awaitable[ActionResult]]
 
 
+@dataclass(frozen=True, slots=True)
+class ActionPlugin:
+    """What a plug-in package exposes under the `devsched.actions` entry-point group (the entry's name is the action's).
+
+    ```toml
+    [project.entry-points."devsched.actions"]
+    adb-instrument = "devsched.plugins.adb:plugin"
+    ```
+    """
+
+    #: Runs one step (see `Action`); validate `ctx.args` with `parse_args(args, ...)`.
+    run: Action
+    #: The model of its `args`: the host advertises its JSON Schema, and the scheduler checks args at submit.
+    args: type[BaseModel] | None = None
+    #: Its version; None: the version of the package that declares the entry point.
+    version: str | None = None
+
+
 class ActionError(Exception):
     """A step cannot run: unknown action or bad arguments. The step fails with this message."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
+from devsched.core.actions import action_labels
 from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
 from devsched.core.records import LeaseRef
 from devsched.core.records import Selector as CoreSelector
@@ -28,9 +29,10 @@ from devsched.protocol.tracing import inject
 from devsched.scheduler.artifacts import ArtifactIntake
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
+from devsched.scheduler.plugin_args import check_plugin_args, schema_problem
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
-from devsched.store import DeviceSpec, NewTask, Store
+from devsched.store import ActionSpec, DeviceSpec, NewTask, Store
 from devsched.store.outbox import trace_headers
 
 log = logging.getLogger("devsched.scheduler.api")
@@ -85,7 +87,10 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
     return NewTask(
         plan=req.plan.model_dump(mode="json"),
         name=req.name,
-        selector=CoreSelector(labels=dict(req.selector.labels), device_id=req.selector.device_id),
+        # The plan's plug-in actions join the selector as reserved labels: only a host offering them matches.
+        selector=CoreSelector(
+            labels={**req.selector.labels, **action_labels(req.plan.actions())}, device_id=req.selector.device_id
+        ),
         priority=req.priority,
         max_attempts=req.max_attempts,
         lease_ttl_s=req.lease_ttl_s,
@@ -96,6 +101,23 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
         attempt_timeout_s=req.attempt_timeout_s,
         deadline=req.deadline,
     )
+
+
+def _action_specs(offers: Sequence[m.ActionOffer]) -> list[ActionSpec]:
+    """The store's value of a registration's actions.
+
+    An args schema that `plugin_args.schema_problem` refuses is dropped (logged): that action's args are
+    then checked only by the agent that runs it. Refusing the registration instead would keep a host with
+    a carelessly written plug-in from running anything at all.
+    """
+    specs = []
+    for offer in offers:
+        schema = offer.args_schema
+        if schema is not None and (problem := schema_problem(schema)) is not None:
+            log.warning("args schema ignored", extra={"action": offer.name, "error": problem})
+            schema = None
+        specs.append(ActionSpec(offer.name, offer.version, schema))
+    return specs
 
 
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
@@ -142,6 +164,7 @@ class Api:
 
     async def submit(self, req: m.SubmitRequest, subject: str) -> m.SubmitReply:
         """`P.api.tasks.submit`."""
+        await check_plugin_args(self._store, req.plan)
         done = await self._store.submit(_new_task(req))
         if done.created:
             self._relay.set()
@@ -216,7 +239,8 @@ class Api:
         host_id = self._host_of(subject)
         with bind(host_id=host_id):
             devices = [DeviceSpec(d.device_id, dict(d.labels)) for d in req.devices]
-            interval = await self._store.register_host(host_id, devices, req.agent_version)
+            actions = _action_specs(req.actions or ())
+            interval = await self._store.register_host(host_id, devices, req.agent_version, actions)
             # After the commit: a registration refused by the store leaves no consumer behind; one whose
             # consumer fails is answered 503 and repeated by the agent (both steps are idempotent).
             try:
