@@ -1,7 +1,7 @@
 """The dashboard's guards: security headers, CSRF tokens, and the operator's signed session cookie.
 
 - Every response carries a strict Content-Security-Policy (scripts and styles from this origin only, no
-  inline code, no framing), `X-Frame-Options: DENY`, `nosniff` and no referrer.
+  inline code, no framing), `X-Frame-Options: DENY`, `nosniff`, and no referrer sent to other sites.
 - CSRF, double-submit: a random token in an HttpOnly, SameSite=Strict cookie, rendered into every form;
   a POST whose form field differs from the cookie is refused (403), and so is one whose `Origin` header
   names another host.
@@ -32,7 +32,7 @@ SECURITY_HEADERS = {
     "content-security-policy": CONTENT_SECURITY_POLICY,
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",  # not no-referrer: Chromium then sends `Origin: null` on our own POSTs
     "cross-origin-opener-policy": "same-origin",
     "cross-origin-resource-policy": "same-origin",
 }

@@ -9,6 +9,7 @@
     if (status) { status.textContent = text; }
   }
 
+  function start() {
   document.querySelectorAll("[data-live]").forEach(function (region) {
     var source = new EventSource(region.getAttribute("data-live"));
     source.addEventListener("fragment", function (e) {
@@ -34,6 +35,10 @@
     });
     source.addEventListener("end", function () { source.close(); pre.setAttribute("data-ended", "true"); });
   });
+  }
+
+  // Streams open after the load event: one opened earlier keeps the page "loading" for as long as it lives.
+  if (document.readyState === "complete") { start(); } else { window.addEventListener("load", start); }
 
   document.addEventListener("submit", function (e) {
     var form = e.target;
