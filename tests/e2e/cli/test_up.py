@@ -10,6 +10,7 @@ import shutil
 import socket
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,7 +79,8 @@ def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tm
     assert "demo finished as expected" in first.stdout
     assert "killed the agent of sim-2" in first.stdout  # the host-crash story really happened
     assert took < 100, f"devsched up took {took:.0f}s"
-    for name in ("scheduler.log", "sweeper.log", "agent-sim-1.log", "agent-sim-2.log"):
+    assert re.search(r"web +http://127\.0\.0\.1:\d+/", first.stdout), first.stdout  # the dashboard's URL
+    for name in ("scheduler.log", "sweeper.log", "agent-sim-1.log", "agent-sim-2.log", "web.log"):
         assert (data / "logs" / name).stat().st_size > 0
     assert "DEVSCHED_NATS_URL=nats://127.0.0.1:" in (data / "env").read_text()
     assert (data / "agents" / "sim-1.toml").exists()
@@ -163,6 +165,13 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
             env = clean_env(DEVSCHED_NATS_URL=nats_server.url, DEVSCHED_SUBJECT_PREFIX=prefix)
             hosts = json.loads(run_devsched("hosts", "--json", env=env).stdout)["hosts"]
             assert [(h["host_id"], h["online"]) for h in hosts] == [("sim-1", True)]
+            # the dashboard, read-only without its token: the lab shows the host
+            found = re.search(r"web +(http://127\.0\.0\.1:\d+/)", out_path.read_text())
+            assert found, out_path.read_text()
+            with urllib.request.urlopen(found.group(1) + "lab", timeout=10) as page:
+                html = page.read().decode()
+            assert "sim-1" in html
+            assert "Log in" in html
 
             assert up.stop(timeout=60) == 0, out_path.read_text()  # SIGTERM, SIGKILL after 60 s
         finally:
@@ -170,7 +179,7 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
         output = out_path.read_text()
         assert "Traceback" not in output
         pids = child_pids(output)
-        assert len(pids) == 3  # scheduler, sweeper, one agent
+        assert len(pids) == 4  # scheduler, sweeper, one agent, the web dashboard
         assert not [pid for pid in pids if alive(pid)], "a child of `devsched up` outlived it"
     finally:
         in_thread(lambda: delete_streams(nats_server.url, prefix))

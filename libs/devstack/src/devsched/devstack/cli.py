@@ -68,6 +68,12 @@ def up(
     postgres_port: Annotated[
         int, typer.Option(min=0, max=65535, help="Port of the embedded Postgres; 0 for any free port.")
     ] = 0,
+    web: Annotated[
+        bool, typer.Option(help="Start the web dashboard (devsched-web) on loopback, actions on, token printed.")
+    ] = True,
+    web_port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port of the web dashboard on 127.0.0.1; 0 for any free port.")
+    ] = 0,
     log_level: Annotated[
         str, typer.Option(help="Log level of the services (their logs go to <data-dir>/logs/).")
     ] = "INFO",
@@ -94,6 +100,8 @@ def up(
         database_url=database_url,
         nats_port=nats_port,
         postgres_port=postgres_port,
+        web=web,
+        web_port=web_port,
         prefix=global_options.prefix,
         creds=global_options.creds,
         demo_timeout_s=demo_timeout,

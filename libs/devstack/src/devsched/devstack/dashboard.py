@@ -35,8 +35,8 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def how_to_reach(e: Endpoints) -> str:
-    """The banner printed once everything is up: environment, example commands, `nats req` lines."""
+def how_to_reach(e: Endpoints, web: tuple[str, str] | None = None) -> str:
+    """The banner printed once everything is up: environment, dashboard (`web`: URL, token), example commands."""
     data = _shown(e.data_dir)
     p = e.prefix
     prefix_flag = "" if p == "devsched" else f" --prefix {p}"
@@ -45,6 +45,11 @@ def how_to_reach(e: Endpoints) -> str:
         f"  NATS      {e.nats_url}" + (" (embedded)" if e.embedded_nats else ""),
         f"  Postgres  {e.database_url}" + (" (embedded)" if e.embedded_postgres else ""),
         f"  prefix    {p}        data and logs: {data}/  (logs in {data}/logs/)",
+    ]
+    if web is not None:
+        url, token = web
+        lines.append(f"  web       {url}  (log in with the token {token} to cancel, drain; also in {data}/web-token)")
+    lines += [
         "",
         "In another shell:",
         f"  source {data}/env        # exports DEVSCHED_NATS_URL={e.nats_url}"

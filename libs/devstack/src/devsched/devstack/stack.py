@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import importlib.util
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -51,6 +52,8 @@ SERVICES = {
 HEARTBEAT_INTERVAL_S = 2.0
 #: Seconds the services get to start, register and answer.
 READY_TIMEOUT_S = 90.0
+#: The dashboard's module (optional: `up` runs without it when devsched-web is not installed).
+WEB_MODULE = "devsched.web"
 #: Restarts of a child that died on its own before `up` gives up.
 MAX_RESTARTS = 3
 
@@ -88,6 +91,9 @@ class UpOptions:
     #: Throwaway run: Postgres without fsync and JetStream with its default sync; an OS crash may lose
     #: acknowledged work. By default both sync every acknowledged write, as a deployment does.
     fast: bool = False
+    #: Start devsched-web on 127.0.0.1 (when installed), actions on behind a token made for this run.
+    web: bool = True
+    web_port: int = 0
 
 
 def _installed(module: str) -> bool:
@@ -158,6 +164,8 @@ class Up:
     started_at: float = field(default_factory=time.monotonic)
     live: Live | None = None
     roles: DatabaseRoles = field(default_factory=DatabaseRoles)
+    #: The operator token of this run's dashboard (made fresh each run; also in `<data>/web-token`).
+    web_token: str = field(default_factory=lambda: secrets.token_urlsafe(18))
 
     def __post_init__(self) -> None:
         self.layout = Layout(self.options.data_dir)
@@ -312,16 +320,38 @@ class Up:
                 agent_env,
                 logs / f"agent-{host.host_id}.log",
             )
+        if self.options.web and _installed(WEB_MODULE):
+            web_env = self._env(e, database=False)
+            web_env.update(
+                DEVSCHED_WEB_HOST="127.0.0.1",
+                DEVSCHED_WEB_PORT=str(self.options.web_port),
+                DEVSCHED_WEB_ACTIONS="true",
+                DEVSCHED_WEB_TOKEN=self.web_token,
+            )
+            token_file = self.layout.root / "web-token"
+            token_file.write_text(self.web_token + "\n")
+            token_file.chmod(0o600)
+            self.children["web"] = Child("web", python_module(WEB_MODULE), web_env, logs / "web.log")
+        elif self.options.web:
+            self.say("devsched-web is not installed: no web dashboard")
         for child in self.children.values():
             child.start()
         names = ", ".join(f"{c.name} (pid {c.pid})" for c in self.children.values())
         self.say(f"started {names}; logs in {logs}")
 
+    def _web_url(self) -> tuple[str, str] | None:
+        """The dashboard's URL (from its `serving` log line) and its token, when it runs."""
+        web = self.children.get("web")
+        if web is None:
+            return None
+        url = next((str(line["url"]) for line in web.log_lines() if line.get("msg") == "serving"), None)
+        return (url, self.web_token) if url else None
+
     def _agents(self) -> list[Child]:
         return [self.children[h.host_id] for h in self.hosts]
 
     def _services(self) -> list[Child]:
-        return [self.children[name] for name in ("sweeper", "scheduler") if name in self.children]
+        return [self.children[name] for name in ("web", "sweeper", "scheduler") if name in self.children]
 
     def _check_children(self, *, starting: bool) -> None:
         """Restart a child that died on its own (during start-up: give up at once)."""
@@ -361,6 +391,9 @@ class Up:
                 if not self.children[h.host_id].logged("registered")
                 and not ((v := found.get(h.host_id)) is not None and v.online and v.last_seen_at >= since)
             ]
+            web = self.children.get("web")
+            if web is not None and not web.logged("serving"):
+                waiting.append("the web dashboard")
             if answered and not waiting:
                 return
             if time.monotonic() > deadline:
@@ -385,7 +418,7 @@ class Up:
                 raise UpError(f"cannot connect to NATS: {exc.message}", 5) from None
             async with client:
                 await self._wait_ready(client, stop)
-                self.console.print(how_to_reach(e), highlight=False, markup=False, soft_wrap=True)
+                self.console.print(how_to_reach(e, web=self._web_url()), highlight=False, markup=False, soft_wrap=True)
                 return await self._watch(client, stop)
         except Interrupted:
             return 130

@@ -1,0 +1,5 @@
+import sys
+
+from devsched.web.main import main
+
+sys.exit(main())

@@ -1,0 +1,61 @@
+"""`devsched-web`: serve the dashboard.
+
+    devsched-web --nats-url nats://... --web-host 0.0.0.0 --web-port 8080
+
+Every setting is an environment variable `DEVSCHED_<NAME>` and a flag `--<name>` (see `--help`); the
+dashboard's own are `DEVSCHED_WEB_*` (`devsched.web.settings`). It logs `serving` with its URL once it
+listens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Sequence
+
+import uvicorn
+
+from devsched.service import configure_logging, parse_settings
+from devsched.web.app import create_app
+from devsched.web.settings import WebSettings
+
+log = logging.getLogger("devsched.web")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit code."""
+    settings, _ = parse_settings(
+        WebSettings,
+        argv,
+        prog="devsched-web",
+        description="devsched-web: the dashboard, an operator client over NATS.",
+    )
+    configure_logging(settings.log_level, service="devsched-web")
+    family = socket.AF_INET6 if ":" in settings.web_host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.web_host, settings.web_port))
+    port = sock.getsockname()[1]
+    host = f"[{settings.web_host}]" if family == socket.AF_INET6 else settings.web_host
+    config = uvicorn.Config(
+        create_app(settings),
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=2,
+        proxy_headers=True,
+        forwarded_allow_ips=None,
+    )
+    server = uvicorn.Server(config)
+
+    async def serve() -> bool:
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn has no "listening" event
+            await asyncio.sleep(0.05)
+        if server.started:
+            log.info("serving", extra={"url": f"http://{host}:{port}/", "actions": settings.web_actions})
+        await serving
+        return server.started
+
+    # uvicorn stops on SIGTERM/SIGINT; a lifespan that failed (NATS unreachable) never started serving
+    return 0 if asyncio.run(serve()) else 1

@@ -1,0 +1,57 @@
+"""Configuration of `devsched-web`: the services' settings plus the `DEVSCHED_WEB_*` ones.
+
+Read from the environment (or `--flags` of the same names), like every other service. The web process
+never connects to the database: `database_url` is inherited from the common settings and ignored.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from pydantic import Field, SecretStr, model_validator
+
+from devsched.service.settings import Seconds, ServiceSettings
+
+
+class WebSettings(ServiceSettings):
+    """What `devsched-web` reads."""
+
+    web_host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the dashboard listens on; `0.0.0.0` in a container."""
+    web_port: int = Field(default=8080, ge=0, le=65535)
+    """Port of the dashboard (0: any free port, logged)."""
+    web_actions: bool = False
+    """Whether cancel, drain and undrain are offered; off, the dashboard is read-only and every POST is 403."""
+    web_token: SecretStr | None = None
+    """The operator token that unlocks actions (typed once into the login form; a signed cookie follows)."""
+    web_auth_proxy: bool = False
+    """Actions without a token: an authenticating proxy in front decides who reaches the dashboard."""
+    web_refresh_s: Seconds = 2.0
+    """Seconds between two samples of hosts and tasks (a task event triggers one sooner)."""
+    web_queue_max: int = Field(default=10000, ge=100, le=100000)
+    """Most queued tasks read per sample (the queue depth shows `N+` above it)."""
+    web_session_s: Seconds = 12 * 3600.0
+    """How long a login lasts."""
+    web_request_timeout_s: Seconds = 5.0
+    """Seconds to wait for each reply of the scheduler."""
+
+    @model_validator(mode="after")
+    def _actions_need_auth(self) -> WebSettings:
+        if self.web_actions and self.web_token is None and not self.web_auth_proxy:
+            raise ValueError(
+                "DEVSCHED_WEB_ACTIONS needs DEVSCHED_WEB_TOKEN (or DEVSCHED_WEB_AUTH_PROXY behind an "
+                "authenticating proxy)"
+            )
+        if self.web_token is not None and len(self.web_token.get_secret_value()) < 16:
+            raise ValueError("DEVSCHED_WEB_TOKEN must be at least 16 characters")
+        return self
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the dashboard listens on loopback only."""
+        if self.web_host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.web_host).is_loopback
+        except ValueError:
+            return False

@@ -1,0 +1,48 @@
+// devsched-web: keeps the live regions current from server-sent events. No framework, no build step.
+// The server renders every fragment (autoescaped); this file only swaps them in, appends log text with
+// textContent, and asks for confirmation before an action.
+(function () {
+  "use strict";
+  var status = document.getElementById("live-status");
+
+  function say(text) {
+    if (status) { status.textContent = text; }
+  }
+
+  function start() {
+  document.querySelectorAll("[data-live]").forEach(function (region) {
+    var source = new EventSource(region.getAttribute("data-live"));
+    source.addEventListener("fragment", function (e) {
+      var focused = document.activeElement && document.activeElement.id;
+      region.innerHTML = e.data;
+      if (focused) {
+        var again = document.getElementById(focused);
+        if (again) { again.focus(); }
+      }
+      say("live · updated " + new Date().toLocaleTimeString());
+    });
+    source.addEventListener("end", function () { source.close(); say("final"); });
+    source.addEventListener("gone", function () { source.close(); say("gone"); });
+    source.onerror = function () { say("reconnecting…"); };
+  });
+
+  document.querySelectorAll("[data-log]").forEach(function (pre) {
+    var source = new EventSource(pre.getAttribute("data-log"));
+    source.addEventListener("output", function (e) {
+      var follow = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+      pre.appendChild(document.createTextNode(JSON.parse(e.data)));
+      if (follow) { pre.scrollTop = pre.scrollHeight; }
+    });
+    source.addEventListener("end", function () { source.close(); pre.setAttribute("data-ended", "true"); });
+  });
+  }
+
+  // Streams open after the load event: one opened earlier keeps the page "loading" for as long as it lives.
+  if (document.readyState === "complete") { start(); } else { window.addEventListener("load", start); }
+
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    var question = form.getAttribute && form.getAttribute("data-confirm");
+    if (question && !window.confirm(question)) { e.preventDefault(); }
+  });
+})();

@@ -1,0 +1,379 @@
+"""Pure view-model functions: what a page shows, computed from the API's models with no I/O and no clock.
+
+Templates only format what these return. Nothing here ever carries a lease id (a fencing token of a
+running attempt) or a credential: attempts become `AttemptRow`s without one, and free-form JSON goes
+through `redact` first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from devsched.core.status import IN_FLIGHT, TERMINAL, TaskStatus
+from devsched.protocol.messages import (
+    AttemptView,
+    DeviceView,
+    HostView,
+    Progress,
+    ResultsSummary,
+    TaskEvent,
+    TaskSummary,
+    TaskView,
+)
+
+#: Device states the lab colours, in legend order. `quarantined` is reserved for the device health checks
+#: being built: a device whose state says it is coloured as such (no API carries it yet).
+DEVICE_STATES = ("available", "reserved", "offline", "drained", "quarantined")
+#: Shown instead of a hidden value.
+HIDDEN = "•••"
+#: Keys whose values are never rendered (case-insensitive substring match).
+SECRET_KEY = re.compile(r"(secret|token|passw|credential|creds|api[_-]?key|private|lease)", re.IGNORECASE)
+#: A UUID, as lease ids are written.
+UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def device_state(device: DeviceView, host_online: bool) -> str:
+    """The state the lab colours a device with: one of `DEVICE_STATES` (unknown states pass through).
+
+    An offline host's devices are offline whatever their rows say, except drained ones (an operator's
+    decision outlives the host's absence).
+    """
+    state = str(device.state)
+    quarantined = getattr(device, "quarantined", False)  # the health-check work adds this field
+    if quarantined is True:
+        return "quarantined"
+    if device.drained or state == "drained":
+        return "drained"
+    if not host_online:
+        return "offline"
+    return state
+
+
+def state_class(state: str) -> str:
+    """The CSS class of a device or task state (unknown ones get the neutral colour)."""
+    known = {*DEVICE_STATES, *(s.value for s in TaskStatus)}
+    return f"state-{state}" if state in known else "state-unknown"
+
+
+def age(since: datetime, now: datetime) -> str:
+    """A short age: `45s`, `12m`, `3h05m`, `2d4h` (never negative: a clock ahead shows `0s`)."""
+    seconds = max(0, int((now - since).total_seconds()))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes = seconds // 60
+    if minutes < 60:
+        return f"{minutes}m"
+    hours = minutes // 60
+    if hours < 48:
+        return f"{hours}h{minutes % 60:02d}m"
+    return f"{hours // 24}d{hours % 24}h"
+
+
+def parse_label_filters(values: Iterable[str]) -> dict[str, str]:
+    """`key=value` filters from the query string; malformed ones (no `=`, empty key) are ignored."""
+    filters: dict[str, str] = {}
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        if sep and key.strip():
+            filters[key.strip()] = value.strip()
+    return filters
+
+
+def matches(labels: Mapping[str, str], filters: Mapping[str, str]) -> bool:
+    """Whether a device with `labels` has every `key=value` of `filters`."""
+    return all(labels.get(k) == v for k, v in filters.items())
+
+
+def redact(value: Any) -> Any:
+    """A copy of JSON-like `value` with the values of secret-looking keys replaced by `HIDDEN`."""
+    if isinstance(value, Mapping):
+        return {k: HIDDEN if SECRET_KEY.search(str(k)) else redact(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+def hide_lease_ids(text: str, lease_ids: Iterable[str]) -> str:
+    """`text` with each of `lease_ids` replaced (a step may print its `DEVSCHED_LEASE_ID`)."""
+    for lease_id in lease_ids:
+        if lease_id:
+            text = text.replace(lease_id, HIDDEN)
+    return text
+
+
+def progress_text(progress: Progress | None) -> str:
+    """`step 2/5: build` or an empty string."""
+    if progress is None:
+        return ""
+    return f"step {progress.index + 1}/{progress.of}: {progress.step}"
+
+
+# -- lab ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Running:
+    """What runs on a reserved device, as the lab shows it."""
+
+    task_id: str
+    name: str | None
+    attempt: int
+    progress: Progress | None = None
+
+    @property
+    def step(self) -> str:
+        """The current step, for the device's cell."""
+        return progress_text(self.progress)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceCell:
+    """One device of the lab grid."""
+
+    device_id: str
+    host_id: str
+    state: str
+    labels: dict[str, str]
+    drained: bool
+    drain_reason: str | None
+    running: Running | None
+
+    @property
+    def css(self) -> str:
+        """Its colour class."""
+        return state_class(self.state)
+
+
+@dataclass(frozen=True, slots=True)
+class HostRow:
+    """A host with its device cells, as the lab shows it."""
+
+    host_id: str
+    online: bool
+    last_seen: str
+    agent_version: str | None
+    devices: list[DeviceCell]
+
+
+@dataclass(frozen=True, slots=True)
+class Lab:
+    """The lab page: hosts, state counts, the labels to filter by, the active filters."""
+
+    hosts: list[HostRow]
+    counts: dict[str, int]
+    label_choices: dict[str, list[str]]
+    filters: dict[str, str]
+    devices_shown: int
+    devices_total: int
+
+
+def lab(
+    hosts: Sequence[HostView],
+    running: Mapping[str, Running],
+    filters: Mapping[str, str],
+    now: datetime,
+) -> Lab:
+    """The lab from the hosts list and what runs on each device (`running`, by device id).
+
+    Counts are over every device; the grid holds only the devices matching `filters` (hosts with none
+    are left out while a filter is on).
+    """
+    counts = dict.fromkeys(DEVICE_STATES, 0)
+    choices: dict[str, set[str]] = {}
+    rows: list[HostRow] = []
+    shown = total = 0
+    for host in sorted(hosts, key=lambda h: h.host_id):
+        cells: list[DeviceCell] = []
+        for device in sorted(host.devices, key=lambda d: d.device_id):
+            state = device_state(device, host.online)
+            counts[state] = counts.get(state, 0) + 1
+            total += 1
+            for key, value in device.labels.items():
+                choices.setdefault(key, set()).add(value)
+            if not matches(device.labels, filters):
+                continue
+            shown += 1
+            cells.append(
+                DeviceCell(
+                    device_id=device.device_id,
+                    host_id=host.host_id,
+                    state=state,
+                    labels=dict(device.labels),
+                    drained=device.drained,
+                    drain_reason=device.drain_reason,
+                    running=running.get(device.device_id) if state in ("reserved", "drained") else None,
+                )
+            )
+        if cells or not filters:
+            rows.append(
+                HostRow(host.host_id, host.online, age(host.last_seen_at, now), host.agent_version, cells)
+            )
+    return Lab(
+        hosts=rows,
+        counts=counts,
+        label_choices={k: sorted(v) for k, v in sorted(choices.items())},
+        filters=dict(filters),
+        devices_shown=shown,
+        devices_total=total,
+    )
+
+
+# -- queue -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRow:
+    """A task in a queue table."""
+
+    task_id: str
+    name: str
+    status: str
+    priority: int
+    age: str
+    pending_reason: str
+    attempt: str
+    step: str
+    reason: str
+
+    @property
+    def css(self) -> str:
+        """Its colour class."""
+        return state_class(self.status)
+
+
+def task_row(task: TaskSummary, now: datetime, progress: Progress | None = None) -> TaskRow:
+    """One row of the queue page."""
+    return TaskRow(
+        task_id=str(task.task_id),
+        name=task.name or "",
+        status=str(task.status),
+        priority=task.priority,
+        age=age(task.created_at, now),
+        pending_reason=task.pending_reason or "",
+        attempt=f"{task.attempt_count}/{task.max_attempts}" if task.attempt_count else "",
+        step=progress_text(progress),
+        reason=task.reason or "",
+    )
+
+
+def queue_order(tasks: Iterable[TaskSummary]) -> list[TaskSummary]:
+    """Queued tasks in the order the scheduler takes them: higher priority first, then oldest first."""
+    return sorted(tasks, key=lambda t: (-t.priority, t.created_at))
+
+
+# -- task --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """One point of an attempt's timeline."""
+
+    what: str
+    at: datetime
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRow:
+    """An attempt as the task page shows it: no lease id, ever."""
+
+    attempt: int
+    host_id: str
+    device_id: str
+    status: str
+    end_reason: str
+    report_reason: str
+    cancel_requested: bool
+    timeline: list[Mark]
+    results: list[tuple[str, ResultsSummary]] = field(default_factory=list)
+
+    @property
+    def css(self) -> str:
+        """Its colour class (attempt statuses share the task palette; `active` is running)."""
+        palette = {"active": "dispatched", "expired": "failed", "released": "queued"}
+        return state_class(palette.get(self.status, self.status))
+
+
+def attempt_row(attempt: AttemptView, events: Sequence[TaskEvent]) -> AttemptRow:
+    """An attempt's row: assigned, dispatched, the steps its events show, its end (with the reason)."""
+    marks = [Mark("assigned", attempt.assigned_at, f"{attempt.host_id} / {attempt.device_id}")]
+    if attempt.dispatched_at is not None:
+        marks.append(Mark("dispatched", attempt.dispatched_at))
+    for event in events:
+        if event.attempt == attempt.attempt and event.event == "progress" and event.progress is not None:
+            marks.append(Mark("step", event.at, progress_text(event.progress)))
+        elif event.attempt == attempt.attempt and event.event == "cancel_requested":
+            marks.append(Mark("cancel requested", event.at, event.reason or ""))
+    if attempt.ended_at is not None:
+        marks.append(Mark("ended", attempt.ended_at, str(attempt.end_reason or attempt.status)))
+    marks.sort(key=lambda m: m.at)
+    return AttemptRow(
+        attempt=attempt.attempt,
+        host_id=attempt.host_id,
+        device_id=attempt.device_id,
+        status=str(attempt.status),
+        end_reason=str(attempt.end_reason or ""),
+        report_reason=attempt.report_reason or "",
+        cancel_requested=attempt.cancel_requested,
+        timeline=marks,
+    )
+
+
+def result_summaries(task: TaskSummary) -> list[tuple[str, ResultsSummary]]:
+    """Each step's test-result summary from the result that ended the task, by step name."""
+    if task.result is None:
+        return []
+    return [(step.name, step.results) for step in task.result.steps if step.results is not None]
+
+
+
+
+def step_rows(task: TaskSummary) -> list[dict[str, Any]]:
+    """The plan's steps for display: environment values hidden, other arguments redacted."""
+    rows = []
+    for index, step in enumerate(task.plan.steps):
+        args = dict(step.args)
+        env = args.pop("env", None)
+        shown = redact(args)
+        if isinstance(env, Mapping):
+            shown["env"] = dict.fromkeys(sorted(env), HIDDEN)
+        rows.append(
+            {
+                "index": index + 1,
+                "name": step.name,
+                "action": step.action,
+                "args": shown,
+                "timeout_s": step.timeout_s,
+                "always": step.always,
+            }
+        )
+    return rows
+
+
+def artifacts(task: TaskView) -> list[dict[str, Any]] | None:
+    """The task's artifacts if its view carries them (the artifacts work adds them), else None.
+
+    Only names and sizes are shown until an artifact download API exists.
+    """
+    items = getattr(task, "artifacts", None)
+    if items is None:
+        return None
+    shown = []
+    for item in items:
+        data = item.model_dump(mode="json") if hasattr(item, "model_dump") else dict(item)
+        shown.append({"name": str(data.get("name", "")), "size": data.get("size_bytes", data.get("size"))})
+    return shown
+
+
+def cancellable(status: str) -> bool:
+    """Whether cancel means anything for a task in `status`."""
+    return status not in {s.value for s in TERMINAL}
+
+
+def in_flight(status: str) -> bool:
+    """Whether a task in `status` holds a device."""
+    return status in {s.value for s in IN_FLIGHT}

@@ -1,0 +1,173 @@
+"""devsched-web in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright) against the
+real services and agent: each page loads (a screenshot of each is saved), a submitted task appears on the
+Queue page and turns done without a reload, cancel from the Task page cancels, drain from the Device page
+drains.
+
+Screenshots go to the test's artifacts directory; with `DEVSCHED_WEB_SCREENSHOTS=<dir>` the Lab and Task
+pages are also written there for the README (`docs/images/`, see README "Web dashboard").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Page, async_playwright
+
+from devsched.client import Client
+from support.devsched_stack import Stack
+from support.polling import eventually
+from support.web_harness import TOKEN, Web, web_process
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+if not CHROMIUM.exists() and os.environ.get("CI"):
+    pytest.fail(f"{CHROMIUM} is missing in CI (.ci/run installs the Debian package chromium)", pytrace=False)
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.browser,
+    pytest.mark.skipif(not CHROMIUM.exists(), reason=f"{CHROMIUM} missing: apt-get install chromium"),
+]
+
+SLOW_PLAN = {"steps": [{"name": "work", "action": "shell", "args": {"command": "echo working; sleep 2; echo done"}}]}
+LONG_PLAN = {
+    "steps": [{"name": "wait", "action": "shell", "args": {"command": "echo waiting; sleep 60"}, "interruptible": True}]
+}
+
+
+@pytest.fixture(scope="module")
+def web(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    with web_process(stack, tmp_path_factory.mktemp("web-browser"), web_actions="true", web_token=TOKEN) as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("screenshots")
+
+
+@pytest.fixture
+async def client(stack: Stack) -> AsyncIterator[Client]:
+    async with Client.connect(stack.nats_url, prefix=stack.prefix) as c:
+        yield c
+
+
+@pytest.fixture
+async def page(web: Web) -> AsyncIterator[Page]:
+    """A logged-in page of a fresh browser (one browser per test keeps the event loops apart)."""
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            context = await browser.new_context(base_url=web.url, viewport={"width": 1280, "height": 900})
+            context.set_default_timeout(15000)
+            page = await context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("dialog", lambda dialog: asyncio.ensure_future(dialog.accept()))
+            await page.goto("/login?next=/lab")
+            await page.get_by_label("Operator token").fill(TOKEN)
+            await page.get_by_role("button", name="Log in").click()
+            await page.wait_for_url("**/lab")
+            yield page
+            assert not errors, errors
+        finally:
+            await browser.close()
+
+
+def readme_copy(shot: Path, name: str) -> None:
+    target = os.environ.get("DEVSCHED_WEB_SCREENSHOTS")
+    if target:
+        Path(target).mkdir(parents=True, exist_ok=True)
+        (Path(target) / name).write_bytes(shot.read_bytes())
+
+
+async def test_each_page_loads(page: Page, client: Client, stack: Stack, shots: Path) -> None:
+    p = page
+    running = await client.submit(LONG_PLAN, name="nightly-smoke", priority=5)
+    await client.submit(SLOW_PLAN, name="flash-firmware")
+    await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="quick-check")
+    try:
+        await eventually(lambda: _dispatched(client, running.task_id), timeout=30, message="the long task runs")
+        pages = [
+            ("/lab", "Lab"),
+            ("/queue", "Queue"),
+            ("/charts", "Charts"),
+            (f"/tasks/{running.task_id}", "Task"),
+            (f"/devices/{stack.device_ids[0]}", "Device"),
+        ]
+        for path, marker in pages:
+            await p.goto(path)
+            await p.get_by_role("heading", level=1).filter(has_text=marker).wait_for()
+            name = path.strip("/").split("/")[0] or "root"
+            if name == "tasks":
+                await p.locator("#log").filter(has_text="waiting").wait_for()
+            shot = shots / f"{name}.png"
+            await p.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 1000
+            if name == "lab":
+                readme_copy(shot, "web-lab.png")
+            elif name == "tasks":
+                readme_copy(shot, "web-task.png")
+        # a phone's width: the lab still renders its grid without horizontal scrolling of the page
+        await p.set_viewport_size({"width": 390, "height": 844})
+        await p.goto("/lab")
+        width = await p.evaluate("document.documentElement.scrollWidth")
+        assert width <= 400
+        await p.screenshot(path=str(shots / "lab-phone.png"))
+    finally:
+        await client.cancel(running.task_id)
+
+
+async def _dispatched(client: Client, task_id: object) -> bool:
+    return (await client.get(str(task_id))).status == "dispatched"
+
+
+async def test_a_submitted_task_shows_on_the_queue_and_turns_done_live(page: Page, client: Client) -> None:
+    p = page
+    await p.goto("/queue")
+    await p.evaluate("window.__stayed = 'same page'")
+    reply = await client.submit(SLOW_PLAN, name="appears-live")
+    row = p.locator(f'tr[data-task="{reply.task_id}"]').first
+    await row.wait_for(timeout=20000)
+    done = p.locator(f'tr[data-task="{reply.task_id}"] [data-status="done"]').first
+    await done.wait_for(timeout=30000)
+    assert await p.evaluate("window.__stayed") == "same page"
+    assert (await client.get(reply.task_id)).status == "done"
+
+
+async def test_cancel_from_the_task_page_cancels(page: Page, client: Client) -> None:
+    p = page
+    reply = await client.submit(LONG_PLAN, name="to-cancel")
+    await p.goto(f"/tasks/{reply.task_id}")
+    await p.locator("#cancel").click()
+    await p.locator('#task-status[data-status="cancelled"]').wait_for(timeout=30000)
+    assert (await client.get(reply.task_id)).status == "cancelled"
+
+
+async def test_drain_from_the_device_page_drains(page: Page, client: Client, stack: Stack) -> None:
+    p = page
+    device = stack.device_ids[0]
+    await p.goto(f"/devices/{device}")
+    await p.get_by_label("Reason").fill("maintenance")
+    await p.locator("#drain").click()
+    await p.locator('#device-state[data-state="drained"]').wait_for()
+    hosts = await client.hosts()
+    assert any(d.drained and d.drain_reason == "maintenance" for h in hosts for d in h.devices if d.device_id == device)
+    await p.locator("#undrain").click()
+    await p.locator('#device-state:not([data-state="drained"])').wait_for()
+    hosts = await client.hosts()
+    assert not any(d.drained for h in hosts for d in h.devices if d.device_id == device)

@@ -1,0 +1,205 @@
+"""devsched-web as a process against the real services and agent, over plain HTTP: every page, the guards
+of the actions (read-only 403, CSRF, origin, token), and that no lease id is ever rendered."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from devsched.client import Client
+from support.devsched_stack import Stack, clean_env
+from support.polling import eventually
+from support.web_harness import TOKEN, Web, web_process
+
+pytestmark = pytest.mark.e2e
+
+PAGES = ("/lab", "/queue", "/charts")
+
+
+@pytest.fixture(scope="module")
+def read_only(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    with web_process(stack, tmp_path_factory.mktemp("web-ro"), name="web-ro") as web:
+        yield web
+
+
+@pytest.fixture(scope="module")
+def with_actions(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
+    with web_process(
+        stack, tmp_path_factory.mktemp("web-rw"), name="web-rw", web_actions="true", web_token=TOKEN
+    ) as web:
+        yield web
+
+
+@pytest.fixture
+async def client(stack: Stack) -> AsyncIterator[Client]:
+    async with Client.connect(stack.nats_url, prefix=stack.prefix) as c:
+        yield c
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found, "no CSRF field in the page"
+    return found.group(1)
+
+
+async def login(http: httpx.AsyncClient) -> None:
+    page = await http.get("/login")
+    assert page.status_code == 200
+    reply = await http.post("/login", data={"csrf": csrf_of(page.text), "token": TOKEN, "next": "/lab"})
+    assert reply.status_code == 303, reply.text
+    assert "devsched_session" in http.cookies
+
+
+async def test_every_page_renders_with_security_headers(read_only: Web, client: Client, stack: Stack) -> None:
+    reply = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="page-check")
+    async with httpx.AsyncClient(base_url=read_only.url) as http:
+        paths = [*PAGES, f"/tasks/{reply.task_id}", f"/devices/{stack.device_ids[0]}"]
+        for path in paths:
+            page = await http.get(path)
+            assert page.status_code == 200, (path, page.text[:500])
+            headers = page.headers
+            assert "frame-ancestors 'none'" in headers["content-security-policy"]
+            assert "script-src 'self'" in headers["content-security-policy"]
+            assert "unsafe-inline" not in headers["content-security-policy"]
+            assert headers["x-frame-options"] == "DENY"
+            assert headers["x-content-type-options"] == "nosniff"
+            assert "<script>" not in page.text  # no inline script: the CSP would block it anyway
+        lab = (await http.get("/lab")).text
+        for device_id in stack.device_ids:
+            assert device_id in lab
+        assert (await http.get(f"/tasks/{uuid.uuid4()}")).status_code == 404
+        assert (await http.get("/devices/no-such-device")).status_code == 404
+        assert (await http.get("/readyz")).status_code == 200
+
+
+async def test_read_only_renders_no_action_and_refuses_every_post(read_only: Web, client: Client, stack: Stack) -> None:
+    reply = await client.submit({"steps": [{"name": "wait", "action": "sleep", "args": {"seconds": 30}}]})
+    async with httpx.AsyncClient(base_url=read_only.url) as http:
+        task_page = await http.get(f"/tasks/{reply.task_id}")
+        device_page = await http.get(f"/devices/{stack.device_ids[0]}")
+        for page in (task_page, device_page):
+            assert "<form method=\"post\"" not in page.text
+            assert "read-only" in page.text
+        csrf = http.cookies["devsched_csrf"]
+        for path in (f"/tasks/{reply.task_id}/cancel", f"/devices/{stack.device_ids[0]}/drain", "/login", "/logout"):
+            refused = await http.post(path, data={"csrf": csrf})
+            assert refused.status_code == 403, path
+        assert (await http.get("/login")).status_code == 404
+    assert (await client.get(reply.task_id)).status not in ("cancelled",)
+    assert not any(d.drained for h in await client.hosts() for d in h.devices)
+    await client.cancel(reply.task_id)
+
+
+async def test_actions_need_csrf_same_origin_and_the_token(with_actions: Web, client: Client, stack: Stack) -> None:
+    reply = await client.submit({"steps": [{"name": "wait", "action": "sleep", "args": {"seconds": 30}}]})
+    cancel = f"/tasks/{reply.task_id}/cancel"
+    async with httpx.AsyncClient(base_url=with_actions.url) as http:
+        page = await http.get(f"/tasks/{reply.task_id}")
+        assert "Log in" in page.text
+        assert 'id="cancel"' not in page.text
+        csrf = csrf_of((await http.get("/login")).text)
+        # not logged in (right CSRF token): refused
+        assert (await http.post(cancel, data={"csrf": csrf})).status_code == 403
+        # a wrong token: refused, no session
+        wrong = await http.post("/login", data={"csrf": csrf, "token": "not-the-token-at-all", "next": "/"})
+        assert wrong.status_code == 403
+        assert "devsched_session" not in http.cookies
+        # login without the CSRF token: refused
+        assert (await http.post("/login", data={"token": TOKEN})).status_code == 403
+        await login(http)
+        # logged in, but no CSRF token, a wrong one, or another origin: refused, nothing cancelled
+        assert (await http.post(cancel, data={})).status_code == 403
+        assert (await http.post(cancel, data={"csrf": "x" * 43})).status_code == 403
+        evil = await http.post(cancel, data={"csrf": csrf}, headers={"origin": "https://evil.example"})
+        assert evil.status_code == 403
+        assert not (await client.get(reply.task_id)).cancel_requested
+        assert (await client.get(reply.task_id)).status != "cancelled"
+        # a forged session cookie is no session
+        cookies = {"devsched_csrf": csrf, "devsched_session": "9999999999.abc"}
+        forged = httpx.AsyncClient(base_url=with_actions.url, cookies=cookies)
+        async with forged:
+            assert (await forged.post(cancel, data={"csrf": csrf})).status_code == 403
+        # all in order: cancelled
+        page = await http.get(f"/tasks/{reply.task_id}")
+        assert 'id="cancel"' in page.text
+        done = await http.post(cancel, data={"csrf": csrf})
+        assert done.status_code == 303
+    view = await client.get(reply.task_id)
+    assert view.status == "cancelled" or view.cancel_requested
+
+
+async def test_no_lease_id_is_ever_rendered(with_actions: Web, client: Client, stack: Stack) -> None:
+    plan = {
+        "steps": [
+            {"name": "tell", "action": "shell", "args": {"command": "echo lease=$DEVSCHED_LEASE_ID; sleep 20"}},
+        ]
+    }
+    reply = await client.submit(plan, name="lease-check", metadata={"api_token": "hunter2-secret", "team": "qa"})
+
+    async def running_lease() -> str | None:
+        view = await client.get(reply.task_id)
+        return str(view.attempts[-1].lease_id) if view.attempts and view.status == "dispatched" else None
+
+    lease_id = await eventually(running_lease, timeout=30, message="the task runs")
+    try:
+        async with httpx.AsyncClient(base_url=with_actions.url, timeout=10) as http:
+            await login(http)
+            task_path = f"/tasks/{reply.task_id}"
+            for path in [*PAGES, task_path, f"/devices/{stack.device_ids[0]}", f"/devices/{stack.device_ids[1]}"]:
+                html = (await http.get(path)).text
+                assert lease_id not in html, path
+                assert "hunter2" not in html, path
+            assert "lease-check" in (await http.get(task_path)).text
+            # the live fragment and the log stream too (the step printed its lease id)
+            seen = ""
+            async with http.stream("GET", f"{task_path}/log") as stream:
+                async for chunk in stream.aiter_text():
+                    seen += chunk
+                    if "lease=" in seen:
+                        break
+            assert "lease=" in seen
+            assert lease_id not in seen
+            async with http.stream("GET", f"{task_path}/live") as stream:
+                async for chunk in stream.aiter_text():
+                    seen = chunk
+                    if "event: fragment" in chunk:
+                        break
+            assert "Attempt 1" in seen
+            assert lease_id not in seen
+    finally:
+        await client.cancel(reply.task_id)
+
+
+async def test_drain_and_undrain_through_the_form(with_actions: Web, client: Client, stack: Stack) -> None:
+    device = stack.device_ids[1]
+    async with httpx.AsyncClient(base_url=with_actions.url) as http:
+        await login(http)
+        page = await http.get(f"/devices/{device}")
+        assert 'id="drain"' in page.text
+        form = {"csrf": csrf_of(page.text), "drained": "true", "reason": "<b>bench</b>"}
+        drained = await http.post(f"/devices/{device}/drain", data=form)
+        assert drained.status_code == 303
+        assert any(d.drained for h in await client.hosts() for d in h.devices if d.device_id == device)
+        page = await http.get(f"/devices/{device}")
+        assert 'id="undrain"' in page.text
+        assert "&lt;b&gt;bench&lt;/b&gt;" in page.text
+        assert "<b>bench</b>" not in page.text
+        undrained = await http.post(f"/devices/{device}/drain", data={"csrf": csrf_of(page.text), "drained": "false"})
+        assert undrained.status_code == 303
+    assert not any(d.drained for h in await client.hosts() for d in h.devices if d.device_id == device)
+
+
+def test_actions_without_a_token_do_not_start(stack: Stack) -> None:
+    env = clean_env(DEVSCHED_NATS_URL=stack.nats_url, DEVSCHED_WEB_ACTIONS="true", DEVSCHED_WEB_PORT="0")
+    result = subprocess.run(
+        [sys.executable, "-m", "devsched.web"], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 2, result.stderr
+    assert "DEVSCHED_WEB_TOKEN" in result.stderr
+    assert "Traceback" not in result.stderr
