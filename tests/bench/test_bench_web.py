@@ -27,7 +27,7 @@ from support.polling import eventually
 from support.scheduler_harness import TestHost
 from support.web_harness import Web, web_process
 
-pytestmark = pytest.mark.bench
+pytestmark = [pytest.mark.bench, pytest.mark.timeout(1200)]  # seeding 10,000 tasks takes minutes on a loaded machine
 
 HOSTS, DEVICES_PER_HOST, TASKS = 50, 20, 10_000
 ROUNDS = 20

@@ -18,12 +18,19 @@ from devsched.embedded.server import tcp_accepts
 
 NATS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 #: The placeholder of each service user and its password in the tests.
-PASSWORDS = {"THE.SCHEDULER": "schedpw", "THE.SWEEPER": "sweeppw", "THE.OPERATOR": "oppw", "THIS.HOSTS": "h07pw"}
+PASSWORDS = {
+    "THE.SCHEDULER": "schedpw",
+    "THE.SWEEPER": "sweeppw",
+    "THE.OPERATOR": "oppw",
+    "THE.WEB": "webpw",
+    "THIS.HOSTS": "h07pw",
+}
 #: Users and passwords, by role.
 USERS = {
     "scheduler": ("scheduler", "schedpw"),
     "sweeper": ("sweeper", "sweeppw"),
     "operator": ("operator", "oppw"),
+    "web": ("web", "webpw"),
     "bench-07": ("host-bench-07", "h07pw"),
     "bench-08": ("host-bench-08", "h08pw"),
 }

@@ -203,3 +203,30 @@ def test_actions_without_a_token_do_not_start(stack: Stack) -> None:
     assert result.returncode == 2, result.stderr
     assert "DEVSCHED_WEB_TOKEN" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_the_task_page_offers_each_artifact_as_a_checked_attachment(
+    read_only: Web, client: Client, stack: Stack
+) -> None:
+    command = "printf 'hello artifact' > \"$DEVSCHED_ARTIFACTS_DIR/out put.txt\""
+    reply = await client.submit({"steps": [{"name": "make", "action": "shell", "args": {"command": command}}]})
+
+    async def stored() -> bool:
+        view = await client.get(reply.task_id)
+        return view.status == "done" and bool(view.artifacts)
+
+    await eventually(stored, timeout=60, message="the task ends with its artifact stored")
+    async with httpx.AsyncClient(base_url=read_only.url, timeout=10) as http:
+        page = (await http.get(f"/tasks/{reply.task_id}")).text
+        link = f"/tasks/{reply.task_id}/artifacts/1/out%20put.txt"
+        assert f'href="{link}"' in page
+        assert "out put.txt" in page
+        download = await http.get(link)
+        assert download.status_code == 200, download.text[:300]
+        assert download.content == b"hello artifact"
+        assert download.headers["content-type"] == "application/octet-stream"
+        assert download.headers["content-disposition"].startswith('attachment; filename="out put.txt"')
+        assert download.headers["x-content-type-options"] == "nosniff"
+        missing = await http.get(f"/tasks/{reply.task_id}/artifacts/1/nope.txt")
+        assert missing.status_code == 404
+        assert (await http.get(f"/tasks/{reply.task_id}/artifacts/2/out%20put.txt")).status_code == 404

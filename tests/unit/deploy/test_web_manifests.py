@@ -30,12 +30,14 @@ def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
     published = set(re.findall(r'^\s*"([^"]+)"\s*$', block.split("subscribe:")[0], flags=re.MULTILINE))
     s = Subjects("devsched")
     api = {subject for subject in published if subject.startswith("devsched.")}
-    assert api == {s.tasks_get, s.tasks_list, s.tasks_cancel, s.hosts_list, s.devices_drain}
+    assert api == {s.tasks_get, s.tasks_list, s.tasks_cancel, s.hosts_list, s.devices_drain, s.task_artifacts}
     assert s.tasks_submit not in published
     assert s.hosts_drain not in published
     others = published - api
     assert all(subject.startswith(("$JS.API.", "$JS.FC.")) for subject in others), others
     assert not any("ASSIGNMENTS" in subject or "STREAM.CREATE" in subject for subject in others)
+    # the artifacts bucket is read (downloads), never written: no `$O.` publish, no purge or delete
+    assert not any(subject.startswith("$O.") or "PURGE" in subject or ".MSG.DELETE" in subject for subject in others)
     assert 'password: "$2a$11$REPLACE' in block
     assert "devsched.host." not in block
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from devsched.protocol.messages import AttemptView, DeviceView, HostView, TaskEvent, TaskSummary, TaskView
+from devsched.protocol.messages import ActionView, AttemptView, DeviceView, HostView, TaskEvent, TaskSummary, TaskView
 from devsched.web import charts, security, views
 
 pytestmark = pytest.mark.unit
@@ -157,9 +157,76 @@ def test_queue_order_is_priority_then_age() -> None:
     assert (row.age, row.css, row.attempt) == ("5m", "state-queued", "")
 
 
-def test_artifacts_only_when_the_view_carries_them() -> None:
-    view = TaskView.model_validate(summary())
-    assert views.artifacts(view) is None
+def test_artifacts_newest_attempt_first_with_their_download_paths() -> None:
+    assert views.artifacts(TaskView.model_validate(summary())) == []
+    task_id = uuid.uuid4()
+
+    def artifact(attempt: int, name: str) -> dict[str, Any]:
+        return {
+            "attempt": attempt, "name": name, "step": "build", "size": 2048, "sha256": "ab" * 32,
+            "host_id": "h", "stored_at": NOW, "object": f"{task_id}/{attempt}/u{attempt}",
+        }  # fmt: skip
+
+    view = TaskView.model_validate(
+        summary(task_id=task_id, artifacts=[artifact(1, "z.txt"), artifact(2, "logs/a b#.txt"), artifact(2, "b")])
+    )
+    rows = views.artifacts(view)
+    assert [(r.attempt, r.name) for r in rows] == [(2, "b"), (2, "logs/a b#.txt"), (1, "z.txt")]
+    assert rows[1].href == f"/tasks/{task_id}/artifacts/2/logs/a%20b%23.txt"
+    assert (rows[0].size, rows[0].sha256, rows[0].step) == (2048, "ab" * 32, "build")
+
+
+def test_sizes_and_durations_read_short() -> None:
+    assert [views.size_text(n) for n in (0, 1023, 1024, 5 * 2**20 + 2**19, 3 * 2**40)] == [
+        "0 B", "1023 B", "1.0 KiB", "5.5 MiB", "3072.0 GiB",
+    ]  # fmt: skip
+    assert [views.seconds_text(s) for s in (1.5, 45, 90, 600, 7500)] == ["1.5 s", "45 s", "1m30s", "10m", "2h05m"]
+
+
+def test_policy_rows_show_the_retry_policy_and_time_limits() -> None:
+    assert views.policy_rows(TaskView.model_validate(summary())) == []
+    view = TaskView.model_validate(
+        summary(
+            retry={"on": ["infra", "step_failed"], "backoff": {"initial_s": 5, "max_s": 300, "multiplier": 2}},
+            queue_timeout_s=600,
+            attempt_timeout_s=90,
+        )
+    )
+    assert views.policy_rows(view) == [
+        ("Retried on", "infra, step_failed"),
+        ("Backoff", "5 s ×2 per retry, at most 5m"),
+        ("Queue timeout", "10m"),
+        ("Attempt timeout", "1m30s"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("reason", "parts"),
+    [
+        (None, ("", "")),
+        ("retry_backoff: attempt 1 ended, waiting", ("retry_backoff", "attempt 1 ended, waiting")),
+        ("no_host_with_action: none offers adb", ("no_host_with_action", "none offers adb")),
+        ("waiting: for what", ("waiting", "for what")),
+        ("no code here", ("", "no code here")),
+        ("a b: c", ("", "a b: c")),
+    ],
+)  # fmt: skip
+def test_pending_reasons_split_into_code_and_words(reason: str | None, parts: tuple[str, str]) -> None:
+    assert views.pending_parts(reason) == parts
+
+
+def test_the_lab_names_each_hosts_plugin_actions_without_the_builtins() -> None:
+    h = host("h1", [device("d1")]).model_copy(
+        update={
+            "actions": [
+                ActionView(name="shell"),
+                ActionView(name="adb-instrument", version="1.2"),
+                ActionView(name="noop"),
+            ]
+        }
+    )
+    assert views.lab([h], {}, {}, NOW).hosts[0].plugin_actions == ["adb-instrument"]
+    assert views.lab([host("h2", [])], {}, {}, NOW).hosts[0].plugin_actions == []
 
 
 def test_cancellable_and_in_flight() -> None:

@@ -19,8 +19,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
+import nats.errors
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
@@ -41,7 +42,7 @@ from starlette.staticfiles import StaticFiles
 from devsched.client import Client, DevschedError, NotFound
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
-from devsched.web import charts, security, views
+from devsched.web import charts, downloads, security, views
 from devsched.web.events import stored_events
 from devsched.web.sampler import Sampler, Snapshot
 from devsched.web.settings import WebSettings
@@ -68,6 +69,8 @@ def _templates() -> Environment:
     env.filters["age"] = views.age
     env.filters["state_class"] = views.state_class
     env.filters["json"] = lambda v: json.dumps(v, indent=None, sort_keys=True, default=str)
+    env.filters["pending"] = views.pending_parts
+    env.filters["size"] = views.size_text
     env.filters["ts"] = lambda d: d.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if d else ""
     return env
 
@@ -240,6 +243,7 @@ async def _task_values(web: Web, task_id: uuid.UUID) -> dict[str, Any]:
         "steps": views.step_rows(view),
         "results": views.result_summaries(view),
         "artifacts": views.artifacts(view),
+        "policy": views.policy_rows(view),
         "metadata": views.redact(view.metadata),
         "cancellable": views.cancellable(str(view.status)),
         "now": datetime.now(UTC),
@@ -303,6 +307,31 @@ async def task_log(request: Request) -> Response:
         yield _sse("end", "{}")
 
     return StreamingResponse(lines(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+
+
+async def artifact_download(request: Request) -> Response:
+    """One stored artifact as an attachment, streamed from the artifacts bucket through this process."""
+    web = _web(request)
+    task_id = _task_id(request)
+    attempt = int(request.path_params["attempt"])
+    name = request.path_params["name"]
+    try:
+        bucket, artifact = await downloads.find(web.client, task_id, attempt, name)
+        chunks = await downloads.open_chunks(web.client, bucket, artifact)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except (DevschedError, nats.errors.Error) as exc:
+        log.warning("artifact download failed: %s", exc, extra={"task_id": str(task_id)})
+        raise HTTPException(502, "the artifact cannot be read now") from None
+    filename = name.rsplit("/", 1)[-1]
+    ascii_name = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in filename)
+    headers = {
+        "content-disposition": f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename, safe='')}",
+        "content-length": str(artifact.size),
+        "x-devsched-sha256": artifact.sha256,
+    }
+    log.info("artifact downloaded", extra={"task_id": str(task_id), "attempt": attempt, "size": artifact.size})
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
 
 def _device_values(web: Web, snap: Snapshot, device_id: str) -> dict[str, Any]:
@@ -554,6 +583,7 @@ def create_app(settings: WebSettings, *, connect: Callable[[], Awaitable[Client]
         Route("/tasks/{task_id}/live", task_live),
         Route("/tasks/{task_id}/log", task_log),
         Route("/tasks/{task_id}/cancel", cancel, methods=["POST"]),
+        Route("/tasks/{task_id}/artifacts/{attempt:int}/{name:path}", artifact_download),
         Route("/devices/{device_id}", device_page),
         Route("/devices/{device_id}/live", device_live),
         Route("/devices/{device_id}/drain", drain, methods=["POST"]),

@@ -7,6 +7,13 @@ holds and its step are not in the task list: they come from one `tasks.get` per 
 task events (`P.events.task.*`, a plain subscription, no consumer), which also trigger an early sample so
 that a change shows within a fraction of a second. The events feed the charts (`charts.Series`) and each
 device's recent history (kept in memory: no API lists a device's tasks yet).
+
+Cost, with a deep queue (10,000 tasks): decoding a page of task summaries holds the event loop (about
+50 µs a task), so pages are small (`PAGE_SIZE`: each decode is a short slice between page renders) and the
+whole queue is re-read only every `refresh_s` at the soonest, and no more often than `QUEUE_DUTY` times its
+own read time; in between, an event sample (hosts, running, newest) drops the tasks whose events say they
+left the queue. Samples are spaced by their own cost too (`max(MIN_GAP_S, took)`), so a storm of events
+never keeps the loop sampling.
 """
 
 from __future__ import annotations
@@ -38,8 +45,12 @@ RECENT = 30
 DEVICE_HISTORY = 50
 #: Task gets in flight at once when many new attempts appear together.
 GET_CONCURRENCY = 16
-#: Shortest pause between two samples, however many events arrive.
+#: Shortest pause between two samples, however many events arrive (a sample also waits as long as it took).
 MIN_GAP_S = 0.25
+#: Tasks per list request: a page's decode is one uninterrupted slice of the event loop.
+PAGE_SIZE = 250
+#: The whole queue is re-read no more often than this many times its last read took.
+QUEUE_DUTY = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +114,11 @@ class Sampler:
         self._poke = asyncio.Event()
         self._changed = asyncio.Condition()
         self._sub: Subscription | None = None
+        self._queued: list[TaskSummary] = []
+        self._queued_capped = False
+        self._queue_read_at = -float("inf")
+        self._queue_read_s = 0.0
+        self._left: set[str] = set()
 
     # -- events ----------------------------------------------------------------------------------------------
 
@@ -137,6 +153,10 @@ class Sampler:
             held.running = replace(held.running, progress=event.progress)
         if event.status in TERMINAL or kind == "requeued":
             self._held.pop(task_id, None)
+        if event.status == TaskStatus.QUEUED:
+            self._left.discard(task_id)
+        else:
+            self._left.add(task_id)  # out of the queue until the next full read says otherwise
         if event.status in TERMINAL:
             self.series.finished(str(event.status), event.at)
         device_id = event.device_id or (held.device_id if held else None)
@@ -152,10 +172,10 @@ class Sampler:
             started = time.monotonic()
             await self.sample()
             took = time.monotonic() - started
-            # a slow sample (a huge queue) spaces the next ones out rather than loading the scheduler
+            # a slow sample spaces the next ones out rather than loading the scheduler and this event loop
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(self.refresh_s, 2 * took)):
-                    await asyncio.sleep(MIN_GAP_S)
+                    await asyncio.sleep(max(MIN_GAP_S, took))
                     self._poke.clear()
                     await self._poke.wait()
 
@@ -173,8 +193,9 @@ class Sampler:
 
     async def _take(self) -> Snapshot:
         hosts = await self.client.hosts()
-        queued = await self._tasks(TaskStatus.QUEUED, self.queue_max + 1)
-        capped = len(queued) > self.queue_max
+        if self._queue_due():
+            await self._read_queue()
+        queued = [t for t in self._queued if str(t.task_id) not in self._left]
         running = [
             *await self._tasks(TaskStatus.ASSIGNED, 100000),
             *await self._tasks(TaskStatus.DISPATCHED, 100000),
@@ -182,22 +203,36 @@ class Sampler:
         recent = (await self.client.list_page(limit=RECENT)).tasks
         await self._learn_devices(running)
         now = self.clock()
-        self.series.depth(len(queued[: self.queue_max]), now)
+        self.series.depth(len(queued), now)
         on_device = {h.device_id: h.running for h in self._held.values()}
         return Snapshot(
             at=now,
             hosts=hosts,
-            queued=queue_order(queued[: self.queue_max]),
-            queued_capped=capped,
+            queued=queued,
+            queued_capped=self._queued_capped,
             running=running,
             recent=recent,
             on_device=on_device,
             progress={task_id: h.running for task_id, h in self._held.items()},
         )
 
+    def _queue_due(self) -> bool:
+        """Whether the whole queue is to be read again (see the module's docstring)."""
+        since = time.monotonic() - self._queue_read_at
+        return since >= max(self.refresh_s, QUEUE_DUTY * self._queue_read_s)
+
+    async def _read_queue(self) -> None:
+        started = time.monotonic()
+        self._left.clear()  # events from now on apply to what this read returns
+        queued = await self._tasks(TaskStatus.QUEUED, self.queue_max + 1)
+        self._queued_capped = len(queued) > self.queue_max
+        self._queued = queue_order(queued[: self.queue_max])
+        self._queue_read_at = time.monotonic()
+        self._queue_read_s = self._queue_read_at - started
+
     async def _tasks(self, status: TaskStatus, most: int) -> list[TaskSummary]:
         found: list[TaskSummary] = []
-        async for page in self.client.pages(status=status, page_size=1000):
+        async for page in self.client.pages(status=status, page_size=PAGE_SIZE):
             found.extend(page.tasks)
             if len(found) >= most:
                 break

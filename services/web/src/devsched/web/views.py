@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
+from devsched.core import actions as core_actions
 from devsched.core.status import IN_FLIGHT, TERMINAL, TaskStatus
 from devsched.protocol.messages import (
     AttemptView,
@@ -157,6 +159,8 @@ class HostRow:
     last_seen: str
     agent_version: str | None
     devices: list[DeviceCell]
+    plugin_actions: list[str] = field(default_factory=list)
+    """The plug-in actions it advertises (built-ins left out: every host runs those)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +214,14 @@ def lab(
             )
         if cells or not filters:
             rows.append(
-                HostRow(host.host_id, host.online, age(host.last_seen_at, now), host.agent_version, cells)
+                HostRow(
+                    host.host_id,
+                    host.online,
+                    age(host.last_seen_at, now),
+                    host.agent_version,
+                    cells,
+                    plugin_actions(host),
+                )
             )
     return Lab(
         hosts=rows,
@@ -220,6 +231,11 @@ def lab(
         devices_shown=shown,
         devices_total=total,
     )
+
+
+def plugin_actions(host: HostView) -> list[str]:
+    """The host's advertised plug-in actions by name, built-ins (`shell`, `sleep`, `noop`) left out."""
+    return core_actions.plugin_actions(a.name for a in host.actions)
 
 
 # -- queue -------------------------------------------------------------------------------------------------
@@ -330,8 +346,6 @@ def result_summaries(task: TaskSummary) -> list[tuple[str, ResultsSummary]]:
     return [(step.name, step.results) for step in task.result.steps if step.results is not None]
 
 
-
-
 def step_rows(task: TaskSummary) -> list[dict[str, Any]]:
     """The plan's steps for display: environment values hidden, other arguments redacted."""
     rows = []
@@ -354,19 +368,84 @@ def step_rows(task: TaskSummary) -> list[dict[str, Any]]:
     return rows
 
 
-def artifacts(task: TaskView) -> list[dict[str, Any]] | None:
-    """The task's artifacts if its view carries them (the artifacts work adds them), else None.
+def pending_parts(reason: str | None) -> tuple[str, str]:
+    """A `pending_reason` split into its stable code and its explanation (`retry_backoff`, `attempt 1 ...`).
 
-    Only names and sizes are shown until an artifact download API exists.
+    The scheduler writes `<code>: <words>`; codes include `retry_backoff` (the retry policy's wait, see
+    `not_before`) and `no_host_with_action` (no host with a matching device offers a plug-in action the plan
+    uses). A reason without a code is all explanation.
     """
-    items = getattr(task, "artifacts", None)
-    if items is None:
-        return None
-    shown = []
-    for item in items:
-        data = item.model_dump(mode="json") if hasattr(item, "model_dump") else dict(item)
-        shown.append({"name": str(data.get("name", "")), "size": data.get("size_bytes", data.get("size"))})
-    return shown
+    if not reason:
+        return "", ""
+    code, sep, words = reason.partition(": ")
+    if sep and code.isidentifier():
+        return code, words
+    return "", reason
+
+
+@dataclass(frozen=True, slots=True)
+class ArtifactRow:
+    """A stored artifact as the task page lists it, with its download path on this dashboard."""
+
+    attempt: int
+    name: str
+    step: str
+    size: int
+    sha256: str
+    href: str
+
+
+def download_path(task_id: object, attempt: int, name: str) -> str:
+    """`/tasks/<id>/artifacts/<attempt>/<name>`, the name's parts percent-encoded (slashes kept)."""
+    return f"/tasks/{task_id}/artifacts/{attempt}/{quote(name, safe='/')}"
+
+
+def artifacts(task: TaskView) -> list[ArtifactRow]:
+    """The task's stored artifacts, newest attempt first, then by name."""
+    rows = [
+        ArtifactRow(a.attempt, a.name, a.step, a.size, a.sha256, download_path(task.task_id, a.attempt, a.name))
+        for a in task.artifacts
+    ]
+    return sorted(rows, key=lambda r: (-r.attempt, r.name))
+
+
+def size_text(size: int) -> str:
+    """`512 B`, `12.3 KiB`, `4.0 MiB`, `1.2 GiB`."""
+    if size < 1024:
+        return f"{size} B"
+    value = float(size)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def seconds_text(seconds: float) -> str:
+    """`45 s`, `1.5 s`, `12m`, `2h05m` for a duration in seconds."""
+    if seconds < 60:
+        return f"{seconds:g} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes}m" + (f"{int(seconds % 60):02d}s" if seconds % 60 else "")
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def policy_rows(task: TaskSummary) -> list[tuple[str, str]]:
+    """The task's retry policy and time limits as (label, text) pairs; empty when it has none."""
+    rows: list[tuple[str, str]] = []
+    if task.retry is not None:
+        b = task.retry.backoff
+        causes = ", ".join(str(c) for c in task.retry.on) or "nothing"
+        rows.append(("Retried on", causes))
+        rows.append(
+            ("Backoff", f"{seconds_text(b.initial_s)} ×{b.multiplier:g} per retry, at most {seconds_text(b.max_s)}")
+        )
+    if task.queue_timeout_s is not None:
+        rows.append(("Queue timeout", seconds_text(task.queue_timeout_s)))
+    if task.attempt_timeout_s is not None:
+        rows.append(("Attempt timeout", seconds_text(task.attempt_timeout_s)))
+    return rows
 
 
 def cancellable(status: str) -> bool:

@@ -1,0 +1,203 @@
+"""The web dashboard's NATS user (`web` in deploy/nats/accounts.conf) against a real nats-server with the
+committed accounts: it calls the reads and the two actions it offers (cancel, drain a device), follows task
+events and step output, and reads the artifacts bucket; it cannot submit, drain a host, touch any host
+subject (`P.host.>`) either way, or write or delete an artifact.
+
+A stand-in scheduler (the `scheduler` user) answers every `P.api.>` request so that an allowed call is seen
+to arrive and a refused one is seen not to; the streams and the bucket are created as the scheduler does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from devsched.client import Client
+from devsched.client.logs import LogReader, collect_output
+from devsched.protocol import messages as m
+from devsched.protocol.artifacts import ArtifactView
+from devsched.protocol.codec import encode
+from devsched.protocol.logs import LogKind, LogRecord, OutputStream
+from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
+from devsched.scheduler.jetstream import ensure_streams
+from devsched.scheduler.settings import SchedulerSettings
+from devsched.web import downloads
+from devsched.web.events import stored_events
+from support.log_stream import task_view
+from support.polling import eventually
+from support.secured_nats import SecuredNats, secured_nats
+
+pytestmark = [pytest.mark.security, pytest.mark.integration]
+
+S = Subjects("devsched")
+#: How long a refused message would take to show up, at most, on loopback.
+WATCH_S = 1.0
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredNats]:
+    with secured_nats(tmp_path / "nats") as server:
+        yield server
+
+
+class Web:
+    """The web user's connection, with the permission errors the server sent it."""
+
+    def __init__(self) -> None:
+        self.violations: list[str] = []
+        self.nc: NatsClient | None = None
+
+    async def connect(self, server: SecuredNats) -> NatsClient:
+        async def on_error(exc: Exception) -> None:
+            self.violations.append(str(exc).lower())
+
+        self.nc = await nats.connect(server.url("web"), error_cb=on_error, allow_reconnect=False)
+        return self.nc
+
+
+@pytest.fixture
+async def scheduler(secured: SecuredNats) -> AsyncIterator[tuple[NatsClient, list[str]]]:
+    """The scheduler's user: the streams created, every `P.api.>` request answered and noted."""
+    nc = await nats.connect(secured.url("scheduler"))
+    await ensure_streams(nc.jetstream(), S, SchedulerSettings(subject_prefix="devsched"))
+    heard: list[str] = []
+
+    async def answer(msg: Msg) -> None:
+        heard.append(msg.subject)
+        if msg.reply:
+            await msg.respond(b'{"ok": true}')
+
+    await nc.subscribe("devsched.api.>", cb=answer)
+    await nc.flush()
+    yield nc, heard
+    await nc.close()
+
+
+@pytest.fixture
+async def web(secured: SecuredNats, scheduler: object) -> AsyncIterator[Web]:
+    w = Web()
+    await w.connect(secured)
+    yield w
+    if w.nc is not None:
+        await w.nc.close()
+
+
+async def test_the_web_user_calls_the_reads_cancel_and_device_drain(
+    web: Web, scheduler: tuple[NatsClient, list[str]]
+) -> None:
+    assert web.nc is not None
+    _, heard = scheduler
+    allowed = [S.tasks_get, S.tasks_list, S.tasks_cancel, S.hosts_list, S.devices_drain, S.task_artifacts]
+    for subject in allowed:
+        reply = await web.nc.request(subject, b"{}", timeout=5)
+        assert reply.data == b'{"ok": true}', subject
+    assert heard == allowed
+    assert web.violations == []
+
+
+async def test_the_web_user_cannot_submit_drain_a_host_or_touch_a_host_subject(
+    web: Web, scheduler: tuple[NatsClient, list[str]]
+) -> None:
+    assert web.nc is not None
+    _, heard = scheduler
+    task = uuid.uuid4()
+    refused = [
+        S.tasks_submit,
+        S.hosts_drain,
+        "devsched.api.anything.else",
+        "$SRV.PING",
+        "devsched.host.bench-07.heartbeat",
+        "devsched.host.bench-07.claim",
+        S.host_log("bench-07", task, 1),
+        S.host_upload("bench-07", task, 1, "u1"),
+    ]
+    for subject in refused:
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await web.nc.request(subject, b"{}", timeout=WATCH_S)
+    await eventually(lambda: len(web.violations) >= len(refused), message="every publish is refused")
+    for subject in refused:
+        assert any("publish" in v and subject.lower() in v for v in web.violations), (subject, web.violations)
+    assert heard == [], "nothing refused reaches the scheduler"
+
+    # nor may it listen to any host subject (claims, heartbeats, log records, uploads)
+    before = len(web.violations)
+    for subject in ("devsched.host.>", S.host_log_all, S.host_upload_all, "devsched.host.bench-07.*"):
+        await web.nc.subscribe(subject)
+    await web.nc.flush()
+    await eventually(lambda: len(web.violations) >= before + 4, message="every subscription is refused")
+    subscribe = [v for v in web.violations[before:] if "subscription" in v]
+    assert len(subscribe) == 4, web.violations[before:]
+
+
+async def test_the_web_user_follows_task_events_and_step_output(
+    secured: SecuredNats, web: Web, scheduler: tuple[NatsClient, list[str]]
+) -> None:
+    sched, _ = scheduler
+    task = uuid.uuid4()
+    event = m.TaskEvent(event="submitted", task_id=task, seq=1, status="queued", at=datetime.now(UTC))
+    await sched.jetstream().publish(S.task_events(task), encode(event))
+    host = await nats.connect(secured.url("bench-07"), inbox_prefix="_INBOX.bench-07")
+    try:
+        record = LogRecord(
+            task_id=task, attempt=1, seq=1, kind=LogKind.OUTPUT, at=datetime.now(UTC), offset=0, step="s", index=0,
+            stream=OutputStream.STDOUT, encoding="utf-8", data="from bench-07\n",
+        )  # fmt: skip
+        await host.jetstream().publish(
+            S.host_log("bench-07", task, 1), encode(record), headers={MSG_ID_HEADER: log_msg_id(uuid.uuid4(), 1)}
+        )
+    finally:
+        await host.close()
+    async with Client.connect(secured.url("web"), prefix="devsched", timeout=5) as client:
+        assert [e.event for e in await stored_events(client, task)] == ["submitted"]
+
+        async def probe() -> m.TaskView:
+            return task_view(task, "bench-07", (1, "done"), status="done")
+
+        reader = LogReader(client.nc.jetstream(), S, task, probe)
+        assert await collect_output(reader) == b"from bench-07\n"
+    assert web.violations == []
+
+
+async def test_the_web_user_reads_the_artifacts_bucket_and_never_writes_it(
+    secured: SecuredNats, web: Web, scheduler: tuple[NatsClient, list[str]]
+) -> None:
+    assert web.nc is not None
+    sched, _ = scheduler
+    task = uuid.uuid4()
+    data = bytes(range(256)) * 1200  # several object chunks
+    bucket = S.artifacts_bucket
+    obj = f"{task}/1/u1"
+    await (await sched.jetstream().object_store(bucket)).put(obj, data)
+    artifact = ArtifactView(
+        attempt=1, name="out/data.bin", step="s", size=len(data), sha256=hashlib.sha256(data).hexdigest(),
+        host_id="bench-07", stored_at=datetime.now(UTC), object=obj,
+    )  # fmt: skip
+    async with Client.connect(secured.url("web"), prefix="devsched", timeout=5) as client:
+        chunks = [chunk async for chunk in await downloads.open_chunks(client, bucket, artifact)]
+    assert b"".join(chunks) == data
+    assert len(chunks) > 1
+
+    store = await web.nc.jetstream().object_store(bucket)
+    before = len(web.violations)
+    with pytest.raises(Exception):  # noqa: B017, PT011 - refused: a timeout or a permissions error, whichever comes first
+        await store.put(
+            f"{task}/1/forged",
+            b"forged",
+        )
+    with pytest.raises(Exception):  # noqa: B017, PT011
+        await store.delete(obj)
+    await eventually(lambda: len(web.violations) > before, message="the writes are refused")
+    assert all("publish" in v for v in web.violations[before:]), web.violations[before:]
+    sched_store = await sched.jetstream().object_store(bucket)
+    assert (await sched_store.get_info(obj)).size == len(data)  # still there, whole
+    with pytest.raises(nats.js.errors.ObjectNotFoundError):
+        await sched_store.get_info(f"{task}/1/forged")
