@@ -50,7 +50,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         # issue 12: a commit stores or replaces a row; rows go only through `devsched_prune`
         "artifacts": "SELECT, INSERT, UPDATE",
         # issue 13: operators register health checks; the scheduler submits the health tasks (migration 0010)
-        "health_checks": "SELECT, INSERT, UPDATE, DELETE",
+        "health_checks": "SELECT, INSERT, UPDATE",
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
