@@ -41,7 +41,7 @@ async def test_gauges_count_the_queue_tasks_hosts_devices_and_the_outbox(lab: La
     assert g.tasks[TaskStatus.QUEUED.value] == 3
     assert g.tasks[TaskStatus.DISPATCHED.value] == 1
     assert (g.hosts_online, g.hosts_offline) == (2, 0)
-    assert g.devices == {"available": 1, "reserved": 1, "offline": 0, "drained": 1}
+    assert g.devices == {"available": 1, "reserved": 1, "offline": 0, "drained": 1, "quarantined": 0}
     assert g.outbox_unsent > 0  # no relay here: every event waits
     assert g.outbox_oldest_unsent_s == pytest.approx(10)
 
@@ -50,15 +50,15 @@ async def test_gauges_count_the_queue_tasks_hosts_devices_and_the_outbox(lab: La
     g = await store.gauges()
     assert (g.hosts_online, g.hosts_offline) == (1, 1)
     # a busy device stays reserved, a drained one drained, whatever its host
-    assert g.devices == {"available": 1, "reserved": 1, "offline": 0, "drained": 1}
+    assert g.devices == {"available": 1, "reserved": 1, "offline": 0, "drained": 1, "quarantined": 0}
     await store.report(running, Outcome.DONE)  # a sign of life of h1: online again, d1 free
     g = await store.gauges()
-    assert g.devices == {"available": 2, "reserved": 0, "offline": 0, "drained": 1}
+    assert g.devices == {"available": 2, "reserved": 0, "offline": 0, "drained": 1, "quarantined": 0}
     assert g.tasks[TaskStatus.DONE.value] == 1
     clock.advance(20)
     await store.heartbeat("idle")
     g = await store.gauges()
-    assert g.devices == {"available": 1, "reserved": 0, "offline": 1, "drained": 1}
+    assert g.devices == {"available": 1, "reserved": 0, "offline": 1, "drained": 1, "quarantined": 0}
 
 
 async def test_a_host_that_lists_no_devices_is_not_counted_offline(lab: Lab, clock: ManualClock) -> None:

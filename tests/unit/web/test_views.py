@@ -51,6 +51,9 @@ def summary(**fields: Any) -> dict[str, Any]:
         ("reserved", False, {}, "offline"),
         ("drained", True, {"drained": True}, "drained"),
         ("available", False, {"drained": True}, "drained"),  # an operator's drain outlives the host's absence
+        ("quarantined", True, {"quarantined": True}, "quarantined"),
+        ("quarantined", False, {"quarantined": True}, "quarantined"),  # so does the scheduler's quarantine
+        ("drained", True, {"drained": True, "quarantined": True}, "drained"),  # the operator's act first
     ],
 )
 def test_device_state(state: str, online: bool, fields: dict[str, Any], shown: str) -> None:

@@ -121,6 +121,8 @@ class DeviceState(StrEnum):
     OFFLINE = "offline"
     #: Taken out of service by an operator.
     DRAINED = "drained"
+    #: Taken out of service by the scheduler after consecutive infrastructure failures (`core.health`).
+    QUARANTINED = "quarantined"
 
 
 class EventKind(StrEnum):

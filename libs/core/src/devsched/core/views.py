@@ -105,6 +105,12 @@ class DeviceView:
     state: DeviceState
     drained: bool
     drain_reason: str | None
+    #: Taken out of service by the scheduler after consecutive infrastructure failures (`core.health`).
+    quarantined: bool = False
+    quarantine_reason: str | None = None
+    quarantined_since: datetime | None = None
+    #: Its consecutive infrastructure failures so far.
+    infra_failures: int = 0
 
 
 @dataclass(frozen=True, slots=True)

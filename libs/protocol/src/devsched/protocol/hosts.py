@@ -30,11 +30,21 @@ class DeviceView(ReplyModel):
     labels: dict[str, str]
     """What selectors match against."""
     state: Lax[DeviceState]
-    """`available`, `reserved`, `offline` or `drained`."""
+    """`available`, `reserved`, `offline`, `drained` or `quarantined` (an addition)."""
     drained: bool = False
     """Taken out of service by an operator (an addition; `state` shows `drained` first)."""
     drain_reason: str | None = None
     """Why it was drained (an addition)."""
+    quarantined: bool = False
+    """Taken out of service by the scheduler after consecutive infrastructure failures (an addition; `state`
+    shows `quarantined` unless the device is also drained). A passing health check or a return to service
+    (`drained: false`) lifts it."""
+    quarantine_reason: str | None = None
+    """Why it was quarantined (an addition), e.g. `3 consecutive infrastructure failures (last: infra)`."""
+    quarantined_since: Timestamp | None = None
+    """When it was quarantined (an addition)."""
+    infra_failures: int = 0
+    """Its consecutive infrastructure failures so far (an addition); a success resets it."""
 
 
 class ActionView(ReplyModel):
@@ -77,7 +87,8 @@ class DrainRequest(RequestModel):
     device_id: Token
     """The device."""
     drained: bool = True
-    """True: no new work goes to it (a running attempt goes on); false: back in service."""
+    """True: no new work goes to it (a running attempt goes on); false: back in service, which also lifts
+    a quarantine."""
     reason: str | None = None
     """Why, for other operators."""
 
@@ -112,6 +123,16 @@ class DeviceDrainView(ReplyModel):
     """Whether it is out of service; survives re-registration of its host."""
     drain_reason: str | None = None
     """The reason given with the drain."""
+    quarantined: bool = False
+    """Taken out of service by the scheduler after consecutive infrastructure failures (an addition; `state`
+    shows `quarantined` unless the device is also drained). A passing health check or a return to service
+    (`drained: false`) lifts it."""
+    quarantine_reason: str | None = None
+    """Why it was quarantined (an addition), e.g. `3 consecutive infrastructure failures (last: infra)`."""
+    quarantined_since: Timestamp | None = None
+    """When it was quarantined (an addition)."""
+    infra_failures: int = 0
+    """Its consecutive infrastructure failures so far (an addition); a success resets it."""
 
 
 class DeviceRegistration(RequestModel):

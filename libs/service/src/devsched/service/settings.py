@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from devsched.core.health import QUARANTINE_AFTER_DEFAULT
 from devsched.core.ids import TOKEN_PATTERN
 from devsched.protocol.tls import NatsAccess, TlsConfigError, with_postgres_ssl
 
@@ -58,6 +59,9 @@ class ServiceSettings(BaseSettings):
     """Largest request body accepted (413 above it); keep it below the NATS server's max_payload."""
     device_grace_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
     """How long a device whose lease expired stays out of use; default: the expired attempt's ttl."""
+    quarantine_after: int = Field(default=QUARANTINE_AFTER_DEFAULT, ge=0, le=1000)
+    """Consecutive infrastructure failures on a device (an `infra` step failing, a lease expiry, a
+    `device_fault` release) that quarantine it; 0 never quarantines (`devsched.core.health`)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     """Lowest level of the JSON log lines written to stderr."""
     drain_timeout_s: Seconds = 5.0

@@ -49,6 +49,7 @@ _LOCK = text(
     WITH d AS (
         SELECT d.device_id FROM devices d
         WHERE d.device_id = ANY(CAST(:device_ids AS text[])) AND d.registered AND NOT d.drained
+          AND d.quarantined_at IS NULL
           AND NOT {device_busy("d")}
         FOR UPDATE OF d SKIP LOCKED
     ),

@@ -33,10 +33,11 @@ QUEUED = leaving(Trigger.ASSIGN)
 def free(now: str = "CAST(:now AS timestamptz)") -> str:
     """SQL: the device (aliased `d`, its host `h`) may take work at `now` (by default `:now`).
 
-    Registered, in service, out of its grace, on an online host, idle.
+    Registered, in service (neither drained nor quarantined), out of its grace, on an online host, idle.
+    A quarantined device's health task is placed by the health pass (`devsched.store.healthchecks`).
     """
     return f"""
-    d.registered AND NOT d.drained
+    d.registered AND NOT d.drained AND d.quarantined_at IS NULL
     AND (d.available_after IS NULL OR d.available_after <= {now})
     AND {host_online("h", now)}
     AND NOT {device_busy("d")}"""

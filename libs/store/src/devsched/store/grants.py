@@ -104,6 +104,7 @@ _LOCKED = f"""
     seen AS (SELECT xmin AS version FROM tasks WHERE task_id = :task_id),
     t AS MATERIALIZED (
         SELECT task_id, status, attempt_count, lease_ttl_s, deadline, attempt_timeout_s, retry IS NULL AS no_retry,
+               kind = 'user' AS user_task, NOT jsonb_path_exists(plan, '$.steps[*] ? (@.infra == true)') AS no_infra,
                xmin AS version
         FROM tasks
         WHERE task_id = :task_id AND {_AFTER_TOUCH}
@@ -170,9 +171,18 @@ def _report_sql(outcome: Outcome) -> str:
     trigger = REPORT_TRIGGER[outcome]
     status = outcome.attempt_status.value
     needs_request = f"AND {_CANCEL_REQUESTED}" if outcome in NEEDS_CANCEL_REQUEST else ""
-    # a failure of a task with a retry policy may queue it again: the locked path decides (`leasing.report`)
+    # a failure of a task with a retry policy may queue it again, a failing infra step counts against the
+    # device, a health task's outcome returns or keeps out its device: the locked path decides (`leasing.report`)
+    needs_request += " AND t.user_task"
     if outcome is Outcome.FAILED:
-        needs_request += " AND t.no_retry"
+        needs_request += " AND t.no_retry AND t.no_infra"
+    # a success resets its device's consecutive infrastructure failures (`devsched.store.quarantine`)
+    healthy = (
+        "healthy AS (UPDATE devices d SET infra_failures = 0 FROM ended"
+        " WHERE d.device_id = ended.device_id AND d.infra_failures > 0),"
+        if outcome is Outcome.DONE
+        else ""
+    )
     return f"""
     WITH {_LOCKED},
     ended AS (
@@ -189,6 +199,7 @@ def _report_sql(outcome: Outcome) -> str:
         FROM ended WHERE tasks.task_id = ended.task_id
         RETURNING tasks.event_seq
     ),
+    {healthy}
     event AS ({_REPORT_EVENT})
     SELECT ended.ended_at, {INSERTED} AS inserted FROM ended
     """

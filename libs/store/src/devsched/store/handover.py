@@ -46,6 +46,7 @@ _HAND_OVER = Sql(
     f AS MATERIALIZED (
         SELECT d.device_id, d.host_id, d.labels FROM devices d
         WHERE d.device_id = (SELECT device_id FROM free) AND d.registered AND NOT d.drained
+          AND d.quarantined_at IS NULL
           AND NOT {device_busy("d")}
         FOR UPDATE OF d SKIP LOCKED
     ),

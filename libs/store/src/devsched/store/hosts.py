@@ -122,15 +122,21 @@ async def register_host(
 
 _DEVICE_COLUMNS = f"""
     d.device_id, d.host_id, d.labels, d.drained, d.drain_reason,
+    d.quarantined_at, d.quarantine_reason, d.infra_failures,
     {host_online("h")} AS online,
     {device_busy("d")} AS busy
 """
 
 
-def device_state(*, drained: bool, busy: bool, online: bool) -> DeviceState:
-    """What an operator sees of a device (the views and the metrics' device counts)."""
+def device_state(*, drained: bool, busy: bool, online: bool, quarantined: bool = False) -> DeviceState:
+    """What an operator sees of a device (the views and the metrics' device counts).
+
+    Drained first (the operator's act), then quarantined (the scheduler's, also while a health check runs).
+    """
     if drained:
         return DeviceState.DRAINED
+    if quarantined:
+        return DeviceState.QUARANTINED
     if busy:
         return DeviceState.RESERVED
     if not online:
@@ -139,8 +145,13 @@ def device_state(*, drained: bool, busy: bool, online: bool) -> DeviceState:
 
 
 def _device_view(row: Any) -> DeviceView:
-    state = device_state(drained=row.drained, busy=row.busy, online=row.online)
-    return DeviceView(row.device_id, row.host_id, visible_labels(row.labels), state, row.drained, row.drain_reason)
+    quarantined = row.quarantined_at is not None
+    state = device_state(drained=row.drained, busy=row.busy, online=row.online, quarantined=quarantined)
+    return DeviceView(
+        row.device_id, row.host_id, visible_labels(row.labels), state, row.drained, row.drain_reason,
+        quarantined=quarantined, quarantine_reason=row.quarantine_reason, quarantined_since=row.quarantined_at,
+        infra_failures=row.infra_failures,
+    )  # fmt: skip
 
 
 def _host_view(row: Any, devices: tuple[DeviceView, ...]) -> HostView:
@@ -200,10 +211,14 @@ async def action_schemas(conn: AsyncConnection, names: Sequence[str]) -> dict[st
     return found
 
 
+#: Returning a device to service (`drained` false) also lifts its quarantine and resets its count.
 _DRAIN = text(
     """
     UPDATE devices SET drained = :drained, drain_reason = CASE WHEN :drained THEN :reason END,
-                       updated_at = :now
+                       updated_at = :now,
+                       infra_failures = CASE WHEN :drained THEN infra_failures ELSE 0 END,
+                       quarantined_at = CASE WHEN :drained THEN quarantined_at END,
+                       quarantine_reason = CASE WHEN :drained THEN quarantine_reason END
     WHERE device_id = :device_id
     """
 )
@@ -214,6 +229,8 @@ async def drain_device(
     conn: AsyncConnection, now: datetime, device_id: str, drained: bool, reason: str | None
 ) -> DeviceView:
     """Take a device out of service (its running attempt goes on to its end), or return it.
+
+    Returning it also lifts a quarantine (`drain --undo`), with its count of infrastructure failures.
 
     Raises:
         NotFound: no such device.
@@ -227,7 +244,10 @@ async def drain_device(
 _DRAIN_HOST_DEVICES = text(
     """
     UPDATE devices SET drained = :drained, drain_reason = CASE WHEN :drained THEN :reason END,
-                       updated_at = :now
+                       updated_at = :now,
+                       infra_failures = CASE WHEN :drained THEN infra_failures ELSE 0 END,
+                       quarantined_at = CASE WHEN :drained THEN quarantined_at END,
+                       quarantine_reason = CASE WHEN :drained THEN quarantine_reason END
     WHERE host_id = :host_id AND registered
     """
 )

@@ -12,11 +12,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import Conflict, LeaseExpired
 from devsched.core.events import StepProgress, TaskEvent
+from devsched.core.health import HEALTH_CHECK_FAILED, QUARANTINE_AFTER_DEFAULT, outcome_of
 from devsched.core.leases import Extension, ReportKind, decide_claim, decide_renew, decide_report
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.retrying import failure_cause
 from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.store import quarantine
 from devsched.store.clock import Clock
 from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
@@ -155,7 +157,7 @@ _REQUEUE_TASK = text(
     """
 )
 
-_PLAN = text("SELECT plan FROM tasks WHERE task_id = :task_id")
+_PLAN = text("SELECT plan, kind, health_device_id FROM tasks WHERE task_id = :task_id")
 
 
 async def report(
@@ -167,16 +169,23 @@ async def report(
     reason: str | None,
     result: Mapping[str, Any] | None,
     clock: Clock,
+    *,
+    quarantine_after: int = QUARANTINE_AFTER_DEFAULT,
 ) -> ReportReceipt | Rejected:
-    """Record the terminal outcome of the live lease, or answer an identical repeat with the first answer."""
+    """Record the terminal outcome of the live lease, or answer an identical repeat with the first answer.
+
+    The attempt's outcome is counted against its device (`devsched.store.quarantine`); a health task's
+    outcome returns its device to service (done) or keeps it out (failed).
+    """
     await touch_host(conn, ref.host_id, now)
     task = await lock_task(conn, ref.task_id)
     now = await clock.now(conn)  # after the lock: see `extend`
     named, cancel_for_attempt = await named_attempt(conn, task, ref.attempt)
-    failure = None
-    if outcome is Outcome.FAILED and task.retry is not None:
-        plan = (await conn.execute(_PLAN, {"task_id": ref.task_id})).scalar_one()
-        failure = failure_cause(plan, result, reason)
+    failure = cause = None
+    own = (await conn.execute(_PLAN, {"task_id": ref.task_id})).one()
+    if outcome is Outcome.FAILED:
+        cause = failure_cause(own.plan, result, reason)
+        failure = cause if task.retry is not None else None
     try:
         decision = decide_report(
             task, named, ref, outcome, now, cancel_requested_for_attempt=cancel_for_attempt, failure=failure
@@ -199,6 +208,14 @@ async def report(
     ).scalar_one_or_none()
     if device_id is None:
         raise LeaseExpired()
+    if own.kind == "health" and outcome is not Outcome.CANCELLED:
+        if outcome is Outcome.DONE:
+            await quarantine.return_device(conn, now, device_id, checked=True)
+        else:
+            await quarantine.quarantine(conn, now, device_id, HEALTH_CHECK_FAILED)
+    elif outcome is not Outcome.CANCELLED:
+        device = outcome_of(cause, done=outcome is Outcome.DONE)
+        await quarantine.record(conn, now, device_id, device, str(cause), threshold=quarantine_after)
     if decision.retry is not None:
         again = decision.retry
         requeue = {"task_id": ref.task_id, "now": now, "not_before": again.not_before, "avoid": again.avoid_device_id}

@@ -51,6 +51,7 @@ _PLACE = Sql(
              JOIN tasks t ON t.task_id = m.task_id
              JOIN devices d ON d.device_id = f.device_id
         WHERE (t.status IN {candidates.QUEUED}) IS TRUE AND d.registered AND NOT d.drained
+          AND d.quarantined_at IS NULL
           AND NOT {device_busy("d")}
         -- a retried task prefers another device than the one it failed on, and takes that one if it is the only
         ORDER BY m.priority DESC, m.created_at, m.task_id, f.device_id IS NOT DISTINCT FROM m.avoid_device_id,

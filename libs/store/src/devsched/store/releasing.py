@@ -20,10 +20,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import Conflict, LeaseExpired
 from devsched.core.events import TaskEvent
+from devsched.core.health import DEVICE_FAULT, QUARANTINE_AFTER_DEFAULT, DeviceOutcome, is_device_fault
 from devsched.core.leases import ReportKind, decide_release
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.status import AttemptStatus, EndReason, EventKind, TaskStatus
+from devsched.store import quarantine
 from devsched.store.clock import Clock
 from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
@@ -78,8 +80,11 @@ async def release(
     clock: Clock,
     *,
     max_releases: int,
+    quarantine_after: int = QUARANTINE_AFTER_DEFAULT,
 ) -> ReleaseReceipt | Rejected:
     """End the live lease's attempt as released and requeue (or cancel, or fail) its task.
+
+    A release for a device fault (its reason starts with `device_fault`) counts against the device.
 
     An identical repeat is answered with the first release's `recorded_at` and the task's status now.
     """
@@ -105,6 +110,10 @@ async def release(
     device_id = (await conn.execute(_END_ATTEMPT, params)).scalar_one_or_none()
     if device_id is None:  # cannot happen under the task lock; the compare-and-set makes sure
         raise LeaseExpired()
+    if is_device_fault(reason):
+        await quarantine.record(
+            conn, now, device_id, DeviceOutcome.INFRA_FAILURE, DEVICE_FAULT, threshold=quarantine_after
+        )
     task_reason = decision.reason.value if decision.reason is not None else None
     seq = (
         await conn.execute(

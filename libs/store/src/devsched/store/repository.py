@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from devsched.core.errors import InvalidRequest
 from devsched.core.events import AttemptAssigned
+from devsched.core.health import QUARANTINE_AFTER_DEFAULT
 from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
 from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
@@ -102,6 +103,7 @@ class Store:
         assign_inline: a submit places its task on a free device, and a report hands the device it frees
             to the next queued task, in their own transactions (what the scheduler does); otherwise only
             `assign` assigns.
+        quarantine_after: consecutive infrastructure failures that quarantine a device (0: never).
 
     `on_commit`, when set, is told after every commit of a writing operation which outbox messages it
     wrote (to publish them at once) and whether it leaves work for an assignment pass.
@@ -116,6 +118,7 @@ class Store:
         device_grace_s: float | None = None,
         max_releases: int = MAX_RELEASES_DEFAULT,
         assign_inline: bool = False,
+        quarantine_after: int = QUARANTINE_AFTER_DEFAULT,
     ) -> None:
         if heartbeat_interval_s < 0.5:
             # liveness is written at most once a second and a host is offline after 3 intervals
@@ -128,6 +131,9 @@ class Store:
             raise ValueError(f"max_releases must be at least 0, not {max_releases}")
         self.max_releases = max_releases
         self.assign_inline = assign_inline
+        if quarantine_after < 0:
+            raise ValueError(f"quarantine_after must be at least 0, not {quarantine_after}")
+        self.quarantine_after = quarantine_after
         self.on_commit: CommitHook | None = None
         self._tx = Transactor(engine, self.clock)
 
@@ -372,7 +378,10 @@ class Store:
             return receipt
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ReportReceipt | Rejected:
-            receipt = await leasing.report(conn, now, changes.outbox, ref, outcome, reason, result, self.clock)
+            receipt = await leasing.report(
+                conn, now, changes.outbox, ref, outcome, reason, result, self.clock,
+                quarantine_after=self.quarantine_after,
+            )  # fmt: skip
             if isinstance(receipt, ReportReceipt) and not receipt.duplicate:
                 changes.assignable = True  # the device is free
                 if self.assign_inline:
@@ -402,8 +411,9 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ReleaseReceipt | Rejected:
             receipt = await releasing.release(
-                conn, now, changes.outbox, ref, reason, result, self.clock, max_releases=self.max_releases
-            )
+                conn, now, changes.outbox, ref, reason, result, self.clock, max_releases=self.max_releases,
+                quarantine_after=self.quarantine_after,
+            )  # fmt: skip
             # the device is free and the task may be queued again: the assignment loop takes both
             changes.assignable = isinstance(receipt, ReleaseReceipt) and not receipt.duplicate
             return receipt
@@ -464,8 +474,9 @@ class Store:
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> list[ExpiredLease]:
             expired = await sweeping.sweep_expired(
-                conn, now, changes.outbox, limit=limit, device_grace_s=self.device_grace_s, clock=self.clock
-            )
+                conn, now, changes.outbox, limit=limit, device_grace_s=self.device_grace_s, clock=self.clock,
+                quarantine_after=self.quarantine_after,
+            )  # fmt: skip
             changes.assignable = bool(expired)  # requeued tasks, and devices free once their grace ends
             return expired
 

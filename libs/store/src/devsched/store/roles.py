@@ -49,13 +49,16 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "alembic_version": "SELECT",  # readiness: the schema is this release's (store/health.py)
         # issue 12: a commit stores or replaces a row; rows go only through `devsched_prune`
         "artifacts": "SELECT, INSERT, UPDATE",
+        # issue 13: operators register health checks; the scheduler submits the health tasks (migration 0010)
+        "health_checks": "SELECT, INSERT, UPDATE",
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
         # `not_before` and `avoid_device_id`: the backoff of a task the retry policy queues again (migration 0008)
         "tasks": "SELECT, UPDATE (status, reason, updated_at, event_seq, not_before, avoid_device_id)",
         "attempts": "SELECT, UPDATE (status, end_reason, ended_at)",
-        "devices": "SELECT, UPDATE (available_after)",
+        # the health counters: an expiry is an infrastructure failure of its device (migration 0010)
+        "devices": "SELECT, UPDATE (available_after, infra_failures, quarantined_at, quarantine_reason)",
         "cancel_requests": "SELECT",
         "outbox": "INSERT",
         "alembic_version": "SELECT",  # readiness, as for the scheduler

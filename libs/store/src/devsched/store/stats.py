@@ -43,10 +43,11 @@ _HOSTS = text(
 )
 _DEVICES = text(
     f"""
-    SELECT d.drained, {device_busy("d")} AS busy, {host_online("h")} AS online, count(*) AS n
+    SELECT d.drained, d.quarantined_at IS NOT NULL AS quarantined, {device_busy("d")} AS busy,
+           {host_online("h")} AS online, count(*) AS n
     FROM devices d JOIN hosts h ON h.host_id = d.host_id
     WHERE {HELD}
-    GROUP BY 1, 2, 3
+    GROUP BY 1, 2, 3, 4
     """
 )
 _OUTBOX = text("SELECT count(*) AS n, min(created_at) AS oldest FROM outbox WHERE sent_at IS NULL")
@@ -88,7 +89,7 @@ async def gauges(conn: AsyncConnection, now: datetime) -> Gauges:
     hosts = (await conn.execute(_HOSTS, {"now": now})).one()
     devices = {state.value: 0 for state in DeviceState}
     for row in (await conn.execute(_DEVICES, {"now": now})).all():
-        state = device_state(drained=row.drained, busy=row.busy, online=row.online)
+        state = device_state(drained=row.drained, busy=row.busy, online=row.online, quarantined=row.quarantined)
         devices[state.value] += int(row.n)
     outbox = (await conn.execute(_OUTBOX)).one()
     return Gauges(

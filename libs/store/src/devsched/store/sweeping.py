@@ -14,6 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import TaskEvent
 from devsched.core.expiry import decide_expiry, is_expired
+from devsched.core.health import DeviceOutcome
+from devsched.core.status import EndReason
+from devsched.store import quarantine
 from devsched.store.clock import Clock
 from devsched.store.faults import point
 from devsched.store.outbox import Outbox
@@ -78,8 +81,12 @@ async def sweep_expired(
     limit: int,
     device_grace_s: float | None,
     clock: Clock,
+    quarantine_after: int = 0,
 ) -> list[ExpiredLease]:
-    """End up to `limit` expired leases (oldest expiry first) and decide each task's fate."""
+    """End up to `limit` expired leases (oldest expiry first) and decide each task's fate.
+
+    Each expiry is an infrastructure failure of its device (`devsched.store.quarantine`).
+    """
     ids = list((await conn.execute(_CANDIDATES, {"now": now, "limit": limit})).scalars())
     if not ids:
         return []
@@ -142,5 +149,11 @@ async def sweep_expired(
             ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)
         )
     await conn.execute(_GRACE, {"device_ids": list(grace_until), "until": list(grace_until.values())})
+    for t in sorted(expired, key=lambda t: (t.current.device_id if t.current else "", t.task_id)):
+        assert t.current is not None
+        await quarantine.record(
+            conn, now, t.current.device_id, DeviceOutcome.INFRA_FAILURE, EndReason.LEASE_EXPIRED.value,
+            threshold=quarantine_after,
+        )  # fmt: skip
     await outbox.flush(conn, now)
     return out

@@ -230,6 +230,7 @@ class Sweeper:
                 s.database_dsn,
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
+                quarantine_after=s.quarantine_after,
                 pool_size=min(s.db_pool_size, max(2, s.sweep_workers)),
                 max_overflow=1,
             )

@@ -115,6 +115,7 @@ class Scheduler:
                 heartbeat_interval_s=s.heartbeat_interval_s,
                 device_grace_s=s.device_grace_s,
                 max_releases=s.max_releases,
+                quarantine_after=s.quarantine_after,
                 pool_size=s.db_pool_size,
                 max_overflow=s.db_pool_size,
                 assign_inline=s.assign_inline,

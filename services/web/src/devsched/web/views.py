@@ -41,15 +41,14 @@ UUID_TEXT = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F
 def device_state(device: DeviceView, host_online: bool) -> str:
     """The state the lab colours a device with: one of `DEVICE_STATES` (unknown states pass through).
 
-    An offline host's devices are offline whatever their rows say, except drained ones (an operator's
-    decision outlives the host's absence).
+    An offline host's devices are offline whatever their rows say, except drained and quarantined ones (an
+    operator's or the scheduler's decision outlives the host's absence).
     """
     state = str(device.state)
-    quarantined = getattr(device, "quarantined", False)  # the health-check work adds this field
-    if quarantined is True:
-        return "quarantined"
     if device.drained or state == "drained":
-        return "drained"
+        return "drained"  # the operator's act shows first, as the scheduler's `state` does
+    if device.quarantined or state == "quarantined":
+        return "quarantined"
     if not host_online:
         return "offline"
     return state

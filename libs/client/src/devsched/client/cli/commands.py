@@ -317,7 +317,7 @@ def watch(
 
 
 def hosts(ctx: typer.Context, json_out: JsonFlag = False) -> None:
-    """List hosts and their devices (state: available, reserved, offline, drained)."""
+    """List hosts and their devices (state: available, reserved, offline, drained, quarantined)."""
 
     async def main(client: Client) -> None:
         found = await client.hosts()
@@ -342,7 +342,8 @@ def drain(
         ),
     ] = None,
     undo: Annotated[
-        bool, typer.Option("--undo", help="Put the device (or the host's devices) back in service.")
+        bool,
+        typer.Option("--undo", help="Put the device (or the host's devices) back in service; also lifts a quarantine."),
     ] = False,
     reason: Annotated[str | None, typer.Option(help="Why, for other operators.")] = None,
     json_out: JsonFlag = False,

@@ -29,6 +29,7 @@ DEVICE_STYLE = {
     DeviceState.RESERVED: "blue",
     DeviceState.OFFLINE: "red",
     DeviceState.DRAINED: "yellow",
+    DeviceState.QUARANTINED: "bold red",
 }
 
 
@@ -131,6 +132,8 @@ def hosts_table(hosts: Sequence[HostView], *, compact: bool = False) -> Table:
         for i, device in enumerate(sorted(devices, key=lambda d: d.device_id)):
             labels = ",".join(f"{k}={v}" for k, v in sorted(device.labels.items()))
             state = Text(str(device.state), style=DEVICE_STYLE.get(DeviceState(device.state), ""))
+            if device.quarantined and device.quarantine_reason:
+                state.append(f" ({device.quarantine_reason})")  # why, and since: `hosts --json`
             first = i == 0
             table.add_row(
                 host.host_id if first else "",
