@@ -13,7 +13,10 @@ from devsched.core.status import AttemptStatus, EventKind, TaskReason, TaskStatu
 
 @dataclass(frozen=True, slots=True)
 class ExpiryDecision:
-    """The task's next status and reason, and the event to emit."""
+    """The fate of a task whose attempt the sweeper ended (its lease expired, or it ran out of time).
+
+    The task's next status and reason, and the event to emit.
+    """
 
     trigger: Trigger
     task_status: TaskStatus

@@ -10,13 +10,13 @@ waits out the post-expiry grace, as after a lease expiry. A queued task fails on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from devsched.core.expiry import ExpiryDecision
 from devsched.core.lifecycle import Trigger, next_status
 from devsched.core.records import TaskRecord
-from devsched.core.retrying import Retry, RetryCause, retries, retry
-from devsched.core.status import EventKind, TaskReason, TaskStatus
+from devsched.core.retrying import RetryCause, retries, retry
+from devsched.core.status import EventKind, TaskReason
 
 #: The `stop` a renewal reply carries, and the reason the host reports the attempt `failed` with.
 ATTEMPT_TIMEOUT = TaskReason.ATTEMPT_TIMEOUT.value
@@ -65,18 +65,7 @@ def queue_timed_out(
     return TaskReason.QUEUE_TIMEOUT if now >= since + timedelta(seconds=queue_timeout_s) else None
 
 
-@dataclass(frozen=True, slots=True)
-class TimeoutDecision:
-    """The fate of a task whose attempt the sweeper ended for a timeout."""
-
-    trigger: Trigger
-    task_status: TaskStatus
-    reason: TaskReason | None
-    event: EventKind
-    retry: Retry | None = None
-
-
-def decide_timeout(task: TaskRecord, stop: str, now: datetime) -> TimeoutDecision:
+def decide_timeout(task: TaskRecord, stop: str, now: datetime) -> ExpiryDecision:
     """Cancel if a cancellation is pending; fail at a deadline; else retry or fail an attempt timeout.
 
     An attempt timeout is retried when the policy names it and attempts are left.
@@ -90,10 +79,10 @@ def decide_timeout(task: TaskRecord, stop: str, now: datetime) -> TimeoutDecisio
         trigger, event, again = Trigger.DEADLINE, EventKind.FAILED, None
     elif retries(task.retry, RetryCause.ATTEMPT_TIMEOUT) and task.attempts_spent < task.max_attempts:
         again = retry(task.retry, RetryCause.ATTEMPT_TIMEOUT, task.attempt_count, cur.device_id, now)
-        return TimeoutDecision(
+        return ExpiryDecision(
             Trigger.ATTEMPT_TIMEOUT_RETRY, next_status(task.status, Trigger.ATTEMPT_TIMEOUT_RETRY), None,
             EventKind.REQUEUED, again,
         )  # fmt: skip
     else:
         trigger, event, again = Trigger.ATTEMPT_TIMEOUT, EventKind.FAILED, None
-    return TimeoutDecision(trigger, next_status(task.status, trigger), reason, event, again)
+    return ExpiryDecision(trigger, next_status(task.status, trigger), reason, event, again)

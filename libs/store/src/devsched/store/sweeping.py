@@ -7,14 +7,17 @@ active and expired (River's issue 1302: a sweeper that trusted its earlier read 
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import TaskEvent
-from devsched.core.expiry import decide_expiry, is_expired
+from devsched.core.expiry import ExpiryDecision, decide_expiry, is_expired
 from devsched.core.health import DeviceOutcome
+from devsched.core.records import TaskRecord
 from devsched.core.status import EndReason
 from devsched.store import quarantine
 from devsched.store.clock import Clock
@@ -110,45 +113,7 @@ async def sweep_expired(
     expired = [t for t in expired if t.task_id in ended]
     point("sweep.after_expire")
     decisions = {t.task_id: decide_expiry(t, now) for t in expired}
-    ended_rows = await conn.execute(
-        _END_TASKS,
-        {
-            "task_ids": [t.task_id for t in expired],
-            "statuses": [decisions[t.task_id].task_status.value for t in expired],
-            "reasons": [d.reason.value if (d := decisions[t.task_id]).reason else None for t in expired],
-            "not_before": [r.not_before if (r := decisions[t.task_id].retry) else None for t in expired],
-            "avoid": [r.avoid_device_id if (r := decisions[t.task_id].retry) else None for t in expired],
-            "now": now,
-        },
-    )
-    rows = {r.task_id: r for r in ended_rows.all()}
-    out: list[ExpiredLease] = []
-    grace_until: dict[str, datetime] = {}
-    for t in expired:
-        cur, d = t.current, decisions[t.task_id]
-        assert cur is not None
-        grace = device_grace_s if device_grace_s is not None else float(t.lease_ttl_s)
-        until = now + timedelta(seconds=grace)
-        grace_until[cur.device_id] = max(until, grace_until.get(cur.device_id, until))
-        reason = d.reason.value if d.reason else None
-        outbox.add(
-            TaskEvent(
-                kind=d.event,
-                task_id=t.task_id,
-                seq=rows[t.task_id].event_seq,
-                status=d.task_status,
-                at=now,
-                attempt=cur.attempt,
-                host_id=cur.host_id,
-                device_id=cur.device_id,
-                reason=reason or "lease_expired",
-            ),
-            trace=rows[t.task_id].trace_headers,
-        )
-        out.append(
-            ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)
-        )
-    await conn.execute(_GRACE, {"device_ids": list(grace_until), "until": list(grace_until.values())})
+    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s)
     for t in sorted(expired, key=lambda t: (t.current.device_id if t.current else "", t.task_id)):
         assert t.current is not None
         await quarantine.record(
@@ -156,4 +121,53 @@ async def sweep_expired(
             threshold=quarantine_after,
         )  # fmt: skip
     await outbox.flush(conn, now)
+    return out
+
+
+async def end_tasks(
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    ended: Sequence[TaskRecord],
+    decisions: Mapping[uuid.UUID, ExpiryDecision],
+    *,
+    device_grace_s: float | None,
+    stops: Mapping[uuid.UUID, str] | None = None,
+) -> list[ExpiredLease]:
+    """Apply each decision to its task whose attempt the sweeper just ended, with its event and device grace.
+
+    The tail of both sweeps: an expiry (`sweep_expired`) and a time limit (`timeouts.end_overdue`, whose
+    `stops` name each task's limit, the event's reason when the decision gives none). The device of each
+    ended attempt gets its grace (the host may still be running a step on it).
+    """
+    params = {
+        "task_ids": [t.task_id for t in ended],
+        "statuses": [decisions[t.task_id].task_status.value for t in ended],
+        "reasons": [d.reason.value if (d := decisions[t.task_id]).reason else None for t in ended],
+        "not_before": [r.not_before if (r := decisions[t.task_id].retry) else None for t in ended],
+        "avoid": [r.avoid_device_id if (r := decisions[t.task_id].retry) else None for t in ended],
+        "now": now,
+    }
+    rows = {r.task_id: r for r in (await conn.execute(_END_TASKS, params)).all()}
+    out: list[ExpiredLease] = []
+    grace_until: dict[str, datetime] = {}
+    for t in ended:
+        cur, d = t.current, decisions[t.task_id]
+        assert cur is not None
+        grace = device_grace_s if device_grace_s is not None else float(t.lease_ttl_s)
+        until = now + timedelta(seconds=grace)
+        grace_until[cur.device_id] = max(until, grace_until.get(cur.device_id, until))
+        reason = d.reason.value if d.reason else None
+        fallback = stops[t.task_id] if stops is not None else EndReason.LEASE_EXPIRED.value
+        outbox.add(
+            TaskEvent(
+                kind=d.event, task_id=t.task_id, seq=rows[t.task_id].event_seq, status=d.task_status, at=now,
+                attempt=cur.attempt, host_id=cur.host_id, device_id=cur.device_id, reason=reason or fallback,
+            ),
+            trace=rows[t.task_id].trace_headers,
+        )  # fmt: skip
+        out.append(
+            ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)
+        )
+    await conn.execute(_GRACE, {"device_ids": list(grace_until), "until": list(grace_until.values())})
     return out

@@ -10,7 +10,7 @@ lease expiry: its host may still be running a step on it.
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -23,6 +23,7 @@ from devsched.store.clock import Clock
 from devsched.store.outbox import Outbox
 from devsched.store.rows import TASK_COLUMNS, task_record
 from devsched.store.statuses import IN_FLIGHT, entering, leaving
+from devsched.store.sweeping import end_tasks
 from devsched.store.views import ExpiredLease
 
 _QUEUED = leaving(Trigger.QUEUE_TIMEOUT)
@@ -83,26 +84,6 @@ _END_ATTEMPTS = text(
     FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[]), CAST(:whys AS text[])) AS u(t, n, why)
     WHERE a.task_id = u.t AND a.attempt = u.n AND a.status = 'active'
     RETURNING a.task_id
-    """
-)
-
-_END_TASKS = text(
-    f"""
-    UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1,
-                       not_before = COALESCE(u.nb, t.not_before), avoid_device_id = COALESCE(u.av, t.avoid_device_id)
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
-                CAST(:not_before AS timestamptz[]), CAST(:avoid AS text[])) AS u(id, s, r, nb, av)
-    WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
-    RETURNING t.task_id, t.event_seq, t.trace_headers
-    """
-)
-
-#: As after a lease expiry (`sweeping`): the host may still be running a step on the device.
-_GRACE = text(
-    """
-    UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, u.g), u.g)
-    FROM unnest(CAST(:device_ids AS text[]), CAST(:until AS timestamptz[])) AS u(id, g)
-    WHERE d.device_id = u.id
     """
 )
 
@@ -171,34 +152,6 @@ async def end_overdue(
     )
     due = [t for t in due if t.task_id in ended]
     decisions = {t.task_id: decide_timeout(t, stops[t.task_id], now) for t in due}
-    params = {
-        "task_ids": [t.task_id for t in due],
-        "statuses": [decisions[t.task_id].task_status.value for t in due],
-        "reasons": [d.reason.value if (d := decisions[t.task_id]).reason else None for t in due],
-        "not_before": [r.not_before if (r := decisions[t.task_id].retry) else None for t in due],
-        "avoid": [r.avoid_device_id if (r := decisions[t.task_id].retry) else None for t in due],
-        "now": now,
-    }
-    rows = {r.task_id: r for r in (await conn.execute(_END_TASKS, params)).all()}
-    out: list[ExpiredLease] = []
-    grace_until: dict[str, datetime] = {}
-    for t in due:
-        cur, d = t.current, decisions[t.task_id]
-        assert cur is not None
-        grace = device_grace_s if device_grace_s is not None else float(t.lease_ttl_s)
-        until = now + timedelta(seconds=grace)
-        grace_until[cur.device_id] = max(until, grace_until.get(cur.device_id, until))
-        reason = d.reason.value if d.reason else None
-        outbox.add(
-            TaskEvent(
-                kind=d.event, task_id=t.task_id, seq=rows[t.task_id].event_seq, status=d.task_status, at=now,
-                attempt=cur.attempt, host_id=cur.host_id, device_id=cur.device_id, reason=reason or stops[t.task_id],
-            ),
-            trace=rows[t.task_id].trace_headers,
-        )  # fmt: skip
-        out.append(
-            ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)
-        )
-    await conn.execute(_GRACE, {"device_ids": list(grace_until), "until": list(grace_until.values())})
+    out = await end_tasks(conn, now, outbox, due, decisions, device_grace_s=device_grace_s, stops=stops)
     await outbox.flush(conn, now)
     return out

@@ -15,6 +15,19 @@ _HERE = Path(__file__).resolve().parent
 SCRIPT_LOCATION = _HERE
 
 
+def execute_script(script: str) -> None:
+    """Run a migration's SQL script, statement by statement (split at a `;` that ends a paragraph).
+
+    One `op.execute` per statement: asyncpg runs one statement per call. The split is only at `;` followed
+    by a blank line, so a statement may hold `;` inside (a function body, a `DO` block).
+    """
+    from alembic import op
+
+    for statement in script.split(";\n\n"):
+        if statement.strip():
+            op.execute(statement)
+
+
 def _config(url: str, roles: DatabaseRoles | None) -> Config:
     cfg = Config()
     cfg.set_main_option("script_location", str(_HERE))

@@ -15,7 +15,7 @@ Create Date: 2026-12-06
 
 from collections.abc import Sequence
 
-from alembic import op
+from devsched.store.migrations import execute_script
 
 revision: str = "0005"
 down_revision: str | None = "0004"
@@ -64,17 +64,11 @@ ALTER TABLE tasks
 """
 
 
-def _statements(script: str) -> list[str]:
-    return [s for s in script.split(";\n\n") if s.strip()]
-
-
 def upgrade() -> None:
     """Add `tasks.releases` and the `released` attempt status and end reason; widen the attempt bound."""
-    for statement in _statements(UPGRADE):
-        op.execute(statement)
+    execute_script(UPGRADE)
 
 
 def downgrade() -> None:
     """Turn released attempts into expired ones and restore the older bound (refused if it cannot hold)."""
-    for statement in _statements(DOWNGRADE):
-        op.execute(statement)
+    execute_script(DOWNGRADE)

@@ -16,7 +16,7 @@ Create Date: 2026-12-10
 
 from collections.abc import Sequence
 
-from alembic import op
+from devsched.store.migrations import execute_script
 
 revision: str = "0008"
 down_revision: str | None = "0007"
@@ -83,17 +83,11 @@ ALTER TABLE tasks
 """
 
 
-def _statements(script: str) -> list[str]:
-    return [s for s in script.split(";\n\n") if s.strip()]
-
-
 def upgrade() -> None:
     """Add the tasks' retry policy, time limits and backoff columns, and the timeout end reasons."""
-    for statement in _statements(UPGRADE):
-        op.execute(statement)
+    execute_script(UPGRADE)
 
 
 def downgrade() -> None:
     """Drop them; attempts ended by a time limit become plain lease expiries."""
-    for statement in _statements(DOWNGRADE):
-        op.execute(statement)
+    execute_script(DOWNGRADE)

@@ -17,7 +17,7 @@ Create Date: 2026-12-12
 
 from collections.abc import Sequence
 
-from alembic import op
+from devsched.store.migrations import execute_script
 
 revision: str = "0010"
 down_revision: str | None = "0009"
@@ -73,17 +73,11 @@ ALTER TABLE devices
 """
 
 
-def _statements(script: str) -> list[str]:
-    return [s for s in script.split(";\n\n") if s.strip()]
-
-
 def upgrade() -> None:
     """Add the devices' health columns, the health checks, and the tasks' kind."""
-    for statement in _statements(UPGRADE):
-        op.execute(statement)
+    execute_script(UPGRADE)
 
 
 def downgrade() -> None:
     """Drop them."""
-    for statement in _statements(DOWNGRADE):
-        op.execute(statement)
+    execute_script(DOWNGRADE)
