@@ -15,7 +15,6 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
-from nats.aio.client import Client as NatsClient
 
 from devsched.protocol.artifacts import CHUNK_HEADER
 from devsched.protocol.subjects import HostVerb, Subjects
@@ -23,6 +22,7 @@ from devsched.scheduler.artifacts import object_stream
 from devsched.scheduler.jetstream import ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
 from support.polling import eventually
+from support.secured_nats import HostConnection as Host
 from support.secured_nats import SecuredNats, secured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
@@ -32,24 +32,6 @@ BUCKET = SUBJECTS.artifacts_bucket
 #: How long a refused message would take to show up, at most, on loopback.
 WATCH_S = 1.0
 SECRET = b"secret artifact bytes"
-
-
-class Host:
-    """A host's own connection (its inbox prefix, as the agent connects), with the errors the server sent."""
-
-    def __init__(self, host_id: str) -> None:
-        self.host_id = host_id
-        self.violations: list[str] = []
-        self.nc: NatsClient | None = None
-
-    async def connect(self, server: SecuredNats) -> NatsClient:
-        async def on_error(exc: Exception) -> None:
-            self.violations.append(str(exc).lower())
-
-        self.nc = await nats.connect(
-            server.url(self.host_id), inbox_prefix=f"_INBOX.{self.host_id}", error_cb=on_error, allow_reconnect=False
-        )
-        return self.nc
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from devsched.scheduler.jetstream import ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
 from support.log_stream import task_view
 from support.polling import eventually
+from support.secured_nats import HostConnection as Host
 from support.secured_nats import SecuredNats, secured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
@@ -40,24 +41,6 @@ WATCH_S = 1.0
 def secured(tmp_path: Path) -> Iterator[SecuredNats]:
     with secured_nats(tmp_path / "nats") as server:
         yield server
-
-
-class Host:
-    """A host's own connection (its inbox prefix, as the agent connects), with the errors the server sent."""
-
-    def __init__(self, host_id: str) -> None:
-        self.host_id = host_id
-        self.violations: list[str] = []
-        self.nc: NatsClient | None = None
-
-    async def connect(self, server: SecuredNats) -> NatsClient:
-        async def on_error(exc: Exception) -> None:
-            self.violations.append(str(exc).lower())
-
-        self.nc = await nats.connect(
-            server.url(self.host_id), inbox_prefix=f"_INBOX.{self.host_id}", error_cb=on_error, allow_reconnect=False
-        )
-        return self.nc
 
 
 @pytest.fixture

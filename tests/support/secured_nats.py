@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+import nats
+from nats.aio.client import Client as NatsClient
+
 from devsched.embedded import ChildProcess, free_port, nats_server_binary
 from devsched.embedded.server import tcp_accepts
 
@@ -106,3 +109,21 @@ def secured_nats(directory: Path) -> Iterator[SecuredNats]:
     (directory / "devsched" / "accounts.conf").write_text(accounts_text())
     with configured_nats(directory, "  include ./devsched/accounts.conf;") as address:
         yield SecuredNats(address)
+
+
+class HostConnection:
+    """A host's own connection (its inbox prefix, as the agent connects), with the errors the server sent."""
+
+    def __init__(self, host_id: str) -> None:
+        self.host_id = host_id
+        self.violations: list[str] = []
+        self.nc: NatsClient | None = None
+
+    async def connect(self, server: SecuredNats) -> NatsClient:
+        async def on_error(exc: Exception) -> None:
+            self.violations.append(str(exc).lower())
+
+        self.nc = await nats.connect(
+            server.url(self.host_id), inbox_prefix=f"_INBOX.{self.host_id}", error_cb=on_error, allow_reconnect=False
+        )
+        return self.nc

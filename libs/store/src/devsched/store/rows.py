@@ -35,6 +35,15 @@ _READ_TASK = text(
     """
 )
 
+#: The locked tasks of a sweep, with their current attempts, read after the lock (as `_READ_TASK`).
+REREAD_TASKS = text(
+    f"""
+    SELECT {TASK_COLUMNS}
+    FROM tasks t JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt_count
+    WHERE t.task_id = ANY(CAST(:ids AS uuid[]))
+    """
+)
+
 _ATTEMPT = text(
     """
     SELECT attempt, lease_id, host_id, device_id, status, expires_at, dispatched_at, assigned_at,

@@ -23,7 +23,7 @@ from devsched.store import quarantine
 from devsched.store.clock import Clock
 from devsched.store.faults import point
 from devsched.store.outbox import Outbox
-from devsched.store.rows import TASK_COLUMNS, task_record
+from devsched.store.rows import REREAD_TASKS, task_record
 from devsched.store.statuses import IN_FLIGHT
 from devsched.store.views import ExpiredLease
 
@@ -35,14 +35,6 @@ _CANDIDATES = text(
     ORDER BY a.expires_at
     LIMIT :limit
     FOR UPDATE OF t SKIP LOCKED
-    """
-)
-
-_REREAD = text(
-    f"""
-    SELECT {TASK_COLUMNS}
-    FROM tasks t JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt_count
-    WHERE t.task_id = ANY(CAST(:ids AS uuid[]))
     """
 )
 
@@ -94,7 +86,7 @@ async def sweep_expired(
     if not ids:
         return []
     now = await clock.now(conn)  # after the locks: the end recorded is when the attempt really ended
-    tasks = [task_record(r) for r in (await conn.execute(_REREAD, {"ids": ids})).all()]
+    tasks = [task_record(r) for r in (await conn.execute(REREAD_TASKS, {"ids": ids})).all()]
     expired = [t for t in tasks if is_expired(t, now)]
     if not expired:
         return []

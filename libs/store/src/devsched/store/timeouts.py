@@ -21,7 +21,7 @@ from devsched.core.status import EndReason, EventKind, TaskStatus
 from devsched.core.timeouts import decide_timeout, overdue, queue_timed_out
 from devsched.store.clock import Clock
 from devsched.store.outbox import Outbox
-from devsched.store.rows import TASK_COLUMNS, task_record
+from devsched.store.rows import REREAD_TASKS, task_record
 from devsched.store.statuses import IN_FLIGHT, entering, leaving
 from devsched.store.sweeping import end_tasks
 from devsched.store.views import ExpiredLease
@@ -66,14 +66,6 @@ _IN_FLIGHT_DUE = text(
     ORDER BY t.task_id
     LIMIT :limit
     FOR UPDATE OF t SKIP LOCKED
-    """
-)
-
-_REREAD = text(
-    f"""
-    SELECT {TASK_COLUMNS}
-    FROM tasks t JOIN attempts a ON a.task_id = t.task_id AND a.attempt = t.attempt_count
-    WHERE t.task_id = ANY(CAST(:ids AS uuid[]))
     """
 )
 
@@ -132,7 +124,7 @@ async def end_overdue(
     if not ids:
         return []
     now = await clock.now(conn)  # after the locks
-    tasks = [task_record(r) for r in (await conn.execute(_REREAD, {"ids": ids})).all()]
+    tasks = [task_record(r) for r in (await conn.execute(REREAD_TASKS, {"ids": ids})).all()]
     stops = {t.task_id: stop for t in tasks if (stop := overdue(t, now)) is not None}
     due = [t for t in tasks if t.task_id in stops]
     if not due:
