@@ -14,6 +14,7 @@ from devsched.core.records import LeaseRef
 from devsched.core.status import DeviceState, Outcome
 from devsched.core.views import DeviceView
 from devsched.store import Store
+from support.sql_log import logged, statements
 from support.store_lab import Lab
 
 pytestmark = pytest.mark.integration
@@ -125,3 +126,20 @@ async def test_threshold_zero_never_quarantines(database_url: str, lab: Lab) -> 
         assert (d.infra_failures, d.quarantined) == (4, False)
     finally:
         await store.close()
+
+
+async def test_a_sweep_counts_its_devices_failures_in_two_statements_whatever_its_size(lab: Lab) -> None:
+    """Thousands of expired leases stay one batch: the devices are read and written once each sweep."""
+    devices = [f"d{i:02}" for i in range(12)]
+    await lab.host("h1", *devices)
+    for _ in devices:
+        await lab.running()
+    lab.clock.advance(31)
+    await lab.alive()
+    with statements(lab.store) as sent:
+        swept = await lab.store.sweep_expired()
+        await logged()
+    assert len(swept) == len(devices)
+    assert len([s for s in sent if "infra_failures" in s]) == 2
+    for device_id in devices:
+        assert (await _device(lab.store, device_id)).infra_failures == 1

@@ -9,6 +9,8 @@ is out of `candidates.free()` until a passing health check or an operator return
 from __future__ import annotations
 
 import logging
+from collections import Counter
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import text
@@ -20,20 +22,23 @@ log = logging.getLogger("devsched.store.quarantine")
 
 _RESET = text("UPDATE devices SET infra_failures = 0 WHERE device_id = :device_id AND infra_failures > 0")
 
+#: The devices of a batch, locked in one order (two sweeps or reports never wait on each other in a cycle).
 _READ = text(
     """
-    SELECT infra_failures, quarantined_at IS NOT NULL AS quarantined FROM devices
-    WHERE device_id = :device_id FOR UPDATE
+    SELECT device_id, infra_failures, quarantined_at IS NOT NULL AS quarantined FROM devices
+    WHERE device_id = ANY(CAST(:device_ids AS text[])) ORDER BY device_id FOR UPDATE
     """
 )
 
 _COUNT = text(
     """
-    UPDATE devices
-    SET infra_failures = :count,
-        quarantined_at = CASE WHEN :quarantine THEN CAST(:now AS timestamptz) ELSE quarantined_at END,
-        quarantine_reason = CASE WHEN :quarantine THEN CAST(:reason AS text) ELSE quarantine_reason END
-    WHERE device_id = :device_id
+    UPDATE devices d
+    SET infra_failures = u.count,
+        quarantined_at = CASE WHEN u.quarantine THEN CAST(:now AS timestamptz) ELSE d.quarantined_at END,
+        quarantine_reason = CASE WHEN u.quarantine THEN u.reason ELSE d.quarantine_reason END
+    FROM unnest(CAST(:device_ids AS text[]), CAST(:counts AS int[]), CAST(:quarantines AS boolean[]),
+                CAST(:reasons AS text[])) AS u(id, count, quarantine, reason)
+    WHERE d.device_id = u.id
     """
 )
 
@@ -71,16 +76,39 @@ async def record(
     if outcome is DeviceOutcome.HEALTHY:
         await conn.execute(_RESET, {"device_id": device_id})
         return False
-    row = (await conn.execute(_READ, {"device_id": device_id})).one_or_none()
-    if row is None:
-        return False
-    counted = tally(row.infra_failures, outcome, threshold, quarantined=row.quarantined)
-    reason = quarantine_reason(counted.infra_failures, last)
-    params = {"device_id": device_id, "count": counted.infra_failures, "quarantine": counted.quarantine}
-    await conn.execute(_COUNT, {**params, "now": now, "reason": reason})
-    if counted.quarantine:
-        log.warning("device quarantined", extra={"device_id": device_id, "reason": reason})
-    return counted.quarantine
+    return bool(await record_failures(conn, now, [device_id], last, threshold=threshold))
+
+
+async def record_failures(
+    conn: AsyncConnection, now: datetime, device_ids: Sequence[str], last: str, *, threshold: int
+) -> list[str]:
+    """Count one infrastructure failure (cause `last`) per entry of `device_ids` (repeats count again).
+
+    Two statements whatever the number of devices (a sweep of thousands of expired leases stays a batch):
+    the devices are read and locked in id order, counted by core's rule, and written at once. Returns the
+    devices these failures quarantined.
+    """
+    occurrences = Counter(device_ids)
+    rows = (await conn.execute(_READ, {"device_ids": sorted(occurrences)})).all()
+    ids, counts, quarantines, reasons = [], [], [], []
+    for row in rows:
+        count, quarantined, quarantine = row.infra_failures, row.quarantined, False
+        for _ in range(occurrences[row.device_id]):
+            counted = tally(count, DeviceOutcome.INFRA_FAILURE, threshold, quarantined=quarantined)
+            count, quarantine = counted.infra_failures, quarantine or counted.quarantine
+            quarantined = quarantined or counted.quarantine
+        ids.append(row.device_id)
+        counts.append(count)
+        quarantines.append(quarantine)
+        reasons.append(quarantine_reason(count, last))
+    if ids:
+        params = {"device_ids": ids, "counts": counts, "quarantines": quarantines, "reasons": reasons, "now": now}
+        await conn.execute(_COUNT, params)
+    quarantined_now = [i for i, q in zip(ids, quarantines, strict=True) if q]
+    for device_id, reason in zip(ids, reasons, strict=True):
+        if device_id in quarantined_now:
+            log.warning("device quarantined", extra={"device_id": device_id, "reason": reason})
+    return quarantined_now
 
 
 async def quarantine(conn: AsyncConnection, now: datetime, device_id: str, reason: str) -> None:

@@ -16,7 +16,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import TaskEvent
 from devsched.core.expiry import ExpiryDecision, decide_expiry, is_expired
-from devsched.core.health import DeviceOutcome
 from devsched.core.records import TaskRecord
 from devsched.core.status import EndReason
 from devsched.store import quarantine
@@ -106,12 +105,8 @@ async def sweep_expired(
     point("sweep.after_expire")
     decisions = {t.task_id: decide_expiry(t, now) for t in expired}
     out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s)
-    for t in sorted(expired, key=lambda t: (t.current.device_id if t.current else "", t.task_id)):
-        assert t.current is not None
-        await quarantine.record(
-            conn, now, t.current.device_id, DeviceOutcome.INFRA_FAILURE, EndReason.LEASE_EXPIRED.value,
-            threshold=quarantine_after,
-        )  # fmt: skip
+    devices = [t.current.device_id for t in expired if t.current is not None]
+    await quarantine.record_failures(conn, now, devices, EndReason.LEASE_EXPIRED.value, threshold=quarantine_after)
     await outbox.flush(conn, now)
     return out
 
