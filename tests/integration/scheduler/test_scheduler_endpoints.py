@@ -53,6 +53,9 @@ async def test_service_is_discoverable_with_every_endpoint_in_one_queue_group(
         f"{p}.api.devices.drain",
         f"{p}.api.hosts.drain",
         f"{p}.api.tasks.artifacts",  # issue 12
+        f"{p}.api.health.set",  # issue 13
+        f"{p}.api.health.list",
+        f"{p}.api.health.delete",
         *(f"{p}.host.*.{verb}" for verb in ("register", "heartbeat", "claim", "renew", "report", "release")),
         f"{p}.host.*.artifact",  # issue 12
     }

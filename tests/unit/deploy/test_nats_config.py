@@ -138,6 +138,10 @@ def test_accounts_conf_service_users() -> None:
     assert f'"$JS.API.CONSUMER.CREATE.{subjects.logs_stream}.>"' in operator
     assert f'"$JS.FC.{subjects.logs_stream}.>"' in operator
     assert "devsched.host." not in operator, "an operator must not speak for a host"
+    # health checks (issue 13) are the operators' alone
+    for subject in (subjects.health_set, subjects.health_list, subjects.health_delete):
+        assert subject.startswith("devsched.api.")
+        assert subject not in _user_block(accounts, "web")
     sweeper = _user_block(accounts, "sweeper")
     assert _quoted(sweeper) == []
     assert 'allow: ["devsched.internal.wake"]' in sweeper

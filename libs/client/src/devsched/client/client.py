@@ -46,13 +46,18 @@ from devsched.client.plans import build_request, load_request
 from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
 from devsched.core.limits import LIST_LIMIT_DEFAULT
-from devsched.core.status import TERMINAL, TaskStatus
+from devsched.core.status import TERMINAL, TaskKind, TaskStatus
 from devsched.protocol.messages import (
     CancelReply,
     CancelRequest,
     DeviceDrainView,
     DrainRequest,
     GetTaskRequest,
+    HealthCheckDeleteRequest,
+    HealthCheckListReply,
+    HealthCheckListRequest,
+    HealthCheckSetRequest,
+    HealthCheckView,
     HostDrainRequest,
     HostsListReply,
     HostsListRequest,
@@ -389,10 +394,18 @@ class Client:
         return await self._call(self.subjects.tasks_get, GetTaskRequest(task_id=task_uuid(task_id)), TaskView)
 
     async def list_page(
-        self, *, status: TaskStatus | str | None = None, limit: int = LIST_LIMIT_DEFAULT, after: str | None = None
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+        after: str | None = None,
+        kind: TaskKind | str | None = None,
     ) -> ListTasksReply:
-        """One page of tasks, newest first (`P.api.tasks.list`); pass the reply's `next` as `after`."""
-        body = _build(ListTasksRequest, status=status, limit=limit, after=after)
+        """One page of tasks, newest first (`P.api.tasks.list`); pass the reply's `next` as `after`.
+
+        `kind`: only `user` tasks, or only `health` tasks (issue 13); both by default.
+        """
+        body = _build(ListTasksRequest, status=status, limit=limit, after=after, kind=kind)
         return await self._call(self.subjects.tasks_list, body, ListTasksReply)
 
     async def pages(
@@ -540,6 +553,38 @@ class Client:
         """
         body = _build(HostDrainRequest, host_id=host_id, drained=drained, reason=reason)
         return await self._call(self.subjects.hosts_drain, body, HostView)
+
+    async def health_set(
+        self,
+        name: str,
+        plan: Plan | Mapping[str, Any],
+        *,
+        labels: Mapping[str, str] | None = None,
+        interval_s: float | None = None,
+    ) -> HealthCheckView:
+        """Create or replace the health check `name` for the devices whose labels contain `labels`.
+
+        `P.api.health.set` (operators only); `interval_s` defaults to a day.
+        """
+        fields: dict[str, Any] = {"name": name, "selector": {"labels": dict(labels or {})}}
+        fields["plan"] = plan.model_dump(mode="json") if isinstance(plan, Plan) else dict(plan)
+        if interval_s is not None:
+            fields["interval_s"] = interval_s
+        return await self._call(self.subjects.health_set, _build(HealthCheckSetRequest, **fields), HealthCheckView)
+
+    async def health_checks(self) -> builtins.list[HealthCheckView]:
+        """The health checks in force, by name (`P.api.health.list`)."""
+        reply = await self._call(self.subjects.health_list, HealthCheckListRequest(), HealthCheckListReply)
+        return reply.checks
+
+    async def health_delete(self, name: str) -> HealthCheckView:
+        """Remove the health check `name` (`P.api.health.delete`); the check removed.
+
+        Raises:
+            NotFound: no check of that name.
+        """
+        body = _build(HealthCheckDeleteRequest, name=name)
+        return await self._call(self.subjects.health_delete, body, HealthCheckView)
 
     async def list(
         self, *, status: TaskStatus | str | None = None, limit: int | None = None, page_size: int = LIST_LIMIT_DEFAULT

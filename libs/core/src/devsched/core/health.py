@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from devsched.core.limits import PRIORITY_MAX
 from devsched.core.retrying import RetryCause
 
 #: Consecutive infrastructure failures that quarantine a device, by default.
@@ -24,6 +25,18 @@ DEVICE_FAULT = "device_fault"
 INFRA_CAUSES: frozenset[RetryCause] = frozenset({RetryCause.INFRA, RetryCause.LEASE_EXPIRED})
 #: The quarantine reason of a device whose health check failed.
 HEALTH_CHECK_FAILED = "health_check_failed"
+#: How often a device's health check runs again after it passed, by default (a day).
+HEALTH_INTERVAL_DEFAULT_S = 86_400.0
+#: A health task's priority: the highest, so its device takes it before any user task waiting for it.
+HEALTH_PRIORITY = PRIORITY_MAX
+#: A health task's lease ttl and attempts: one attempt (a failure is the answer, not something to retry).
+HEALTH_LEASE_TTL_S = 60
+HEALTH_MAX_ATTEMPTS = 1
+
+
+def health_task_name(check: str) -> str:
+    """The name a health task of the check `check` carries (what `devsched ls` shows)."""
+    return f"health:{check}"
 
 
 class DeviceOutcome(StrEnum):

@@ -125,6 +125,13 @@ class DeviceState(StrEnum):
     QUARANTINED = "quarantined"
 
 
+class TaskKind(StrEnum):
+    """Who a task is for: a user's, or a health check the scheduler submitted for one device (issue 13)."""
+
+    USER = "user"
+    HEALTH = "health"
+
+
 class EventKind(StrEnum):
     """Kinds of task events published on `P.events.task.<task_id>`."""
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from devsched.core.records import Selector
-from devsched.core.status import AttemptStatus, DeviceState, EndReason, TaskStatus
+from devsched.core.status import AttemptStatus, DeviceState, EndReason, TaskKind, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +70,9 @@ class TaskView:
     not_before: datetime | None = None
     #: Its stored artifacts (an addition, issue 12): filled by the scheduler's `get`, not by `get_task`.
     artifacts: tuple[ArtifactView, ...] = ()
+    #: `user`, or `health`: a health check the scheduler submitted for `health_device_id` (issue 13).
+    kind: TaskKind = TaskKind.USER
+    health_device_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +135,16 @@ class HostView:
     devices: tuple[DeviceView, ...]
     #: What it advertised at its latest registration, built-ins included; empty from an older agent.
     actions: tuple[ActionInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class HealthCheckView:
+    """An operator's health check: the plan run on the devices whose labels contain `selector`'s."""
+
+    name: str
+    selector: Selector
+    plan: Mapping[str, Any]
+    #: Seconds between two runs on a device whose check passed.
+    interval_s: float
+    created_at: datetime
+    updated_at: datetime

@@ -1,6 +1,6 @@
 """Every message of the wire protocol, in one namespace.
 
-The models live in small modules by topic (`plans`, `tasks`, `hosts`, `leases`, `events`, `logs`); import them
+The models live in small modules by topic (`plans`, `tasks`, `hosts`, `health`, `leases`, `events`, `logs`); import them
 from here so callers need not know the split.
 """
 
@@ -25,6 +25,14 @@ from devsched.protocol.base import (
     format_timestamp,
 )
 from devsched.protocol.events import Assignment, DrainNotice, ErrorBody, ErrorDetail, Nudge, TaskEvent
+from devsched.protocol.health import (
+    HealthCheckDeleteRequest,
+    HealthCheckListReply,
+    HealthCheckListRequest,
+    HealthCheckSetRequest,
+    HealthCheckView,
+    HealthSelector,
+)
 from devsched.protocol.hosts import (
     ActionOffer,
     ActionView,
@@ -107,6 +115,12 @@ __all__ = [
     "ErrorDetail",
     "FailedTest",
     "GetTaskRequest",
+    "HealthCheckDeleteRequest",
+    "HealthCheckListReply",
+    "HealthCheckListRequest",
+    "HealthCheckSetRequest",
+    "HealthCheckView",
+    "HealthSelector",
     "HeartbeatReply",
     "HeartbeatRequest",
     "HostDrainRequest",

@@ -106,6 +106,21 @@ class Subjects:
         """`P.api.hosts.drain` (an addition): drain every device of a host and tell its agent."""
         return f"{self.prefix}.api.hosts.drain"
 
+    @property
+    def health_set(self) -> str:
+        """`P.api.health.set` (an addition, issue 13): create or replace a health check; operators only."""
+        return f"{self.prefix}.api.health.set"
+
+    @property
+    def health_list(self) -> str:
+        """`P.api.health.list` (an addition): the health checks in force; operators only."""
+        return f"{self.prefix}.api.health.list"
+
+    @property
+    def health_delete(self) -> str:
+        """`P.api.health.delete` (an addition): remove a health check; operators only."""
+        return f"{self.prefix}.api.health.delete"
+
     # -- host subjects ---------------------------------------------------------------------------------
 
     def host(self, host_id: str, verb: HostVerb | str) -> str:

@@ -18,7 +18,7 @@ from devsched.core.limits import (
     PRIORITY_MAX,
     PRIORITY_MIN,
 )
-from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.core.status import AttemptStatus, EndReason, TaskKind, TaskStatus
 from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
@@ -164,6 +164,10 @@ class TaskSummary(ReplyModel):
     """Addition: the submitted deadline; left out when none."""
     not_before: Timestamp | None = Field(default=None, exclude_if=_unless_none)
     """Addition: while a retried task waits out its backoff, when it may run again; left out otherwise."""
+    kind: Lax[TaskKind] = TaskKind.USER
+    """Addition (issue 13): `user`, or `health`: a health check the scheduler ran on one device."""
+    health_device_id: str | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: the device a `health` task checks; left out for user tasks."""
 
 
 class TaskView(TaskSummary):
@@ -184,6 +188,8 @@ class ListTasksRequest(RequestModel):
     """Page size, 1 to 1000."""
     after: Name | None = None
     """The `next` cursor of the previous page; null for the first page."""
+    kind: Lax[TaskKind] | None = Field(default=None, exclude_if=_unless_none)
+    """Addition (issue 13): only `user` tasks or only `health` tasks; both when null (left out)."""
 
 
 class ListTasksReply(ReplyModel):

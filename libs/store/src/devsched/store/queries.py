@@ -17,7 +17,7 @@ from devsched.core.actions import actions_of_labels, visible_labels
 from devsched.core.errors import InvalidRequest, NotFound
 from devsched.core.limits import LIST_LIMIT_MAX, LIST_LIMIT_MIN
 from devsched.core.records import Selector
-from devsched.core.status import AttemptStatus, EndReason, TaskStatus
+from devsched.core.status import AttemptStatus, EndReason, TaskKind, TaskStatus
 from devsched.core.views import AttemptView, TaskPage, TaskView
 from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
@@ -57,6 +57,8 @@ def _task_view(row: Any, attempts: tuple[AttemptView, ...] = (), pending: str | 
         attempt_timeout_s=row.attempt_timeout_s,
         deadline=row.deadline,
         not_before=row.not_before if row.status == TaskStatus.QUEUED else None,
+        kind=TaskKind(row.kind),
+        health_device_id=row.health_device_id,
     )
 
 
@@ -166,8 +168,10 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         ) from exc
 
 
-async def list_tasks(conn: AsyncConnection, status: TaskStatus | None, limit: int, after: str | None) -> TaskPage:
-    """Tasks newest first, `limit` per page, continuing after the cursor of the previous page."""
+async def list_tasks(
+    conn: AsyncConnection, status: TaskStatus | None, limit: int, after: str | None, kind: TaskKind | None = None
+) -> TaskPage:
+    """Tasks newest first, `limit` per page, continuing after the cursor of the previous page (of `kind`)."""
     if not LIST_LIMIT_MIN <= limit <= LIST_LIMIT_MAX:
         message = f"must be {LIST_LIMIT_MIN}..{LIST_LIMIT_MAX}"
         raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": message}])
@@ -176,6 +180,9 @@ async def list_tasks(conn: AsyncConnection, status: TaskStatus | None, limit: in
     if status is not None:
         where.append("t.status = :status")
         params["status"] = status.value
+    if kind is not None:
+        where.append("t.kind = :kind")
+        params["kind"] = kind.value
     if after is not None:
         created_at, task_id = _decode_cursor(after)
         where.append("(t.created_at, t.task_id) < (:c_at, :c_id)")

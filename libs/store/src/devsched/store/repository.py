@@ -23,13 +23,14 @@ from devsched.core.ids import is_token, new_task_id
 from devsched.core.leases import Extension
 from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
-from devsched.core.status import Outcome, TaskStatus
-from devsched.core.views import ArtifactView, DeviceView, HostView, TaskPage, TaskView
+from devsched.core.status import Outcome, TaskKind, TaskStatus
+from devsched.core.views import ArtifactView, DeviceView, HealthCheckView, HostView, TaskPage, TaskView
 from devsched.store import (
     artifacts,
     assignment,
     grants,
     handover,
+    healthchecks,
     hosts,
     leasing,
     liveness,
@@ -235,12 +236,17 @@ class Store:
         return await self._tx.run(op, name="get_task")
 
     async def list_tasks(
-        self, *, status: TaskStatus | None = None, limit: int = LIST_LIMIT_DEFAULT, after: str | None = None
+        self,
+        *,
+        status: TaskStatus | None = None,
+        limit: int = LIST_LIMIT_DEFAULT,
+        after: str | None = None,
+        kind: TaskKind | None = None,
     ) -> TaskPage:
-        """One page of tasks, newest first."""
+        """One page of tasks, newest first (`kind`: only user tasks, or only health tasks)."""
 
         async def op(conn: AsyncConnection, now: datetime) -> TaskPage:
-            return await queries.list_tasks(conn, status, limit, after)
+            return await queries.list_tasks(conn, status, limit, after, kind)
 
         return await self._tx.run(op, name="list_tasks")
 
@@ -454,6 +460,54 @@ class Store:
             return await artifacts.list_artifacts(conn, task_id, attempt)
 
         return await self._tx.run(op, name="list_artifacts")
+
+    # -- health checks (issue 13) ------------------------------------------------------------
+
+    async def set_health_check(
+        self, name: str, labels: Mapping[str, str], plan: Mapping[str, Any], interval_s: float
+    ) -> HealthCheckView:
+        """Create or replace the health check `name` for the devices whose labels contain `labels`."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> HealthCheckView:
+            return await healthchecks.set_check(conn, now, name, labels, plan, interval_s)
+
+        return await self._tx.run(op, name="set_health_check")
+
+    async def list_health_checks(self) -> tuple[HealthCheckView, ...]:
+        """Every health check in force, by name."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> tuple[HealthCheckView, ...]:
+            return await healthchecks.list_checks(conn)
+
+        return await self._tx.run(op, name="list_health_checks")
+
+    async def delete_health_check(self, name: str) -> HealthCheckView:
+        """Remove the health check `name` (a row update); raises NotFound when none is in force."""
+
+        async def op(conn: AsyncConnection, now: datetime) -> HealthCheckView:
+            return await healthchecks.delete_check(conn, now, name)
+
+        return await self._tx.run(op, name="delete_health_check")
+
+    async def health_pass(self, *, limit: int = 100) -> tuple[int, int]:
+        """Submit the health tasks of up to `limit` due devices, then place queued ones on their idle devices.
+
+        Returns (devices that were due, health tasks placed). Statements that each commit on their own
+        (`devsched.store.healthchecks`); several replicas may run it at once.
+        """
+        written: list[OutboxMessage] = []
+        due = placed = 0
+
+        async def run(db: Driver) -> None:
+            nonlocal due, placed
+            written.clear()
+            due, placed = await healthchecks.create_due(db, self.clock, written, limit=limit), 0
+            while placed < limit and await healthchecks.place_one(db, self.clock, written):
+                placed += 1
+
+        await self._tx.statements(run, name="health_pass")
+        self._committed("health_pass", written, assignable=due > 0)
+        return due, placed
 
     # -- scheduler and sweeper ---------------------------------------------------------------
 

@@ -192,7 +192,7 @@ class Api:
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`."""
         return m.ListTasksReply.from_value(
-            await self._store.list_tasks(status=req.status, limit=req.limit, after=req.after)
+            await self._store.list_tasks(status=req.status, limit=req.limit, after=req.after, kind=req.kind)
         )
 
     async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:
@@ -228,6 +228,28 @@ class Api:
             self._assign.set()
         log.info("drained" if view.drained else "returned to service", extra={"device_id": view.device_id})
         return m.DeviceDrainView.from_value(view)
+
+    # -- health checks (issue 13) -------------------------------------------------------------
+
+    async def health_set(self, req: m.HealthCheckSetRequest, subject: str) -> m.HealthCheckView:
+        """`P.api.health.set` (an addition): create or replace a health check."""
+        await check_plugin_args(self._store, req.plan)
+        view = await self._store.set_health_check(
+            req.name, req.selector.labels, req.plan.model_dump(mode="json"), req.interval_s
+        )
+        log.info("health check set", extra={"check": view.name, "interval_s": view.interval_s})
+        return m.HealthCheckView.from_value(view)
+
+    async def health_list(self, req: m.HealthCheckListRequest, subject: str) -> m.HealthCheckListReply:
+        """`P.api.health.list` (an addition): the health checks in force."""
+        checks = await self._store.list_health_checks()
+        return m.HealthCheckListReply(checks=[m.HealthCheckView.from_value(c) for c in checks])
+
+    async def health_delete(self, req: m.HealthCheckDeleteRequest, subject: str) -> m.HealthCheckView:
+        """`P.api.health.delete` (an addition): remove a health check; answers the check removed."""
+        view = await self._store.delete_health_check(req.name)
+        log.info("health check removed", extra={"check": view.name})
+        return m.HealthCheckView.from_value(view)
 
     # -- hosts ---------------------------------------------------------------------------------
 

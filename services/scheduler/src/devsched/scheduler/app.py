@@ -147,6 +147,14 @@ class Scheduler:
             stack.push_async_callback(resync.stop)
             if s.resync_interval_s > 0:
                 loops.append(WorkLoop("resync", resync.step, Wakeup(), tick=s.resync_interval_s))
+            if s.health_pass_interval_s > 0:
+                batch = s.health_pass_batch
+
+                async def health_pass() -> bool:
+                    due, placed = await store.health_pass(limit=batch)
+                    return due >= batch or placed >= batch  # more at once
+
+                loops.append(WorkLoop("health", health_pass, Wakeup(), tick=s.health_pass_interval_s))
             if latencies is not None:
                 stats = Stats(store, latencies)
                 loops.append(WorkLoop("metrics", stats.refresh, Wakeup(), tick=s.metrics_interval_s))

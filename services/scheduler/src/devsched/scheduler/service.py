@@ -175,6 +175,9 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
         EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
         EndpointSpec("tasks-artifacts", subjects.task_artifacts, m.ListArtifactsRequest, api.artifacts),
+        EndpointSpec("health-set", subjects.health_set, m.HealthCheckSetRequest, api.health_set),
+        EndpointSpec("health-list", subjects.health_list, m.HealthCheckListRequest, api.health_list),
+        EndpointSpec("health-delete", subjects.health_delete, m.HealthCheckDeleteRequest, api.health_delete),
         EndpointSpec(
             "host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register, host=True
         ),

@@ -80,6 +80,11 @@ class SchedulerSettings(ServiceSettings):
     assign_inline: bool = True
     """A submit assigns its task to a free device, and a report the device it frees to the next queued task,
     in their own transactions; the assignment loop's pass runs only when one may find more."""
+    health_pass_interval_s: float = Field(default=5.0, ge=0, allow_inf_nan=False)
+    """Period of the health pass (issue 13): health tasks submitted for the devices due a health check and
+    placed on their idle devices, quarantined ones included; 0 turns it off (no health check runs)."""
+    health_pass_batch: int = Field(default=100, ge=1, le=10_000)
+    """Most devices one health pass submits health tasks for (and health tasks it places)."""
     metrics_interval_s: Seconds = 5.0
     """With `metrics_port` set: how often the gauges read from the database (queue, tasks, hosts, devices,
     outbox) are read again; a scrape serves the last reading."""

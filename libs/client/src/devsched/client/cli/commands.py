@@ -30,7 +30,7 @@ from devsched.client.cli.render import event_line, hosts_table, print_table, sta
 from devsched.client.client import Client, task_uuid
 from devsched.client.plans import load_request, parse_labels
 from devsched.core.limits import LIST_LIMIT_MAX
-from devsched.core.status import TERMINAL, TaskStatus
+from devsched.core.status import TERMINAL, TaskKind, TaskStatus
 from devsched.protocol.messages import SubmitRequest, TaskSummary, TaskView
 
 #: Seconds `watch --logs` waits, after the task's last event, for the rest of its output.
@@ -244,6 +244,9 @@ def ls(
     after: Annotated[
         str | None, typer.Option(help="Start after this cursor (a previous --json output's `next`).")
     ] = None,
+    kind: Annotated[
+        TaskKind | None, typer.Option(help="Only users' tasks, or only health checks (named health:<check>).")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """List tasks, newest first. `--json` prints {"tasks": [...], "next": <cursor or null>}."""
@@ -253,7 +256,7 @@ def ls(
         cursor = after
         while True:
             want = LIST_LIMIT_MAX if all_tasks else min(LIST_LIMIT_MAX, limit - len(tasks))
-            page = await client.list_page(status=status, limit=want, after=cursor)
+            page = await client.list_page(status=status, limit=want, after=cursor, kind=kind)
             tasks.extend(page.tasks)
             cursor = page.next
             if cursor is None or not page.tasks or (not all_tasks and len(tasks) >= limit):

@@ -11,6 +11,7 @@ import typer
 
 from devsched.client.cli import artifacts as artifact_commands
 from devsched.client.cli import commands
+from devsched.client.cli import health as health_commands
 from devsched.client.cli import logs as log_commands
 from devsched.client.cli.common import ExitCode, Settings, fail
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
@@ -125,6 +126,7 @@ app.command()(log_commands.logs)
 app.command()(artifact_commands.artifacts)
 app.command()(commands.hosts)
 app.command()(commands.drain)
+app.add_typer(health_commands.app, name="health")
 
 
 #: Entry point group of the packages that add commands to `devsched`: each names a `register(app)` function.

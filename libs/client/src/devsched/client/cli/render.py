@@ -11,7 +11,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from devsched.core.status import DeviceState, TaskStatus
+from devsched.core.status import DeviceState, TaskKind, TaskStatus
 from devsched.protocol.messages import HostView, ResultsSummary, TaskEvent, TaskSummary, TaskView
 
 #: Colour of each task status.
@@ -58,6 +58,13 @@ def ago(value: datetime | None, *, now: datetime | None = None) -> str:
     return f"{int(seconds)}s"
 
 
+def _name(task: TaskSummary) -> Text:
+    """The task's name; a health check's (issue 13) in its own colour, with the device it checks."""
+    if task.kind is TaskKind.HEALTH:
+        return Text(f"{task.name or 'health'} @{task.health_device_id}", style="magenta")
+    return Text(task.name or "")
+
+
 def _note(task: TaskSummary) -> str:
     if task.status is TaskStatus.QUEUED and task.pending_reason:
         return task.pending_reason
@@ -96,7 +103,7 @@ def tasks_table(
     for task in tasks:
         table.add_row(
             str(task.task_id)[:8] if short_ids else str(task.task_id),
-            task.name or "",
+            _name(task),
             status_text(task.status),
             str(task.priority),
             f"{task.attempt_count}/{task.max_attempts}",
