@@ -16,7 +16,7 @@ Create Date: 2026-12-12
 
 from collections.abc import Sequence
 
-from alembic import op
+from devsched.store.migrations import execute_script
 
 revision: str = "0011"
 down_revision: str | None = "0010"
@@ -47,17 +47,11 @@ ALTER TABLE health_checks
 """
 
 
-def _statements(script: str) -> list[str]:
-    return [s for s in script.split(";\n\n") if s.strip()]
-
-
 def upgrade() -> None:
     """Key the health checks by name; a removal marks `deleted_at`."""
-    for statement in _statements(UPGRADE):
-        op.execute(statement)
+    execute_script(UPGRADE)
 
 
 def downgrade() -> None:
     """Back to one check per selector."""
-    for statement in _statements(DOWNGRADE):
-        op.execute(statement)
+    execute_script(DOWNGRADE)
