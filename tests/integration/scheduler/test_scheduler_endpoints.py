@@ -155,6 +155,7 @@ async def test_hosts_list_and_drain(
     assert entry["host_id"] == host.host_id
     assert entry["online"] is True
     assert entry["last_seen_at"].endswith("Z")
+    healthy = {"quarantined": False, "quarantine_reason": None, "quarantined_since": None, "infra_failures": 0}
     assert entry["devices"] == [
         {
             "device_id": "d1",
@@ -162,8 +163,9 @@ async def test_hosts_list_and_drain(
             "state": "available",
             "drained": False,
             "drain_reason": None,
+            **healthy,
         },
-        {"device_id": "d2", "labels": {}, "state": "available", "drained": False, "drain_reason": None},
+        {"device_id": "d2", "labels": {}, "state": "available", "drained": False, "drain_reason": None, **healthy},
     ]
     drained = await call(nc, api(subject_prefix, "devices.drain"), {"device_id": "d1", "reason": "flaky USB hub"})
     assert drained == {
@@ -173,6 +175,7 @@ async def test_hosts_list_and_drain(
         "state": "drained",
         "drained": True,
         "drain_reason": "flaky USB hub",
+        **healthy,
     }
     task_id = await submit(nc, subject_prefix, selector={"device_id": "d1"})
     assert await host.no_assignment(0.5)

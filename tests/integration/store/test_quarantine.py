@@ -89,6 +89,7 @@ async def test_expiries_and_device_fault_releases_count(lab: Lab) -> None:
     await lab.store.claim(lease)
     await lab.store.release(lease, reason="device_fault: adb device vanished")
     assert (await _device(lab.store, "d1")).infra_failures == 2
+    await lab.store.request_cancel(again.task_id)  # queued again: it would race the next task for the device
     await _fail_infra(lab)
     d = await _device(lab.store, "d1")
     assert (d.quarantined, d.state) == (True, DeviceState.QUARANTINED)
