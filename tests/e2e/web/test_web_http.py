@@ -24,7 +24,8 @@ PAGES = ("/lab", "/queue", "/charts")
 
 @pytest.fixture(scope="module")
 def read_only(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    with web_process(stack, tmp_path_factory.mktemp("web-ro"), name="web-ro") as web:
+    # the health listener on a port of its own, as in the manifests (DEVSCHED_METRICS_PORT)
+    with web_process(stack, tmp_path_factory.mktemp("web-ro"), name="web-ro", metrics_port="0") as web:
         yield web
 
 
@@ -84,7 +85,7 @@ async def test_read_only_renders_no_action_and_refuses_every_post(read_only: Web
         task_page = await http.get(f"/tasks/{reply.task_id}")
         device_page = await http.get(f"/devices/{stack.device_ids[0]}")
         for page in (task_page, device_page):
-            assert "<form method=\"post\"" not in page.text
+            assert '<form method="post"' not in page.text
             assert "read-only" in page.text
         csrf = http.cookies["devsched_csrf"]
         for path in (f"/tasks/{reply.task_id}/cancel", f"/devices/{stack.device_ids[0]}/drain", "/login", "/logout"):
@@ -193,6 +194,19 @@ async def test_drain_and_undrain_through_the_form(with_actions: Web, client: Cli
         undrained = await http.post(f"/devices/{device}/drain", data={"csrf": csrf_of(page.text), "drained": "false"})
         assert undrained.status_code == 303
     assert not any(d.drained for h in await client.hosts() for d in h.devices if d.device_id == device)
+
+
+async def test_the_health_listener_says_alive_and_ready_with_nats_and_a_snapshot(read_only: Web) -> None:
+    """The kubelet's probes (components/web): `/healthz` and `/readyz` on the `metrics` port."""
+    (line,) = [line for line in read_only.proc.log_lines() if line.get("msg") == "health endpoints listening"]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{line['port']}") as http:
+        alive = await http.get("/healthz")
+        assert alive.status_code == 200
+        assert alive.json()["service"] == "devsched-web"
+        ready = await http.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"] == {"nats": {"ok": True}, "snapshot": {"ok": True}}
+        assert (await http.get("/lab")).status_code == 404  # pages only on the dashboard's own port
 
 
 def test_actions_without_a_token_do_not_start(stack: Stack) -> None:

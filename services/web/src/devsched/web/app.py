@@ -42,6 +42,7 @@ from starlette.staticfiles import StaticFiles
 from devsched.client import Client, DevschedError, NotFound
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
+from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
 from devsched.web import charts, downloads, security, views
 from devsched.web.events import stored_events
 from devsched.web.sampler import Sampler, Snapshot
@@ -512,8 +513,35 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
+def add_checks(health: HealthServer, app: Starlette) -> None:
+    """Readiness on the health listener (`metrics_port`): NATS answers, and the first snapshot is loaded.
+
+    A later sample that fails keeps the last snapshot on screen (with its error shown), so it is not a
+    condition: pages still render, and the sampler tries again.
+    """
+
+    def web() -> Web:
+        found: Web | None = getattr(app.state, "web", None)
+        if found is None:
+            raise NotReady("not connected yet")
+        return found
+
+    async def nats() -> None:
+        await check_nats(web().client.nc)
+
+    async def snapshot() -> None:
+        if not web().sampler.snapshot.ready:
+            raise NotReady("no snapshot of the lab loaded yet")
+
+    health.check("nats", nats)
+    health.check("snapshot", snapshot)
+
+
 async def readyz(request: Request) -> Response:
-    """Ready once a sample succeeded and NATS is connected."""
+    """Ready once a sample succeeded and NATS is connected.
+
+    For a port-forward; the kubelet probes the health listener's `/readyz` (`add_checks`).
+    """
     web = _web(request)
     snap = web.sampler.snapshot
     ready = snap.ready and snap.error is None and web.client.nc.is_connected
@@ -556,20 +584,25 @@ def create_app(settings: WebSettings, *, connect: Callable[[], Awaitable[Client]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        client = await (connect or default_connect)()
-        web = Web(settings, client)
-        app.state.web = web
-        await web.sampler.subscribe()
-        await web.sampler.sample()
-        task = asyncio.create_task(web.sampler.run(), name="devsched-web sampler")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await web.sampler.unsubscribe()
-            await client.close()
+        # The health listener first: alive (and not ready) while NATS is still being reached.
+        async with serving_health(settings.metrics_host, settings.metrics_port, service="devsched-web") as health:
+            if health is not None:
+                add_checks(health, app)
+            app.state.health = health
+            client = await (connect or default_connect)()
+            web = Web(settings, client)
+            app.state.web = web
+            await web.sampler.subscribe()
+            await web.sampler.sample()
+            task = asyncio.create_task(web.sampler.run(), name="devsched-web sampler")
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await web.sampler.unsubscribe()
+                await client.close()
 
     routes = [
         Route("/", root),
