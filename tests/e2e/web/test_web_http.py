@@ -3,6 +3,7 @@ of the actions (read-only 403, CSRF, origin, token), and that no lease id is eve
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -207,6 +208,40 @@ async def test_the_health_listener_says_alive_and_ready_with_nats_and_a_snapshot
         assert ready.status_code == 200, ready.text
         assert ready.json()["checks"] == {"nats": {"ok": True}, "snapshot": {"ok": True}}
         assert (await http.get("/lab")).status_code == 404  # pages only on the dashboard's own port
+
+
+async def test_the_queue_page_lists_a_page_of_queued_tasks_and_links_the_next(read_only: Web, client: Client) -> None:
+    """A deep queue costs a page of rows, not the whole queue: 200 a page, `?page=N` for the rest."""
+    plan = {"steps": [{"name": "never", "action": "noop"}]}
+    selector = {"platform": "nowhere"}  # no device matches: they stay queued
+    gate = asyncio.Semaphore(8)
+
+    async def submit(i: int) -> str:
+        async with gate:
+            return str((await client.submit(plan, name=f"deep-{i}", selector=selector, priority=-5)).task_id)
+
+    task_ids = [await submit(0), *await asyncio.gather(*(submit(i) for i in range(1, 205)))]
+    last = (await client.submit(plan, name="deep-last", selector=selector, priority=-5)).task_id
+    try:
+        async with httpx.AsyncClient(base_url=read_only.url) as http:
+
+            async def sampled() -> bool:  # a full read of the queue after the last submit (page 2 exists)
+                second = (await http.get("/queue?page=2")).text
+                return f'data-task="{last}"' in second and " page 2 of " in second
+
+            await eventually(sampled, timeout=30, interval=0.5, message="the last queued task on page 2")
+            first = (await http.get("/queue")).text
+            queued_table = first.split("Queued (next first)")[1].split("</table>")[0]
+            assert queued_table.count("<tr data-task=") == 200
+            assert f'data-task="{last}"' not in queued_table  # (it is among the newest, lower down)
+            assert 'href="/queue?page=2" rel="next"' in first
+            second = (await http.get("/queue?page=2")).text
+            assert 'href="/queue?page=1" rel="prev"' in second
+            assert 'data-live="/queue/live?page=2"' in second
+            assert (await http.get("/queue?page=x")).status_code == 200  # page 1
+    finally:
+        for task_id in [*task_ids, str(last)]:
+            await client.cancel(task_id)
 
 
 def test_actions_without_a_token_do_not_start(stack: Stack) -> None:
