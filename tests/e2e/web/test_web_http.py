@@ -3,6 +3,7 @@ of the actions (read-only 403, CSRF, origin, token), and that no lease id is eve
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -24,7 +25,8 @@ PAGES = ("/lab", "/queue", "/charts")
 
 @pytest.fixture(scope="module")
 def read_only(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
-    with web_process(stack, tmp_path_factory.mktemp("web-ro"), name="web-ro") as web:
+    # the health listener on a port of its own, as in the manifests (DEVSCHED_METRICS_PORT)
+    with web_process(stack, tmp_path_factory.mktemp("web-ro"), name="web-ro", metrics_port="0") as web:
         yield web
 
 
@@ -84,7 +86,7 @@ async def test_read_only_renders_no_action_and_refuses_every_post(read_only: Web
         task_page = await http.get(f"/tasks/{reply.task_id}")
         device_page = await http.get(f"/devices/{stack.device_ids[0]}")
         for page in (task_page, device_page):
-            assert "<form method=\"post\"" not in page.text
+            assert '<form method="post"' not in page.text
             assert "read-only" in page.text
         csrf = http.cookies["devsched_csrf"]
         for path in (f"/tasks/{reply.task_id}/cancel", f"/devices/{stack.device_ids[0]}/drain", "/login", "/logout"):
@@ -193,6 +195,53 @@ async def test_drain_and_undrain_through_the_form(with_actions: Web, client: Cli
         undrained = await http.post(f"/devices/{device}/drain", data={"csrf": csrf_of(page.text), "drained": "false"})
         assert undrained.status_code == 303
     assert not any(d.drained for h in await client.hosts() for d in h.devices if d.device_id == device)
+
+
+async def test_the_health_listener_says_alive_and_ready_with_nats_and_a_snapshot(read_only: Web) -> None:
+    """The kubelet's probes (components/web): `/healthz` and `/readyz` on the `metrics` port."""
+    (line,) = [line for line in read_only.proc.log_lines() if line.get("msg") == "health endpoints listening"]
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{line['port']}") as http:
+        alive = await http.get("/healthz")
+        assert alive.status_code == 200
+        assert alive.json()["service"] == "devsched-web"
+        ready = await http.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"] == {"nats": {"ok": True}, "snapshot": {"ok": True}}
+        assert (await http.get("/lab")).status_code == 404  # pages only on the dashboard's own port
+
+
+async def test_the_queue_page_lists_a_page_of_queued_tasks_and_links_the_next(read_only: Web, client: Client) -> None:
+    """A deep queue costs a page of rows, not the whole queue: 200 a page, `?page=N` for the rest."""
+    plan = {"steps": [{"name": "never", "action": "noop"}]}
+    selector = {"platform": "nowhere"}  # no device matches: they stay queued
+    gate = asyncio.Semaphore(8)
+
+    async def submit(i: int) -> str:
+        async with gate:
+            return str((await client.submit(plan, name=f"deep-{i}", selector=selector, priority=-5)).task_id)
+
+    task_ids = [await submit(0), *await asyncio.gather(*(submit(i) for i in range(1, 205)))]
+    last = (await client.submit(plan, name="deep-last", selector=selector, priority=-5)).task_id
+    try:
+        async with httpx.AsyncClient(base_url=read_only.url) as http:
+
+            async def sampled() -> bool:  # a full read of the queue after the last submit (page 2 exists)
+                second = (await http.get("/queue?page=2")).text
+                return f'data-task="{last}"' in second and " page 2 of " in second
+
+            await eventually(sampled, timeout=30, interval=0.5, message="the last queued task on page 2")
+            first = (await http.get("/queue")).text
+            queued_table = first.split("Queued (next first)")[1].split("</table>")[0]
+            assert queued_table.count("<tr data-task=") == 200
+            assert f'data-task="{last}"' not in queued_table  # (it is among the newest, lower down)
+            assert 'href="/queue?page=2" rel="next"' in first
+            second = (await http.get("/queue?page=2")).text
+            assert 'href="/queue?page=1" rel="prev"' in second
+            assert 'data-live="/queue/live?page=2"' in second
+            assert (await http.get("/queue?page=x")).status_code == 200  # page 1
+    finally:
+        for task_id in [*task_ids, str(last)]:
+            await client.cancel(task_id)
 
 
 def test_actions_without_a_token_do_not_start(stack: Stack) -> None:

@@ -21,6 +21,7 @@ from devsched.agent.config import EnvOverrides
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ENV_PREFIX
 from devsched.sweeper.app import SweeperSettings
+from devsched.web.settings import WebSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -64,9 +65,10 @@ REFERENCED_SECRETS = {
     "devsched-pg-sweeper",
     "devsched-nats",
     "devsched-agent-nats",
+    "devsched-web-token",  # the dashboard's operator token (optional: read only with actions on)
 }
 #: Secrets that cert-manager writes for the production overlay's Certificates (checked by the TLS tests below).
-REFERENCED_SECRETS |= {"devsched-scheduler-tls", "devsched-sweeper-tls", "devsched-migrate-tls"}
+REFERENCED_SECRETS |= {"devsched-scheduler-tls", "devsched-sweeper-tls", "devsched-migrate-tls", "devsched-web-tls"}
 AGENT_SPOOL = "/var/lib/devsched-agent"
 
 
@@ -175,4 +177,8 @@ SETTINGS_OF = {
     "migration": SchedulerSettings,  # `devsched-scheduler --migrate`
     "sweeper": SweeperSettings,
     "agent": EnvOverrides,  # the agent reads only these over its agent.toml
+    "web": WebSettings,  # devsched-web, the dashboard (components/web)
 }
+#: The components that serve HTTP over the pod network, by the name of the container port that does: the
+#: only ones whose NetworkPolicy admits ingress, and only to that port (the others serve nothing but probes).
+HTTP_FACING = {"web": "http"}

@@ -24,6 +24,7 @@ from .manifests import (
     CUSTOM_RESOURCE_GROUPS,
     DEPLOY,
     HELPER_ENV,
+    HTTP_FACING,
     K8S,
     KUBERNETES_VERSION,
     KUSTOMIZATIONS,
@@ -276,7 +277,7 @@ def test_production_runs_several_schedulers_and_sweepers_spread_over_nodes() -> 
 
 def test_dev_runs_one_replica_of_each() -> None:
     docs = render("overlays/dev")
-    for name in ("devsched-scheduler", "devsched-sweeper"):
+    for name in ("devsched-scheduler", "devsched-sweeper", "devsched-web"):
         assert find(docs, "Deployment", name)["spec"]["replicas"] == 1
 
 
@@ -351,6 +352,8 @@ def test_grace_periods_outlast_the_services_own_shutdown(name: str) -> None:
             assert grace >= requests + drain + 10
         elif component(workload) == "sweeper":
             assert grace >= drain + 10
+        elif component(workload) == "web":  # uvicorn's graceful shutdown (main.py), then the NATS drain
+            assert grace >= WEB_SHUTDOWN_S + drain + 10
         else:
             hosts = config_map(docs, workload["metadata"]["namespace"], "devsched-agent-hosts")
             drain_wait = float(env["DRAIN_WAIT_S"])
@@ -358,6 +361,10 @@ def test_grace_periods_outlast_the_services_own_shutdown(name: str) -> None:
                 if key.endswith(".toml"):
                     agent = parse_config(tomllib.loads(text), source=key)
                     assert grace >= agent_shutdown_s(agent, drain_wait) + 10, key
+
+
+#: Seconds uvicorn gives open requests at shutdown (`timeout_graceful_shutdown` in devsched.web.main).
+WEB_SHUTDOWN_S = 2
 
 
 def agent_shutdown_s(agent: AgentConfig, drain_wait_s: float) -> float:
@@ -501,6 +508,7 @@ def test_each_service_gets_the_settings_it_needs(name: str) -> None:
         "sweeper": {"DEVSCHED_NATS_URL", "DEVSCHED_DATABASE_URL", "DEVSCHED_SUBJECT_PREFIX"}
         | {"DEVSCHED_SWEEP_INTERVAL_S"},
         "migration": {"DEVSCHED_DATABASE_URL"},
+        "web": {"DEVSCHED_NATS_URL", "DEVSCHED_SUBJECT_PREFIX", "DEVSCHED_WEB_HOST", "DEVSCHED_WEB_PORT"},
         # The agent's NATS URL is built by its start script from the host's own credentials.
         "agent": {"DEVSCHED_SUBJECT_PREFIX", "NATS_ADDRESS", "AGENT_CONFIG"},
     }
@@ -566,6 +574,8 @@ def _selects(policy: dict[str, Any], labels: dict[str, str]) -> bool:
 
 @pytest.mark.parametrize("name", OVERLAYS)
 def test_network_policies_allow_no_ingress_and_only_nats_postgres_dns_and_collector_egress(name: str) -> None:
+    """No ingress, except to the HTTP port of an HTTP-facing component (the dashboard); the dashboard's egress
+    is NATS and DNS only (no database, no traces)."""
     docs = render(name)
     policies = [doc for doc in docs if doc["kind"] == "NetworkPolicy"]
     for workload in workloads(docs):
@@ -578,10 +588,21 @@ def test_network_policies_allow_no_ingress_and_only_nats_postgres_dns_and_collec
         assert len(mine) == 1, f"{workload['metadata']['name']}: {len(mine)} policies"
         (policy,) = mine
         assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-        assert policy["spec"]["ingress"] == []
+        kind = component(workload)
+        if kind in HTTP_FACING:
+            (container,) = pod_spec(workload)["containers"]
+            (http,) = [port for port in container["ports"] if port["name"] == HTTP_FACING[kind]]
+            (rule,) = policy["spec"]["ingress"]
+            assert rule["ports"] == [{"protocol": "TCP", "port": http["containerPort"]}], workload["metadata"]["name"]
+            assert set(rule) <= {"ports", "from"}
+        else:
+            assert policy["spec"]["ingress"] == [], workload["metadata"]["name"]
         ports = {port["port"] for rule in policy["spec"]["egress"] for port in rule["ports"]}
         otlp = {4318, 4317}  # the OpenTelemetry Collector, where traces go
-        expected = {4222, 53} | otlp if component(workload) == "agent" else {4222, 5432, 53} | otlp
+        expected = {
+            "agent": {4222, 53} | otlp,
+            "web": {4222, 53},  # an operator client over NATS: never the database
+        }.get(kind, {4222, 5432, 53} | otlp)
         assert ports == expected, workload["metadata"]["name"]
         for rule in policy["spec"]["egress"]:
             assert rule["to"], "an empty `to` would allow every destination"

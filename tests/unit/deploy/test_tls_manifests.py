@@ -65,6 +65,7 @@ def test_every_production_certificate_names_the_operators_issuer() -> None:
         "devsched-scheduler-tls",
         "devsched-sweeper-tls",
         "devsched-migrate-tls",
+        "devsched-web-tls",
         "nats-server-tls",
         "devsched-pg-server-tls",
     }
@@ -88,6 +89,7 @@ def test_production_services_use_mutual_tls_to_nats_and_verify_postgres() -> Non
         "devsched-sweeper": (*TLS_ENV, "DEVSCHED_DATABASE_SSL_ROOT_CERT"),
         "devsched-migrate": ("DEVSCHED_DATABASE_SSL_ROOT_CERT",),
         "devsched-agent": TLS_ENV,
+        "devsched-web": TLS_ENV,  # NATS only: the dashboard never connects to Postgres
     }
     for workload in workloads(docs):
         spec = pod_spec(workload)

@@ -1,5 +1,6 @@
-"""The web dashboard's deployment: its NATS user (reads, and only the actions it offers) and the opt-in
-kustomize components (`components/web`, `components/web-ingress`) rendered over the production overlay."""
+"""The web dashboard's deployment: its NATS user (reads, and only the actions it offers), the component
+`components/web` as both overlays include it, and the opt-in `components/web-ingress` added to the production
+control plane. (The general checks of test_kubernetes.py cover it too, as one of the overlays' workloads.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,19 @@ from devsched.protocol.subjects import Subjects
 from devsched.service.settings import ENV_PREFIX
 from devsched.web.settings import WebSettings
 
-from .manifests import DEPLOY, K8S, KUBERNETES_VERSION, _kustomize, containers, environment, find, pod_spec
+from .manifests import (
+    DEPLOY,
+    K8S,
+    KUBERNETES_VERSION,
+    OVERLAYS,
+    _kustomize,
+    config_map,
+    containers,
+    environment,
+    find,
+    pod_spec,
+    render,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -48,15 +61,26 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     (where / "kustomization.yaml").write_text(
         yaml.safe_dump(
             {
-                "resources": [os.path.relpath(K8S / "overlays" / "production", where)],
-                "components": [
-                    os.path.relpath(K8S / "components" / "web", where),
-                    os.path.relpath(K8S / "components" / "web-ingress", where),
-                ],
+                "namespace": "devsched",
+                "resources": [os.path.relpath(K8S / "overlays" / "production" / "control-plane", where)],
+                "components": [os.path.relpath(K8S / "components" / "web-ingress", where)],
             }
         )
     )
     return _kustomize(Path(where))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_both_overlays_run_the_dashboard_read_only_beside_the_control_plane(overlay: str) -> None:
+    docs = render(overlay)
+    web = find(docs, "Deployment", "devsched-web")
+    scheduler = find(docs, "Deployment", "devsched-scheduler")
+    assert web["metadata"]["namespace"] == scheduler["metadata"]["namespace"]
+    (container,) = containers(pod_spec(web))
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    assert values["DEVSCHED_WEB_ACTIONS"] == "false"
+    assert container["image"] == pod_spec(scheduler)["containers"][0]["image"], "one release"
+    assert not [d for d in docs if d["kind"] == "Ingress"], "the Ingress stays opt-in (components/web-ingress)"
 
 
 def test_the_web_manifests_validate_strictly(rendered: list[dict[str, Any]]) -> None:
@@ -74,8 +98,8 @@ def test_the_web_deployment_is_read_only_non_root_probed_and_never_sees_the_data
     (container,) = containers(spec)
     assert container["args"][-1] == "devsched-web"
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     names = environment(rendered, web, container)
     known = {ENV_PREFIX + name.upper() for name in WebSettings.model_fields}
     for name in names:
@@ -86,19 +110,30 @@ def test_the_web_deployment_is_read_only_non_root_probed_and_never_sees_the_data
     assert values["DEVSCHED_NATS_URL"].startswith("nats://web:$(NATS_PASSWORD)@")
     secrets = {e["valueFrom"]["secretKeyRef"]["name"] for e in container["env"] if "valueFrom" in e}
     assert secrets == {"devsched-nats", "devsched-web-token"}
+    assert container["env"][[e["name"] for e in container["env"]].index("DEVSCHED_WEB_TOKEN")]["valueFrom"][
+        "secretKeyRef"
+    ]["optional"], "a read-only dashboard needs no token Secret"
     assert not any(d["kind"] == "Secret" and "web" in d["metadata"]["name"] for d in rendered)
 
 
-def test_the_web_settings_agree_with_the_shared_ones(rendered: list[dict[str, Any]]) -> None:
-    shared = dict(
-        line.split("=", 1)
-        for line in (K8S / "base" / "settings" / "settings.env").read_text().splitlines()
-        if line and not line.startswith("#")
-    )
-    (container,) = containers(pod_spec(find(rendered, "Deployment", "devsched-web")))
-    values = {e["name"]: e.get("value") for e in container["env"]}
-    for name in ("DEVSCHED_SUBJECT_PREFIX", "NATS_ADDRESS"):
-        assert values[name] == shared[name], name
+def test_the_web_reads_the_shared_settings_and_they_are_valid_web_settings(rendered: list[dict[str, Any]]) -> None:
+    web = find(rendered, "Deployment", "devsched-web")
+    (container,) = containers(pod_spec(web))
+    shared = config_map(rendered, web["metadata"]["namespace"], "devsched-settings")
+    assert [source["configMapRef"]["name"] for source in container["envFrom"]] == [
+        d["metadata"]["name"]
+        for d in rendered
+        if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("devsched-settings")
+    ]
+    assert {"DEVSCHED_SUBJECT_PREFIX", "NATS_ADDRESS"} <= set(shared)
+    values = {k.removeprefix(ENV_PREFIX).lower(): v for k, v in shared.items() if k.startswith(ENV_PREFIX)}
+    values |= {
+        e["name"].removeprefix(ENV_PREFIX).lower(): e["value"]
+        for e in container["env"]
+        if e["name"].startswith(ENV_PREFIX) and "$(" not in e.get("value", "$(")
+    }
+    settings = WebSettings.model_validate(values)
+    assert (settings.web_port, settings.loopback, settings.metrics_port) == (8080, False, 9464)
 
 
 def test_the_web_network_policy_admits_only_its_port_and_reaches_only_nats_and_dns(

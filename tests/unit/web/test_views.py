@@ -283,3 +283,15 @@ def test_sessions_are_signed_with_the_token_and_expire() -> None:
     assert not security.session_ok(token, "3000" + cookie[4:], now=1)  # expiry moved
     assert not security.session_ok(token, None, now=1)
     assert token not in cookie
+
+
+def test_a_window_is_one_page_of_a_long_table_clamped_to_the_pages_there_are() -> None:
+    first = views.window(10_000, 1, 200)
+    assert (first.start, first.stop, first.pages, first.more, first.previous, first.next) == (0, 200, 50, 9800, None, 2)
+    last = views.window(10_000, 99, 200)
+    assert (last.page, last.start, last.stop, last.more, last.next) == (50, 9800, 10_000, 0, None)
+    odd = views.window(450, 3, 200)
+    assert (odd.start, odd.stop, odd.more, odd.previous) == (400, 450, 0, 2)
+    empty = views.window(0, 5, 200)
+    assert (empty.page, empty.pages, empty.start, empty.stop) == (1, 1, 0, 0)
+    assert [views.page_number(raw) for raw in (None, "", "2", "0", "-3", "x", "9" * 30)] == [1, 1, 2, 1, 1, 1, 1]

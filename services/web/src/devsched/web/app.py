@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from urllib.parse import quote, urlencode
 
 import nats.errors
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import Markup
 from starlette.applications import Starlette
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
@@ -42,6 +43,7 @@ from starlette.staticfiles import StaticFiles
 from devsched.client import Client, DevschedError, NotFound
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
+from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
 from devsched.web import charts, downloads, security, views
 from devsched.web.events import stored_events
 from devsched.web.sampler import Sampler, Snapshot
@@ -52,8 +54,10 @@ log = logging.getLogger("devsched.web")
 HERE = Path(__file__).parent
 #: Seconds between keep-alive comments on a quiet event stream.
 KEEPALIVE_S = 15.0
-#: Queued tasks listed on the queue page (the count says how many more).
-QUEUE_ROWS = 500
+#: Queued tasks a queue page lists (`?page=N` for the next ones): a page's cost does not grow with the queue.
+QUEUE_ROWS = 200
+#: Running tasks the queue page lists (the count says how many more).
+RUNNING_ROWS = 200
 #: Minutes the charts show.
 CHART_MINUTES = 60
 
@@ -84,6 +88,22 @@ class Web:
         self.sampler = Sampler(client, refresh_s=settings.web_refresh_s, queue_max=settings.web_queue_max)
         self.templates = _templates()
         self._token = settings.web_token.get_secret_value() if settings.web_token is not None else None
+        self._rendered: dict[Hashable, str] = {}
+        self._rendered_version = 0
+
+    def cached(self, key: Hashable, version: int, render: Callable[[], str]) -> str:
+        """`render()` once per snapshot version and `key`: every viewer and live stream of it shares the HTML.
+
+        Only the newest version's fragments are kept; a caller still holding an older snapshot renders its own.
+        """
+        if version > self._rendered_version:
+            self._rendered, self._rendered_version = {}, version
+        elif version < self._rendered_version:
+            return render()
+        html = self._rendered.get(key)
+        if html is None:
+            html = self._rendered[key] = render()
+        return html
 
     # -- who may act -----------------------------------------------------------------------------------------
 
@@ -166,30 +186,43 @@ async def lab_live(request: Request) -> Response:
     return _stream(web, lambda snap: web.fragment("_lab.html", **_lab_values(web, snap, filters)))
 
 
-def _queue_values(web: Web, snap: Snapshot) -> dict[str, Any]:
-    now = datetime.now(UTC)
-    progress = {task_id: r.progress for task_id, r in snap.progress.items()}
-    return {
-        "queued": [views.task_row(t, now) for t in snap.queued[:QUEUE_ROWS]],
-        "queued_total": len(snap.queued),
-        "queued_capped": snap.queued_capped,
-        "running": [views.task_row(t, now, progress.get(str(t.task_id))) for t in snap.running],
-        "recent": [views.task_row(t, now) for t in snap.recent],
-        "snapshot": snap,
-        "now": now,
-    }
+def _queue_fragment(web: Web, snap: Snapshot, page: int) -> str:
+    """The queue's tables for one page of the queued tasks, rendered once per snapshot version and page.
+
+    Ages are as of the snapshot (`snap.at`, at most a refresh old), so that one rendering serves everyone.
+    """
+
+    def render() -> str:
+        now = snap.at
+        progress = {task_id: r.progress for task_id, r in snap.progress.items()}
+        queued = views.window(len(snap.queued), page, QUEUE_ROWS)
+        return web.fragment(
+            "_queue.html",
+            queued=[views.task_row(t, now) for t in snap.queued[queued.start : queued.stop]],
+            queued_window=queued,
+            queued_capped=snap.queued_capped,
+            running=[views.task_row(t, now, progress.get(str(t.task_id))) for t in snap.running[:RUNNING_ROWS]],
+            running_total=len(snap.running),
+            recent=[views.task_row(t, now) for t in snap.recent],
+        )
+
+    return web.cached(("queue", views.window(len(snap.queued), page, QUEUE_ROWS).page), snap.version, render)
 
 
 async def queue_page(request: Request) -> Response:
-    """Queued tasks (next first), running ones with their step, the newest ones."""
+    """Queued tasks (next first, a page of them: `?page=N`), running ones with their step, the newest ones."""
     web = _web(request)
-    return web.page(request, "queue.html", live="/queue/live", **_queue_values(web, web.sampler.snapshot))
+    page = views.page_number(request.query_params.get("page"))
+    live = "/queue/live" + (f"?page={page}" if page > 1 else "")
+    fragment = Markup(_queue_fragment(web, web.sampler.snapshot, page))
+    return web.page(request, "queue.html", live=live, fragment=fragment)
 
 
 async def queue_live(request: Request) -> Response:
-    """The queue's tables as they change."""
+    """The queue's tables as they change (the page given by `?page=N`)."""
     web = _web(request)
-    return _stream(web, lambda snap: web.fragment("_queue.html", **_queue_values(web, snap)))
+    page = views.page_number(request.query_params.get("page"))
+    return _stream(web, lambda snap: _queue_fragment(web, snap, page))
 
 
 def _charts_values(web: Web, snap: Snapshot) -> dict[str, Any]:
@@ -512,8 +545,35 @@ async def healthz(request: Request) -> Response:
     return PlainTextResponse("ok")
 
 
+def add_checks(health: HealthServer, app: Starlette) -> None:
+    """Readiness on the health listener (`metrics_port`): NATS answers, and the first snapshot is loaded.
+
+    A later sample that fails keeps the last snapshot on screen (with its error shown), so it is not a
+    condition: pages still render, and the sampler tries again.
+    """
+
+    def web() -> Web:
+        found: Web | None = getattr(app.state, "web", None)
+        if found is None:
+            raise NotReady("not connected yet")
+        return found
+
+    async def nats() -> None:
+        await check_nats(web().client.nc)
+
+    async def snapshot() -> None:
+        if not web().sampler.snapshot.ready:
+            raise NotReady("no snapshot of the lab loaded yet")
+
+    health.check("nats", nats)
+    health.check("snapshot", snapshot)
+
+
 async def readyz(request: Request) -> Response:
-    """Ready once a sample succeeded and NATS is connected."""
+    """Ready once a sample succeeded and NATS is connected.
+
+    For a port-forward; the kubelet probes the health listener's `/readyz` (`add_checks`).
+    """
     web = _web(request)
     snap = web.sampler.snapshot
     ready = snap.ready and snap.error is None and web.client.nc.is_connected
@@ -556,20 +616,25 @@ def create_app(settings: WebSettings, *, connect: Callable[[], Awaitable[Client]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        client = await (connect or default_connect)()
-        web = Web(settings, client)
-        app.state.web = web
-        await web.sampler.subscribe()
-        await web.sampler.sample()
-        task = asyncio.create_task(web.sampler.run(), name="devsched-web sampler")
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await web.sampler.unsubscribe()
-            await client.close()
+        # The health listener first: alive (and not ready) while NATS is still being reached.
+        async with serving_health(settings.metrics_host, settings.metrics_port, service="devsched-web") as health:
+            if health is not None:
+                add_checks(health, app)
+            app.state.health = health
+            client = await (connect or default_connect)()
+            web = Web(settings, client)
+            app.state.web = web
+            await web.sampler.subscribe()
+            await web.sampler.sample()
+            task = asyncio.create_task(web.sampler.run(), name="devsched-web sampler")
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                await web.sampler.unsubscribe()
+                await client.close()
 
     routes = [
         Route("/", root),

@@ -80,9 +80,7 @@ def _label(minute: int) -> str:
     return datetime.fromtimestamp(minute * 60, UTC).strftime("%H:%M")
 
 
-def stacked_bars(
-    data: list[tuple[int, dict[str, int]]], width: float, height: float
-) -> tuple[list[Bar], int]:
+def stacked_bars(data: list[tuple[int, dict[str, int]]], width: float, height: float) -> tuple[list[Bar], int]:
     """Stacked bars of finished tasks per minute, scaled to the box; and the tallest stack."""
     top = max((sum(counts.values()) for _, counts in data), default=0) or 1
     step = width / max(1, len(data))

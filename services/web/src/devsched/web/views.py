@@ -275,6 +275,47 @@ def task_row(task: TaskSummary, now: datetime, progress: Progress | None = None)
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    """One page of a long table: rows `start` to `stop` (exclusive) of `total`, pages numbered from 1."""
+
+    page: int
+    pages: int
+    start: int
+    stop: int
+    total: int
+
+    @property
+    def more(self) -> int:
+        """Rows after this page."""
+        return self.total - self.stop
+
+    @property
+    def previous(self) -> int | None:
+        """The page before, if any."""
+        return self.page - 1 if self.page > 1 else None
+
+    @property
+    def next(self) -> int | None:
+        """The page after, if any."""
+        return self.page + 1 if self.page < self.pages else None
+
+
+def window(total: int, page: int, size: int) -> Window:
+    """Page `page` (clamped to the pages there are) of `total` rows, `size` a page."""
+    pages = max(1, -(-total // size))
+    page = min(max(1, page), pages)
+    start = (page - 1) * size
+    return Window(page=page, pages=pages, start=start, stop=min(total, start + size), total=total)
+
+
+def page_number(raw: str | None) -> int:
+    """`?page=N` as a page number; anything else is page 1."""
+    if raw is None or not raw.isdigit() or len(raw) > 6:
+        return 1
+    return max(1, int(raw))
+
+
 def queue_order(tasks: Iterable[TaskSummary]) -> list[TaskSummary]:
     """Queued tasks in the order the scheduler takes them: higher priority first, then oldest first."""
     return sorted(tasks, key=lambda t: (-t.priority, t.created_at))
