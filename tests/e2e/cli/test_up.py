@@ -168,9 +168,13 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
             # the dashboard, read-only without its token: the lab shows the host
             found = re.search(r"web +(http://127\.0\.0\.1:\d+/)", out_path.read_text())
             assert found, out_path.read_text()
-            with urllib.request.urlopen(found.group(1) + "lab", timeout=10) as page:
-                html = page.read().decode()
-            assert "sim-1" in html
+            html = ""
+            deadline = time.monotonic() + 30
+            while "sim-1" not in html:  # the dashboard's first sample of the lab may still be on its way
+                assert time.monotonic() < deadline, html
+                time.sleep(0.2)
+                with urllib.request.urlopen(found.group(1) + "lab", timeout=10) as page:
+                    html = page.read().decode()
             assert "Log in" in html
 
             assert up.stop(timeout=60) == 0, out_path.read_text()  # SIGTERM, SIGKILL after 60 s
