@@ -80,6 +80,37 @@ async def test_every_page_renders_with_security_headers(read_only: Web, client: 
         assert (await http.get("/readyz")).status_code == 200
 
 
+async def test_device_page_shows_its_history_from_the_api(
+    stack: Stack, client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Issue 15: a task that ended before this web process started is on the page of the device it ran on."""
+    device, other = stack.device_ids[0], stack.device_ids[1]
+    reply = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="history-check", device_id=device)
+    view = await client.wait(reply.task_id, timeout=60)
+    assert view.status == "done", view
+    with web_process(stack, tmp_path_factory.mktemp("web-history"), name="web-history") as web:
+        async with httpx.AsyncClient(base_url=web.url) as http:
+
+            async def device_page(device_id: str) -> str:
+                page = await http.get(f"/devices/{device_id}")
+                assert page.status_code == 200, page.text[:500]
+                return page.text
+
+            async def listed() -> str | None:
+                text = await device_page(device)
+                return text if str(reply.task_id) in text else None
+
+            shown = await eventually(listed, timeout=30, message="the finished task on its device's page")
+            row = re.search(rf'<tr data-task-id="{reply.task_id}">.*?</tr>', shown, re.S)
+            assert row, shown
+            assert "history-check" in row.group(0)
+            assert ">done<" in row.group(0)
+            assert f'href="/tasks/{reply.task_id}"' in row.group(0)
+            assert str(reply.task_id) not in await device_page(other)
+            bad = await http.get(f"/devices/{device}?after=not-a-cursor")
+            assert bad.status_code == 400
+
+
 async def test_read_only_renders_no_action_and_refuses_every_post(read_only: Web, client: Client, stack: Stack) -> None:
     reply = await client.submit({"steps": [{"name": "wait", "action": "sleep", "args": {"seconds": 30}}]})
     async with httpx.AsyncClient(base_url=read_only.url) as http:

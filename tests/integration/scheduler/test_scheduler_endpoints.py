@@ -128,6 +128,24 @@ async def test_list_pages_newest_first_and_filters_by_status(
     assert [t["task_id"] for t in cancelled["tasks"]] == [ids[0]]
 
 
+async def test_list_filters_by_the_device_a_task_ran_on(
+    scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
+) -> None:
+    host = make_host()
+    await host.register("d1", "d2")
+    ran = await submit(nc, subject_prefix, selector={"device_id": "d1"})
+    a = await host.next_assignment()
+    await host.claim(a)
+    await host.report(a)
+    queued = await submit(nc, subject_prefix, selector={"device_id": "d1", "labels": {"none": "x"}})
+    listed = api(subject_prefix, "tasks.list")
+    assert [t["task_id"] for t in (await call(nc, listed, {"device_id": "d1"}))["tasks"]] == [ran]
+    assert (await call(nc, listed, {"device_id": "d2"}))["tasks"] == []
+    assert (await call(nc, listed, {"device_id": "d1", "status": "queued"}))["tasks"] == []
+    assert (await call(nc, listed, {"device_id": "d1", "kind": "health"}))["tasks"] == []
+    assert [t["task_id"] for t in (await call(nc, listed, {}))["tasks"]] == [queued, ran]
+
+
 async def test_cancel_queued_terminal_and_repeated(scheduler: Scheduler, nc: NatsClient, subject_prefix: str) -> None:
     task_id = await submit(nc, subject_prefix)
     cancel = api(subject_prefix, "tasks.cancel")
@@ -240,6 +258,9 @@ async def test_submit_rejects_invalid_requests_with_paths(
         ("tasks.get", {"task_id": "not-a-uuid"}, "task_id"),
         ("tasks.list", {"limit": 0}, "limit"),
         ("tasks.list", {"status": "sleeping"}, "status"),
+        ("tasks.list", {"device_id": "a.b"}, "device_id"),  # issue 15: a token, like every device id
+        ("tasks.list", {"device_id": ""}, "device_id"),
+        ("tasks.list", {"device_id": 7}, "device_id"),
         ("tasks.cancel", {}, "task_id"),
         ("hosts.list", {"x": 1}, "x"),
         ("devices.drain", {"device_id": "a.b"}, "device_id"),

@@ -295,3 +295,21 @@ def test_a_window_is_one_page_of_a_long_table_clamped_to_the_pages_there_are() -
     empty = views.window(0, 5, 200)
     assert (empty.page, empty.pages, empty.start, empty.stop) == (1, 1, 0, 0)
     assert [views.page_number(raw) for raw in (None, "", "2", "0", "-3", "x", "9" * 30)] == [1, 1, 2, 1, 1, 1, 1]
+
+
+def test_device_history_rows_label_kind_status_and_the_more_link() -> None:
+    user = TaskSummary.model_validate(summary(name="flash", status="done", reason=None))
+    check = TaskSummary.model_validate(
+        summary(name="health:adb", status="failed", reason="adb not answering", kind="health", health_device_id="d1")
+    )
+    anonymous = TaskSummary.model_validate(summary(status="cancelled"))
+    rows = views.device_history([user, check, anonymous])
+    assert [(r.label, r.health, r.status, r.reason) for r in rows] == [
+        ("flash", False, "done", None),
+        ("health:adb", True, "failed", "adb not answering"),
+        (str(anonymous.task_id)[:8], False, "cancelled", None),
+    ]
+    assert rows[0].at == user.updated_at
+    assert rows[0].task_id == str(user.task_id)
+    assert views.more_path("d 1", None) is None
+    assert views.more_path("d 1", "abc=") == "/devices/d%201?after=abc%3D"

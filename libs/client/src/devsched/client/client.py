@@ -400,12 +400,14 @@ class Client:
         limit: int = LIST_LIMIT_DEFAULT,
         after: str | None = None,
         kind: TaskKind | str | None = None,
+        device_id: str | None = None,
     ) -> ListTasksReply:
         """One page of tasks, newest first (`P.api.tasks.list`); pass the reply's `next` as `after`.
 
         `kind`: only `user` tasks, or only `health` tasks (issue 13); both by default.
+        `device_id`: only tasks that had an attempt on that device, its history (issue 15).
         """
-        body = _build(ListTasksRequest, status=status, limit=limit, after=after, kind=kind)
+        body = _build(ListTasksRequest, status=status, limit=limit, after=after, kind=kind, device_id=device_id)
         return await self._call(self.subjects.tasks_list, body, ListTasksReply)
 
     async def pages(

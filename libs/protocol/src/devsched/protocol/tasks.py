@@ -190,6 +190,8 @@ class ListTasksRequest(RequestModel):
     """The `next` cursor of the previous page; null for the first page."""
     kind: Lax[TaskKind] | None = Field(default=None, exclude_if=_unless_none)
     """Addition (issue 13): only `user` tasks or only `health` tasks; both when null (left out)."""
+    device_id: Token | None = Field(default=None, exclude_if=_unless_none)
+    """Addition (issue 15): only tasks that had an attempt on this device; every task when null (left out)."""
 
 
 class ListTasksReply(ReplyModel):

@@ -169,9 +169,17 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 
 async def list_tasks(
-    conn: AsyncConnection, status: TaskStatus | None, limit: int, after: str | None, kind: TaskKind | None = None
+    conn: AsyncConnection,
+    status: TaskStatus | None,
+    limit: int,
+    after: str | None,
+    kind: TaskKind | None = None,
+    device_id: str | None = None,
 ) -> TaskPage:
-    """Tasks newest first, `limit` per page, continuing after the cursor of the previous page (of `kind`)."""
+    """Tasks newest first, `limit` per page, continuing after the cursor of the previous page.
+
+    `kind` keeps one kind; `device_id` keeps the tasks that had an attempt on that device (its history).
+    """
     if not LIST_LIMIT_MIN <= limit <= LIST_LIMIT_MAX:
         message = f"must be {LIST_LIMIT_MIN}..{LIST_LIMIT_MAX}"
         raise InvalidRequest("limit out of range", errors=[{"path": "limit", "message": message}])
@@ -183,6 +191,9 @@ async def list_tasks(
     if kind is not None:
         where.append("t.kind = :kind")
         params["kind"] = kind.value
+    if device_id is not None:
+        where.append("EXISTS (SELECT 1 FROM attempts a WHERE a.task_id = t.task_id AND a.device_id = :device_id)")
+        params["device_id"] = device_id
     if after is not None:
         created_at, task_id = _decode_cursor(after)
         where.append("(t.created_at, t.task_id) < (:c_at, :c_id)")

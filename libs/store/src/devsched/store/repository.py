@@ -242,11 +242,15 @@ class Store:
         limit: int = LIST_LIMIT_DEFAULT,
         after: str | None = None,
         kind: TaskKind | None = None,
+        device_id: str | None = None,
     ) -> TaskPage:
-        """One page of tasks, newest first (`kind`: only user tasks, or only health tasks)."""
+        """One page of tasks, newest first.
+
+        `kind`: only user tasks, or only health tasks; `device_id`: only tasks that had an attempt on that device.
+        """
 
         async def op(conn: AsyncConnection, now: datetime) -> TaskPage:
-            return await queries.list_tasks(conn, status, limit, after, kind)
+            return await queries.list_tasks(conn, status, limit, after, kind, device_id)
 
         return await self._tx.run(op, name="list_tasks")
 

@@ -192,7 +192,9 @@ class Api:
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`."""
         return m.ListTasksReply.from_value(
-            await self._store.list_tasks(status=req.status, limit=req.limit, after=req.after, kind=req.kind)
+            await self._store.list_tasks(
+                status=req.status, limit=req.limit, after=req.after, kind=req.kind, device_id=req.device_id
+            )
         )
 
     async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:

@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ from starlette.responses import (
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from devsched.client import Client, DevschedError, NotFound
+from devsched.client import Client, DevschedError, InvalidRequest, NotFound
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
@@ -367,7 +368,23 @@ async def artifact_download(request: Request) -> Response:
     return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
 
 
-def _device_values(web: Web, snap: Snapshot, device_id: str) -> dict[str, Any]:
+@dataclass(slots=True)
+class _History:
+    """A device's history page as last read, and the device's change count when it was read."""
+
+    rows: list[views.HistoryRow]
+    more: str | None
+    changes: int
+
+
+async def _read_history(web: Web, device_id: str, after: str | None) -> _History:
+    """One page of the device's tasks and health checks from `P.api.tasks.list` (issue 15)."""
+    changes = web.sampler.device_changes.get(device_id, 0)
+    page = await web.sampler.client.list_page(device_id=device_id, limit=views.HISTORY_PAGE, after=after)
+    return _History(views.device_history(page.tasks), views.more_path(device_id, page.next), changes)
+
+
+def _device_values(web: Web, snap: Snapshot, device_id: str, history: _History) -> dict[str, Any]:
     for host in snap.hosts:
         for device in host.devices:
             if device.device_id == device_id:
@@ -377,27 +394,47 @@ def _device_values(web: Web, snap: Snapshot, device_id: str) -> dict[str, Any]:
                     "host": host,
                     "state": state,
                     "running": snap.on_device.get(device_id),
-                    "history": list(web.sampler.history.get(device_id, ())),
+                    "history": history.rows,
+                    "more": history.more,
                     "snapshot": snap,
                     "now": datetime.now(UTC),
                 }
     raise HTTPException(404, f"no device {device_id}")
 
 
+def _history_query(request: Request) -> str | None:
+    after = request.query_params.get("after")
+    return after or None
+
+
 async def device_page(request: Request) -> Response:
-    """One device: state, what runs on it, its recent history, drain and undrain."""
+    """One device: state, what runs on it, its history of tasks and health checks, drain and undrain."""
     web = _web(request)
     device_id = request.path_params["device_id"]
-    values = _device_values(web, web.sampler.snapshot, device_id)
-    return web.page(request, "device.html", live=f"/devices/{device_id}/live", **values)
+    after = _history_query(request)
+    try:
+        history = await _read_history(web, device_id, after)
+    except InvalidRequest as exc:
+        raise HTTPException(400, str(exc)) from None
+    values = _device_values(web, web.sampler.snapshot, device_id, history)
+    live = f"/devices/{device_id}/live" + (f"?after={quote(after, safe='')}" if after else "")
+    return web.page(request, "device.html", live=live, **values)
 
 
 async def device_live(request: Request) -> Response:
-    """The device's live part as it changes."""
+    """The device's live part as it changes; its history is re-read when the device's tasks changed."""
     web = _web(request)
     device_id = request.path_params["device_id"]
+    after = _history_query(request)
     base = web.context(request, request.cookies.get(security.CSRF_COOKIE, ""))
-    return _stream(web, lambda snap: web.fragment("_device.html", **{**base, **_device_values(web, snap, device_id)}))
+    held: list[_History] = []
+
+    async def render(snap: Snapshot) -> str:
+        if not held or held[0].changes != web.sampler.device_changes.get(device_id, 0):
+            held[:] = [await _read_history(web, device_id, after)]
+        return web.fragment("_device.html", **{**base, **_device_values(web, snap, device_id, held[0])})
+
+    return _stream(web, render)
 
 
 # -- actions -----------------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ Every `refresh_s` the sampler asks the scheduler, as the CLI would, for the host
 renders from: a page costs no request of its own, whatever the number of viewers. The device a running task
 holds and its step are not in the task list: they come from one `tasks.get` per new attempt, then from the
 task events (`P.events.task.*`, a plain subscription, no consumer), which also trigger an early sample so
-that a change shows within a fraction of a second. The events feed the charts (`charts.Series`) and each
-device's recent history (kept in memory: no API lists a device's tasks yet).
+that a change shows within a fraction of a second. The events feed the charts (`charts.Series`) and count
+each device's task changes (`device_changes`), so that its page re-reads its history
+(`P.api.tasks.list` by `device_id`) only when it changed.
 
 Cost, with a deep queue (10,000 tasks): decoding a page of task summaries holds the event loop (about
 50 µs a task), so pages are small (`PAGE_SIZE`: each decode is a short slice between page renders) and the
@@ -22,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -41,8 +41,6 @@ log = logging.getLogger("devsched.web")
 
 #: Newest tasks of any status shown under the queue (where a task is seen to end).
 RECENT = 30
-#: Events kept per device for its page.
-DEVICE_HISTORY = 50
 #: Task gets in flight at once when many new attempts appear together.
 GET_CONCURRENCY = 16
 #: Shortest pause between two samples, however many events arrive (a sample also waits as long as it took).
@@ -51,17 +49,6 @@ MIN_GAP_S = 0.25
 PAGE_SIZE = 250
 #: The whole queue is re-read no more often than this many times its last read took.
 QUEUE_DUTY = 4.0
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceEvent:
-    """One line of a device's history."""
-
-    at: datetime
-    task_id: str
-    attempt: int | None
-    event: str
-    reason: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +96,7 @@ class Sampler:
         self.clock = clock
         self.snapshot = Snapshot()
         self.series = Series()
-        self.history: dict[str, deque[DeviceEvent]] = {}
+        self.device_changes: dict[str, int] = {}
         self._held: dict[str, _Held] = {}
         self._poke = asyncio.Event()
         self._changed = asyncio.Condition()
@@ -142,7 +129,7 @@ class Sampler:
         self._poke.set()
 
     def observe(self, event: TaskEvent) -> None:
-        """Fold one task event into the device map, the device histories and the charts."""
+        """Fold one task event into the device map, the devices' change counts and the charts."""
         task_id = str(event.task_id)
         kind = str(event.event)
         held = self._held.get(task_id)
@@ -161,8 +148,7 @@ class Sampler:
             self.series.finished(str(event.status), event.at)
         device_id = event.device_id or (held.device_id if held else None)
         if device_id and kind in {"assigned", "dispatched", "requeued", "cancel_requested", *TERMINAL}:
-            history = self.history.setdefault(device_id, deque(maxlen=DEVICE_HISTORY))
-            history.appendleft(DeviceEvent(event.at, task_id, event.attempt, kind, event.reason))
+            self.device_changes[device_id] = self.device_changes.get(device_id, 0) + 1
 
     # -- sampling --------------------------------------------------------------------------------------------
 

@@ -496,3 +496,48 @@ def cancellable(status: str) -> bool:
 def in_flight(status: str) -> bool:
     """Whether a task in `status` holds a device."""
     return status in {s.value for s in IN_FLIGHT}
+
+
+#: Tasks per page of a device's history.
+HISTORY_PAGE = 50
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """One task of a device's history (issue 15): a user task or a health check, newest first."""
+
+    task_id: str
+    label: str
+    health: bool
+    status: str
+    at: datetime
+    reason: str | None
+
+
+def device_history(tasks: Iterable[TaskSummary]) -> list[HistoryRow]:
+    """A page of `P.api.tasks.list(device_id=...)` as the Device page shows it.
+
+    `at` is the task's last change (when it ended, for a finished one); a health check is labelled by its
+    name (`health:<check>`), a user task by its name or the start of its id.
+    """
+    rows = []
+    for task in tasks:
+        task_id = str(task.task_id)
+        rows.append(
+            HistoryRow(
+                task_id=task_id,
+                label=task.name or task_id[:8],
+                health=str(task.kind) == "health",
+                status=str(task.status),
+                at=task.updated_at,
+                reason=task.reason,
+            )
+        )
+    return rows
+
+
+def more_path(device_id: str, cursor: str | None) -> str | None:
+    """The link to the next page of a device's history, or None on the last page."""
+    if cursor is None:
+        return None
+    return f"/devices/{quote(device_id, safe='')}?after={quote(cursor, safe='')}"

@@ -247,6 +247,9 @@ def ls(
     kind: Annotated[
         TaskKind | None, typer.Option(help="Only users' tasks, or only health checks (named health:<check>).")
     ] = None,
+    device: Annotated[
+        str | None, typer.Option("--device", help="Only tasks that had an attempt on this device (its history).")
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """List tasks, newest first. `--json` prints {"tasks": [...], "next": <cursor or null>}."""
@@ -256,7 +259,7 @@ def ls(
         cursor = after
         while True:
             want = LIST_LIMIT_MAX if all_tasks else min(LIST_LIMIT_MAX, limit - len(tasks))
-            page = await client.list_page(status=status, limit=want, after=cursor, kind=kind)
+            page = await client.list_page(status=status, limit=want, after=cursor, kind=kind, device_id=device)
             tasks.extend(page.tasks)
             cursor = page.next
             if cursor is None or not page.tasks or (not all_tasks and len(tasks) >= limit):
@@ -265,11 +268,13 @@ def ls(
             print_json({"tasks": [t.model_dump(mode="json") for t in tasks], "next": cursor})
             return
         if not tasks:
-            out.print("no tasks" + (f" in status {status}" if status else ""))
+            out.print("no tasks" + (f" in status {status}" if status else "") + (f" on {device}" if device else ""))
             return
         print_table(out, lambda compact: tasks_table(tasks, compact=compact))
         if cursor is not None:
-            out.print(f"more: devsched ls --after {cursor}" + (f" --status {status}" if status else ""), style="dim")
+            given = (("status", status), ("kind", kind), ("device", device))
+            filters = "".join(f" --{name} {value}" for name, value in given if value)
+            out.print(f"more: devsched ls --after {cursor}{filters}", style="dim")
 
     run(lambda: with_client(ctx, main))
 
