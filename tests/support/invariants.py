@@ -14,9 +14,10 @@ is about what was published, the real JetStream streams. What it checks (ARCHITE
   expiry (the agent's own deadline falls before it, so this is the agent's deadline with the request's
   latency as slack) and no two attempts' steps ran on one device at the same time;
 - every outbox row is sent, and published once: the events stream holds exactly one message per task event
-  (seq 1..event_seq, no duplicate) and per device event, and the assignments stream's sequence counted exactly one message per
-  assignment row (JetStream drops a republished one by its message id without a sequence number), plus the
-  copies the scheduler's resync published (each under an id of its own), as its logs count them (`resends`);
+  (seq 1..event_seq, no duplicate) and per device event, and the assignments stream's sequence counted
+  exactly one message per assignment row (JetStream drops a republished one by its message id without a
+  sequence number), plus the copies the scheduler's resync published (each under an id of its own), as its
+  logs count them (`resends`);
 - `recovered()`: once a fault heals, every queued task gets a device within ttl + sweep interval + grace.
 """
 
