@@ -14,9 +14,10 @@ is about what was published, the real JetStream streams. What it checks (ARCHITE
   expiry (the agent's own deadline falls before it, so this is the agent's deadline with the request's
   latency as slack) and no two attempts' steps ran on one device at the same time;
 - every outbox row is sent, and published once: the events stream holds exactly one message per task event
-  (seq 1..event_seq, no duplicate), and the assignments stream's sequence counted exactly one message per
-  assignment row (JetStream drops a republished one by its message id without a sequence number), plus the
-  copies the scheduler's resync published (each under an id of its own), as its logs count them (`resends`);
+  (seq 1..event_seq, no duplicate) and per device event, and the assignments stream's sequence counted
+  exactly one message per assignment row (JetStream drops a republished one by its message id without a
+  sequence number), plus the copies the scheduler's resync published (each under an id of its own), as its
+  logs count them (`resends`);
 - `recovered()`: once a fault heals, every queued task gets a device within ttl + sweep interval + grace.
 """
 
@@ -284,11 +285,15 @@ class Invariants:
             return
         js = self.nc.jetstream()
         event_rows = await conn.fetchval("SELECT count(*) FROM outbox WHERE kind = 'task_event'")
+        device_rows = await conn.fetchval("SELECT count(*) FROM outbox WHERE kind = 'device_event'")
         assignment_rows = await conn.fetchval("SELECT count(*) FROM outbox WHERE kind = 'assignment'")
         seqs = {str(r["task_id"]): r["event_seq"] for r in await conn.fetch("SELECT task_id, event_seq FROM tasks")}
         statuses = {str(r["task_id"]): r["status"] for r in await conn.fetch("SELECT task_id, status FROM tasks")}
-        events = [json.loads(m.data) for m in await stream_messages(js, stream_name(self.prefix, "EVENTS"))]
-        assert len(events) == event_rows, f"events stream holds {len(events)} messages for {event_rows} outbox rows"
+        stored = [json.loads(m.data) for m in await stream_messages(js, stream_name(self.prefix, "EVENTS"))]
+        events = [e for e in stored if "task_id" in e]  # the rest are device events (`P.events.device.<id>`)
+        assert len(events) == event_rows, f"events stream holds {len(events)} task events for {event_rows} outbox rows"
+        devices = len(stored) - len(events)
+        assert devices == device_rows, f"events stream holds {devices} device events for {device_rows} outbox rows"
         by_task: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for event in events:
             by_task[event["task_id"]].append(event)

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.events import AttemptAssigned, DeviceEvent, TaskEvent
 from devsched.core.records import LeaseRef, Selector
 from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store
 
@@ -62,7 +62,7 @@ class Lab:
 
 def kinds(c: Committed) -> list[str]:
     """The kinds of the messages a commit wrote, in order (`assignment` for an assignment)."""
-    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in c.messages]
+    return [m.event.kind.value if isinstance(m.event, TaskEvent | DeviceEvent) else "assignment" for m in c.messages]
 
 
 def ref(m: AttemptAssigned) -> LeaseRef:

@@ -1,8 +1,9 @@
 """Device quarantine (issue 13 item 1) with the real agent, scheduler and sweeper.
 
 A device whose `infra` step fails three times in a row (a retry policy on `infra`, three attempts) is
-quarantined: the hosts view shows it, with its reason, and it takes no work; `devsched drain --undo`
-returns it to service and the waiting task runs. A health check (item 2, `devsched health set`) runs on
+quarantined: the hosts view shows it, with its reason, a `device_quarantined` event is published on
+`P.events.device.<device_id>`, and it takes no work; `devsched drain --undo` returns it to service (a
+`device_returned` event) and the waiting task runs. A health check (item 2, `devsched health set`) runs on
 the quarantined device as a `health` task: failing keeps it out, passing returns it.
 """
 
@@ -13,6 +14,9 @@ from typing import Any
 
 import pytest
 
+from devsched.protocol.codec import decode
+from devsched.protocol.messages import DeviceEventMessage
+from devsched.protocol.subjects import Subjects
 from support.agent_e2e import AgentLab, shell
 from support.polling import eventually
 from support.scheduler_harness import api, call
@@ -31,6 +35,16 @@ async def _device(lab: AgentLab, name: str) -> dict[str, Any]:
 
 async def test_three_infra_failures_quarantine_the_device_and_drain_undo_returns_it(lab: AgentLab) -> None:
     await lab.agent("d1").ready()
+    heard: list[DeviceEventMessage] = []
+
+    async def on_event(msg: Any) -> None:
+        heard.append(decode(DeviceEventMessage, msg.data))
+
+    sub = await lab.nc.subscribe(Subjects(lab.prefix).device_events(lab.device("d1")), cb=on_event)
+
+    async def heard_events(n: int) -> list[str] | None:
+        return [e.event.value for e in heard] if len(heard) >= n else None
+
     retry = {"on": ["infra"], "backoff": {"initial_s": 0.2, "max_s": 0.2}}
     broken = [shell("flash", "exit 3", infra=True), shell("test", "true")]
     task_id = await lab.submit(broken, retry=retry, max_attempts=3)
@@ -41,6 +55,10 @@ async def test_three_infra_failures_quarantine_the_device_and_drain_undo_returns
     assert (device["state"], device["quarantined"], device["infra_failures"]) == ("quarantined", True, 3), device
     assert device["quarantine_reason"] == "3 consecutive infrastructure failures (last: infra)"
     assert "quarantined_since" in device
+    assert await eventually(lambda: heard_events(1), timeout=10, message="device_quarantined heard") == [
+        "device_quarantined"
+    ]
+    assert (heard[0].by, heard[0].infra_failures, heard[0].reason) == ("infra_failures", 3, device["quarantine_reason"])
 
     waiting = await lab.submit([shell("work", "true")])
     queued = await lab.task(waiting)
@@ -61,6 +79,10 @@ async def test_three_infra_failures_quarantine_the_device_and_drain_undo_returns
 
     device = await eventually(returned, timeout=10, message="d1 back in service")
     assert (device["state"], device["infra_failures"]) == ("available", 0), device
+    events = await eventually(lambda: heard_events(2), timeout=10, message="device_returned heard")
+    assert events == ["device_quarantined", "device_returned"]
+    assert heard[1].by == "operator"
+    await sub.unsubscribe()
 
 
 async def _quarantined(lab: AgentLab) -> None:

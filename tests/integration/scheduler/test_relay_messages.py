@@ -19,10 +19,11 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from sqlalchemy import text
 
+from devsched.core.events import DeviceEventCause, DeviceEventKind
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.core.status import EventKind as E
 from devsched.protocol.codec import decode
-from devsched.protocol.messages import Assignment, Plan, Step, TaskEvent
+from devsched.protocol.messages import Assignment, DeviceEventMessage, Plan, Step, TaskEvent
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, assignment_msg_id, event_msg_id
 from devsched.scheduler.jetstream import ensure_streams
 from devsched.scheduler.relay import Relay
@@ -173,6 +174,42 @@ async def test_every_event_kind_and_every_assignment_is_the_protocols_message(
 
     traced = [m for m in events + assignments if m.headers.get("traceparent") == TRACEPARENT]
     assert len(traced) == len(by_task[done.task_id]) + 1, "the traced task's events and its assignment"
+
+
+INFRA = {"steps": [{"name": "flash", "action": "noop", "args": {}, "infra": True}]}
+DEVICE_EVENT_FIELDS = {"event", "device_id", "host_id", "at", "by", "infra_failures", "reason"}
+
+
+async def test_device_events_are_published_on_the_devices_subject(
+    relay: Relay, database_url: str, nc: NatsClient, subject_prefix: str, clock: ManualClock
+) -> None:
+    store = Store.connect(service_url(database_url, "scheduler"), clock=clock)
+    lab = Lab(store, clock)
+    subjects = Subjects(subject_prefix)
+    try:
+        await lab.host("h1", "h1-d1")
+        for _ in range(3):  # the third quarantines the device
+            lease = await lab.running(plan=INFRA, device_id="h1-d1")
+            result = {"steps": [{"name": "flash", "status": "failed", "exit_code": 1}]}
+            await store.report(lease, Outcome.FAILED, reason="flash failed", result=result)
+        await store.drain_device("h1-d1", False)  # `devsched drain h1-d1 --undo`
+        await relay_everything(relay, store)
+    finally:
+        await store.close()
+
+    events, _ = await published(nc, subjects)
+    device = [m for m in events if m.subject.startswith(f"{subject_prefix}.events.device.")]
+    assert [m.subject for m in device] == [subjects.device_events("h1-d1")] * 2
+    got = [decode(DeviceEventMessage, m.data) for m in device]
+    assert all(json.loads(m.data).keys() == DEVICE_EVENT_FIELDS for m in device)
+    assert [(e.event, e.by, e.infra_failures) for e in got] == [
+        (DeviceEventKind.QUARANTINED, DeviceEventCause.INFRA_FAILURES, 3),
+        (DeviceEventKind.RETURNED, DeviceEventCause.OPERATOR, 0),
+    ]
+    assert {e.host_id for e in got} == {"h1"}
+    ids = [m.headers[MSG_ID_HEADER] for m in device]
+    assert len(set(ids)) == 2
+    assert all(i.startswith("device.h1-d1.") for i in ids)
 
 
 # -- rows from before 0004 ---------------------------------------------------------------------------------

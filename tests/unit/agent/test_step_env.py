@@ -107,8 +107,17 @@ def test_a_variable_that_cannot_be_in_an_environment_is_refused_by_name(env: dic
 
 @pytest.mark.parametrize(
     ("name", "passes"),
-    [("PATH", True), ("HOME", True), ("LANG", True), ("LC_CTYPE", True), ("LANGUAGE", False), ("TMPDIR", False),
-     ("USER", False), ("DEVSCHED_NATS_URL", False), ("path", False)],
+    [
+        ("PATH", True),
+        ("HOME", True),
+        ("LANG", True),
+        ("LC_CTYPE", True),
+        ("LANGUAGE", False),
+        ("TMPDIR", False),
+        ("USER", False),
+        ("DEVSCHED_NATS_URL", False),
+        ("path", False),
+    ],
 )
 def test_passed_through(name: str, passes: bool) -> None:
     assert passed_through(name) is passes

@@ -55,8 +55,7 @@ def _without_devstack(tmp_path: Path) -> Path:
 def test_without_the_dev_stack_the_command_says_what_to_install(tmp_path: Path, command: str) -> None:
     site = _without_devstack(tmp_path)
     script = (
-        "import site, sys; site.addsitedir(sys.argv[1]); del sys.argv[1]; "
-        "from devsched.client.cli import main; main()"
+        "import site, sys; site.addsitedir(sys.argv[1]); del sys.argv[1]; from devsched.client.cli import main; main()"
     )
     # -S: not this environment's site-packages (which has the dev stack), only the filtered copy.
     result = subprocess.run(

@@ -14,6 +14,7 @@ from devsched.protocol.subjects import (
     Subjects,
     assignment_msg_id,
     assignment_resend_msg_id,
+    device_event_msg_id,
     event_msg_id,
 )
 
@@ -92,6 +93,8 @@ def test_jetstream_names() -> None:
     assert S.task_events(TASK_ID) == f"devsched.events.task.{TASK_ID}"
     assert S.task_events(str(TASK_ID).upper()) == S.task_events(TASK_ID)
     assert S.task_events_all == "devsched.events.task.*"
+    assert S.device_events("h1-d1") == "devsched.events.device.h1-d1"
+    assert S.device_events_all == "devsched.events.device.*"
     assert S.events_all == "devsched.events.>"
     assert S.assignments_stream == "DEVSCHED_ASSIGNMENTS"
     assert S.events_stream == "DEVSCHED_EVENTS"
@@ -135,6 +138,9 @@ def test_subjects_is_an_immutable_value() -> None:
 def test_msg_ids() -> None:
     assert assignment_msg_id(TASK_ID, 2) == f"{TASK_ID}.2"
     assert event_msg_id(str(TASK_ID), 7) == f"{TASK_ID}:7"
+    assert device_event_msg_id("h1-d1", 12) == "device.h1-d1.12"
+    with pytest.raises(ValueError, match="device id"):
+        device_event_msg_id("h1.>", 12)
     assert assignment_resend_msg_id(TASK_ID, 2, 1767225600123) == f"{TASK_ID}.2.resync.1767225600123"
 
 

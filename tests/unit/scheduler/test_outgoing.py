@@ -9,10 +9,17 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from devsched.core.events import AttemptAssigned, StepProgress, TaskEvent
+from devsched.core.events import (
+    AttemptAssigned,
+    DeviceEvent,
+    DeviceEventCause,
+    DeviceEventKind,
+    StepProgress,
+    TaskEvent,
+)
 from devsched.core.status import EventKind, TaskStatus
 from devsched.protocol.codec import decode
-from devsched.protocol.messages import Assignment
+from devsched.protocol.messages import Assignment, DeviceEventMessage
 from devsched.protocol.messages import TaskEvent as WireTaskEvent
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler.outgoing import outgoing, resent
@@ -101,3 +108,29 @@ def test_what_is_not_a_valid_protocol_message_is_never_published(bad: dict[str, 
 def test_a_host_id_that_would_widen_the_subject_is_refused() -> None:
     with pytest.raises(ValueError, match="host id"):
         outgoing(assigned(host_id="h1.>"), S)
+
+
+def test_a_device_event_goes_to_its_devices_subject_named_by_its_outbox_id() -> None:
+    event = DeviceEvent(
+        kind=DeviceEventKind.QUARANTINED,
+        device_id="h1-d1",
+        host_id="h1",
+        at=AT,
+        by=DeviceEventCause.INFRA_FAILURES,
+        infra_failures=3,
+        reason="3 consecutive infrastructure failures (last: infra)",
+    )
+    out = outgoing(event, S, ref=42)
+    assert (out.subject, out.stream, out.msg_id) == ("lab-1.events.device.h1-d1", "LAB_1_EVENTS", "device.h1-d1.42")
+    assert json.loads(out.data) == {
+        "event": "device_quarantined",
+        "device_id": "h1-d1",
+        "host_id": "h1",
+        "at": "2026-12-01T10:00:00.000001Z",
+        "by": "infra_failures",
+        "infra_failures": 3,
+        "reason": "3 consecutive infrastructure failures (last: infra)",
+    }
+    assert decode(DeviceEventMessage, out.data).event is DeviceEventKind.QUARANTINED
+    with pytest.raises(ValueError, match="outbox id"):
+        outgoing(event, S)

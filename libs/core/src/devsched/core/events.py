@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from devsched.core.status import EventKind, TaskStatus
@@ -68,5 +69,42 @@ class AttemptAssigned:
     expires_at: datetime
 
 
+class DeviceEventKind(StrEnum):
+    """What happened to a device's health."""
+
+    QUARANTINED = "device_quarantined"
+    """Taken out of service: its infrastructure failures reached the threshold, or a health check failed."""
+    RETURNED = "device_returned"
+    """Back in service after a quarantine: a health check passed, or an operator returned it."""
+
+
+class DeviceEventCause(StrEnum):
+    """Who or what changed a device's health (`DeviceEvent.by`)."""
+
+    INFRA_FAILURES = "infra_failures"
+    """Consecutive infrastructure failures of attempts on it reached the threshold."""
+    HEALTH_CHECK = "health_check"
+    """A health check on it ended: failed (quarantined) or passed (returned)."""
+    OPERATOR = "operator"
+    """An operator returned it (`drain --undo` of the device or its host)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceEvent:
+    """A device quarantined or returned to service, recorded with the change.
+
+    `infra_failures` is the device's count of consecutive infrastructure failures after the change (0 on
+    a return); `reason` the quarantine's reason (on a return, the reason of the quarantine lifted).
+    """
+
+    kind: DeviceEventKind
+    device_id: str
+    host_id: str
+    at: datetime
+    by: DeviceEventCause
+    infra_failures: int
+    reason: str | None = None
+
+
 #: Every kind of value the outbox holds.
-DomainEvent = TaskEvent | AttemptAssigned
+DomainEvent = TaskEvent | AttemptAssigned | DeviceEvent

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from devsched.core.events import DeviceEventCause, DeviceEventKind
 from devsched.core.status import EventKind, TaskStatus
 from devsched.protocol.base import Id, Lax, ReplyModel, Timestamp, Token
 from devsched.protocol.plans import Plan, Progress
@@ -56,6 +57,29 @@ class TaskEvent(ReplyModel):
     """End reason, requeue reason or cancellation reason, where one applies."""
     progress: Progress | None = None
     """Only on `progress` events: the step the attempt reached."""
+
+
+class DeviceEventMessage(ReplyModel):
+    """JetStream message on `P.events.device.<device_id>` (an addition): a device quarantined or returned.
+
+    `Nats-Msg-Id: device.<device_id>.<n>`, unique per event. Readers that follow only task subjects never
+    see it.
+    """
+
+    event: Lax[DeviceEventKind]
+    """`device_quarantined` or `device_returned`."""
+    device_id: Token
+    """The device."""
+    host_id: Token
+    """Its host."""
+    at: Timestamp
+    """Commit time of the change."""
+    by: Lax[DeviceEventCause]
+    """What changed it: `infra_failures` (the count reached the threshold), `health_check`, `operator`."""
+    infra_failures: int = Field(ge=0)
+    """The device's consecutive infrastructure failures after the change (0 on a return)."""
+    reason: str | None = None
+    """The quarantine's reason (on a return: of the quarantine lifted)."""
 
 
 class Nudge(ReplyModel):

@@ -24,7 +24,15 @@ from devsched.protocol.base import (
     WireModel,
     format_timestamp,
 )
-from devsched.protocol.events import Assignment, DrainNotice, ErrorBody, ErrorDetail, Nudge, TaskEvent
+from devsched.protocol.events import (
+    Assignment,
+    DeviceEventMessage,
+    DrainNotice,
+    ErrorBody,
+    ErrorDetail,
+    Nudge,
+    TaskEvent,
+)
 from devsched.protocol.health import (
     HealthCheckDeleteRequest,
     HealthCheckListReply,
@@ -107,6 +115,7 @@ __all__ = [
     "ClaimRequest",
     "DataEncoding",
     "DeviceDrainView",
+    "DeviceEventMessage",
     "DeviceRegistration",
     "DeviceView",
     "DrainNotice",

@@ -224,6 +224,15 @@ class Subjects:
         """`P.events.task.*`: every task's events (for watchers)."""
         return f"{self.prefix}.events.task.*"
 
+    def device_events(self, device_id: str) -> str:
+        """`P.events.device.<device_id>`: where one device's health events are published (quarantined, returned)."""
+        return f"{self.prefix}.events.device.{_require_token('device id', device_id)}"
+
+    @property
+    def device_events_all(self) -> str:
+        """`P.events.device.*`: every device's health events."""
+        return f"{self.prefix}.events.device.*"
+
     @property
     def events_all(self) -> str:
         """`P.events.>`: the subjects of the events stream."""
@@ -316,6 +325,15 @@ def event_msg_id(task_id: uuid.UUID | str, seq: int) -> str:
     kinds meet (logs, a tool that reads both streams).
     """
     return f"{uuid.UUID(str(task_id))}:{seq}"
+
+
+def device_event_msg_id(device_id: str, ref: int) -> str:
+    """`Nats-Msg-Id` of a device event: `device.<device_id>.<ref>`, `ref` the event's outbox row id.
+
+    A device has no event counter of its own; the outbox id is unique and the same for every relay of the
+    row, so a re-relayed event is stored once. The `device.` head keeps it apart from task ids.
+    """
+    return f"device.{_require_token('device id', device_id)}.{ref}"
 
 
 def log_msg_id(lease_id: uuid.UUID | str, seq: int) -> str:

@@ -69,7 +69,8 @@ def destination_template(subject: str) -> str:
 
     `P.host.<host_id>.<verb>` -> `P.host.{host_id}.<verb>`, `P.host.<host_id>.log.<task_id>.<attempt>` ->
     `P.host.{host_id}.log.{task_id}.{attempt}`, `P.assign.<host_id>` -> `P.assign.{host_id}`,
-    `P.events.task.<task_id>` -> `P.events.task.{task_id}`; a wildcard token reads the same. Any other
+    `P.events.task.<task_id>` -> `P.events.task.{task_id}`, `P.events.device.<device_id>` ->
+    `P.events.device.{device_id}`; a wildcard token reads the same. Any other
     subject (`P.api.tasks.submit`) names no variable and is its own template.
     """
     parts = subject.split(".")
@@ -81,6 +82,8 @@ def destination_template(subject: str) -> str:
         parts[2] = "{host_id}"
     elif len(parts) == 4 and parts[1:3] == ["events", "task"]:
         parts[3] = "{task_id}"
+    elif len(parts) == 4 and parts[1:3] == ["events", "device"]:
+        parts[3] = "{device_id}"
     else:
         return subject
     return ".".join(parts)

@@ -14,7 +14,9 @@ from devsched.core.actions import action_labels, visible_labels
 from devsched.core.errors import DeviceConflict, NotFound
 from devsched.core.status import AttemptStatus, DeviceState
 from devsched.core.views import ActionInfo, DeviceView, HostView
+from devsched.store import quarantine
 from devsched.store.liveness import host_online
+from devsched.store.outbox import Outbox
 from devsched.store.views import ActionSpec, DeviceSpec
 
 
@@ -226,15 +228,18 @@ _ONE_DEVICE = text(f"SELECT {_DEVICE_COLUMNS} FROM devices d JOIN hosts h USING 
 
 
 async def drain_device(
-    conn: AsyncConnection, now: datetime, device_id: str, drained: bool, reason: str | None
+    conn: AsyncConnection, now: datetime, outbox: Outbox, device_id: str, drained: bool, reason: str | None
 ) -> DeviceView:
     """Take a device out of service (its running attempt goes on to its end), or return it.
 
-    Returning it also lifts a quarantine (`drain --undo`), with its count of infrastructure failures.
+    Returning it also lifts a quarantine (`drain --undo`), with its count of infrastructure failures, and
+    queues a `device_returned` event in `outbox`.
 
     Raises:
         NotFound: no such device.
     """
+    if not drained:
+        await quarantine.returning(conn, now, outbox, device_ids=[device_id])
     result = await conn.execute(_DRAIN, {"device_id": device_id, "drained": drained, "reason": reason, "now": now})
     if result.rowcount == 0:
         raise NotFound(f"no device {device_id}", device_id=device_id)
@@ -265,11 +270,14 @@ _HOST_DEVICES = text(
 )
 
 
-async def drain_host(conn: AsyncConnection, now: datetime, host_id: str, drained: bool, reason: str | None) -> HostView:
+async def drain_host(
+    conn: AsyncConnection, now: datetime, outbox: Outbox, host_id: str, drained: bool, reason: str | None
+) -> HostView:
     """Drain (or return to service) every device the host lists now; running attempts go on to their end.
 
     Like a device's drain, it survives the host's re-registration: a host drained for maintenance takes no
-    work after its agent restarts until it is returned to service.
+    work after its agent restarts until it is returned to service. Returning it lifts its devices'
+    quarantines as `drain_device` does (a `device_returned` event for each).
 
     Raises:
         NotFound: no such host.
@@ -277,6 +285,8 @@ async def drain_host(conn: AsyncConnection, now: datetime, host_id: str, drained
     host = (await conn.execute(_ONE_HOST, {"id": host_id, "now": now})).one_or_none()
     if host is None:
         raise NotFound(f"no host {host_id}", host_id=host_id)
+    if not drained:
+        await quarantine.returning(conn, now, outbox, host_id=host_id)
     await conn.execute(_DRAIN_HOST_DEVICES, {"host_id": host_id, "drained": drained, "reason": reason, "now": now})
     devices = tuple(_device_view(r) for r in (await conn.execute(_HOST_DEVICES, {"id": host_id, "now": now})).all())
     return _host_view(host, devices)

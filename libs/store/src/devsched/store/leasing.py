@@ -210,12 +210,12 @@ async def report(
         raise LeaseExpired()
     if own.kind == "health" and outcome is not Outcome.CANCELLED:
         if outcome is Outcome.DONE:
-            await quarantine.return_device(conn, now, device_id, checked=True)
+            await quarantine.return_device(conn, now, outbox, device_id, checked=True)
         else:
-            await quarantine.quarantine(conn, now, device_id, HEALTH_CHECK_FAILED)
+            await quarantine.quarantine(conn, now, outbox, device_id, HEALTH_CHECK_FAILED)
     elif outcome is not Outcome.CANCELLED:
         device = outcome_of(cause, done=outcome is Outcome.DONE)
-        await quarantine.record(conn, now, device_id, device, str(cause), threshold=quarantine_after)
+        await quarantine.record(conn, now, outbox, device_id, device, str(cause), threshold=quarantine_after)
     if decision.retry is not None:
         again = decision.retry
         requeue = {"task_id": ref.task_id, "now": now, "not_before": again.not_before, "avoid": again.avoid_device_id}

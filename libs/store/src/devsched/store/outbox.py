@@ -24,7 +24,15 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from devsched.core.events import AttemptAssigned, DomainEvent, StepProgress, TaskEvent
+from devsched.core.events import (
+    AttemptAssigned,
+    DeviceEvent,
+    DeviceEventCause,
+    DeviceEventKind,
+    DomainEvent,
+    StepProgress,
+    TaskEvent,
+)
 from devsched.core.status import EventKind, TaskStatus
 from devsched.store.faults import point
 from devsched.store.views import OutboxMessage
@@ -36,6 +44,11 @@ trace_headers: ContextVar[Mapping[str, str] | None] = ContextVar("devsched_outbo
 #: `outbox.kind` of each domain value (the table's check constraint lists the same names).
 TASK_EVENT = "task_event"
 ASSIGNMENT = "assignment"
+DEVICE_EVENT = "device_event"
+
+#: The kinds this release reads: the relay claims only these, so a row of a kind a later release adds
+#: waits for a relay of that release instead of failing this one's batches.
+KINDS = (TASK_EVENT, ASSIGNMENT, DEVICE_EVENT)
 
 
 def current_trace() -> Mapping[str, str]:
@@ -65,6 +78,16 @@ def _row(event: DomainEvent) -> tuple[str, dict[str, Any]]:
             "device_id": event.device_id,
             "reason": event.reason,
             "progress": None if p is None else {"step": p.step, "index": p.index, "of": p.of},
+        }
+    if isinstance(event, DeviceEvent):
+        return DEVICE_EVENT, {
+            "kind": event.kind.value,
+            "device_id": event.device_id,
+            "host_id": event.host_id,
+            "at": _time(event.at),
+            "by": event.by.value,
+            "infra_failures": event.infra_failures,
+            "reason": event.reason,
         }
     return ASSIGNMENT, {
         "task_id": str(event.task_id),
@@ -104,6 +127,16 @@ def _event(kind: str, data: Mapping[str, Any]) -> DomainEvent:
             plan=data["plan"],
             ttl_s=data["ttl_s"],
             expires_at=datetime.fromisoformat(data["expires_at"]),
+        )
+    if kind == DEVICE_EVENT:
+        return DeviceEvent(
+            kind=DeviceEventKind(data["kind"]),
+            device_id=data["device_id"],
+            host_id=data["host_id"],
+            at=datetime.fromisoformat(data["at"]),
+            by=DeviceEventCause(data["by"]),
+            infra_failures=data["infra_failures"],
+            reason=data.get("reason"),
         )
     raise ValueError(f"unknown outbox kind {kind!r}")
 
@@ -212,15 +245,15 @@ class Published:
 PublishBatch = Callable[[Sequence[OutboxMessage]], Awaitable[Published]]
 
 #: Marks what was published already (by the caller, right after those rows' commits), then claims what
-#: nobody is publishing: unsent, not the caller's own in flight, and (on a routine pass) old enough that
-#: whoever wrote it would have published and marked it by now.
+#: nobody is publishing: unsent, of a kind this release knows (`KINDS`), not the caller's own in flight,
+#: and (on a routine pass) old enough that whoever wrote it would have published and marked it by now.
 _CLAIM = text(
     """
     WITH marked AS (
         UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:mark AS bigint[])) AND sent_at IS NULL
     )
     SELECT id, kind, data, headers FROM outbox
-    WHERE sent_at IS NULL AND NOT (id = ANY(CAST(:skip AS bigint[])))
+    WHERE sent_at IS NULL AND kind = ANY(CAST(:kinds AS text[])) AND NOT (id = ANY(CAST(:skip AS bigint[])))
       AND (CAST(:before AS timestamptz) IS NULL OR created_at <= :before)
     ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     """
@@ -249,7 +282,14 @@ async def relay(
     Raises:
         ValueError: the publisher acknowledged a message it was not given.
     """
-    params = {"now": now, "mark": list(mark), "skip": sorted({*mark, *skip}), "before": before, "limit": limit}
+    params = {
+        "now": now,
+        "mark": list(mark),
+        "skip": sorted({*mark, *skip}),
+        "before": before,
+        "limit": limit,
+        "kinds": list(KINDS),
+    }
     rows = (await conn.execute(_CLAIM, params)).all()
     if not rows:
         return Published(())

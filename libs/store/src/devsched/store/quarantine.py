@@ -3,7 +3,9 @@
 Applied in the transaction that ends the attempt (a report, a release, a lease expiry) with core's rule
 (`devsched.core.health`): the device row is locked (`FOR UPDATE`; placement's statements lock devices
 with SKIP LOCKED, so nothing waits on this) and written only when the count changes. A quarantined device
-is out of `candidates.free()` until a passing health check or an operator returns it (`returned`).
+is out of `candidates.free()` until a passing health check or an operator returns it (`return_device`,
+`returning`). Each quarantine and each return of a quarantined device queues a `DeviceEvent` in the
+transaction's outbox, so the event commits with the change.
 """
 
 from __future__ import annotations
@@ -12,11 +14,14 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from devsched.core.events import DeviceEvent, DeviceEventCause, DeviceEventKind
 from devsched.core.health import DeviceOutcome, quarantine_reason, tally
+from devsched.store.outbox import Outbox
 
 log = logging.getLogger("devsched.store.quarantine")
 
@@ -25,8 +30,8 @@ _RESET = text("UPDATE devices SET infra_failures = 0 WHERE device_id = :device_i
 #: The devices of a batch, locked in one order (two sweeps or reports never wait on each other in a cycle).
 _READ = text(
     """
-    SELECT device_id, infra_failures, quarantined_at IS NOT NULL AS quarantined FROM devices
-    WHERE device_id = ANY(CAST(:device_ids AS text[])) ORDER BY device_id FOR UPDATE
+    SELECT device_id, host_id, infra_failures, quarantined_at IS NOT NULL AS quarantined, quarantine_reason
+    FROM devices WHERE device_id = ANY(CAST(:device_ids AS text[])) ORDER BY device_id FOR UPDATE
     """
 )
 
@@ -49,7 +54,6 @@ _RETURN = text(
     SET infra_failures = 0, quarantined_at = NULL, quarantine_reason = NULL,
         health_checked_at = CASE WHEN :checked THEN CAST(:now AS timestamptz) ELSE health_checked_at END
     WHERE device_id = :device_id
-    RETURNING quarantined_at IS NULL AS returned
     """
 )
 
@@ -64,29 +68,56 @@ _QUARANTINE = text(
 )
 
 
+#: The quarantined devices among those named or on a host, locked before an operator returns them.
+_QUARANTINED = text(
+    """
+    SELECT device_id, host_id, quarantine_reason FROM devices
+    WHERE quarantined_at IS NOT NULL
+      AND (device_id = ANY(CAST(:device_ids AS text[])) OR (host_id = CAST(:host_id AS text) AND registered))
+    ORDER BY device_id FOR UPDATE
+    """
+)
+
+
+def _event(
+    kind: DeviceEventKind, row: Any, now: datetime, by: DeviceEventCause, infra_failures: int, reason: str | None
+) -> DeviceEvent:
+    return DeviceEvent(
+        kind=kind, device_id=row.device_id, host_id=row.host_id, at=now, by=by, infra_failures=infra_failures,
+        reason=reason,
+    )  # fmt: skip
+
+
 async def record(
-    conn: AsyncConnection, now: datetime, device_id: str, outcome: DeviceOutcome, last: str, *, threshold: int
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    device_id: str,
+    outcome: DeviceOutcome,
+    last: str,
+    *,
+    threshold: int,
 ) -> bool:
     """Count `outcome` of an attempt that ended on `device_id` (`last`: the failure's cause, for the reason).
 
-    Returns whether this outcome quarantined the device.
+    Returns whether this outcome quarantined the device (its event is queued in `outbox`).
     """
     if outcome is DeviceOutcome.NEUTRAL:
         return False
     if outcome is DeviceOutcome.HEALTHY:
         await conn.execute(_RESET, {"device_id": device_id})
         return False
-    return bool(await record_failures(conn, now, [device_id], last, threshold=threshold))
+    return bool(await record_failures(conn, now, outbox, [device_id], last, threshold=threshold))
 
 
 async def record_failures(
-    conn: AsyncConnection, now: datetime, device_ids: Sequence[str], last: str, *, threshold: int
+    conn: AsyncConnection, now: datetime, outbox: Outbox, device_ids: Sequence[str], last: str, *, threshold: int
 ) -> list[str]:
     """Count one infrastructure failure (cause `last`) per entry of `device_ids` (repeats count again).
 
     Two statements whatever the number of devices (a sweep of thousands of expired leases stays a batch):
     the devices are read and locked in id order, counted by core's rule, and written at once. Returns the
-    devices these failures quarantined.
+    devices these failures quarantined; a `device_quarantined` event of each is queued in `outbox`.
     """
     occurrences = Counter(device_ids)
     rows = (await conn.execute(_READ, {"device_ids": sorted(occurrences)})).all()
@@ -104,19 +135,57 @@ async def record_failures(
     if ids:
         params = {"device_ids": ids, "counts": counts, "quarantines": quarantines, "reasons": reasons, "now": now}
         await conn.execute(_COUNT, params)
-    quarantined_now = [i for i, q in zip(ids, quarantines, strict=True) if q]
-    for device_id, reason in zip(ids, reasons, strict=True):
-        if device_id in quarantined_now:
-            log.warning("device quarantined", extra={"device_id": device_id, "reason": reason})
+    quarantined_now = []
+    for row, count, quarantine, reason in zip(rows, counts, quarantines, reasons, strict=True):
+        if quarantine:
+            quarantined_now.append(row.device_id)
+            log.warning("device quarantined", extra={"device_id": row.device_id, "reason": reason})
+            outbox.add(_event(DeviceEventKind.QUARANTINED, row, now, DeviceEventCause.INFRA_FAILURES, count, reason))
     return quarantined_now
 
 
-async def quarantine(conn: AsyncConnection, now: datetime, device_id: str, reason: str) -> None:
-    """Take `device_id` out of service now (kept: the first quarantine's time and reason)."""
+async def quarantine(conn: AsyncConnection, now: datetime, outbox: Outbox, device_id: str, reason: str) -> bool:
+    """Take `device_id` out of service now (kept: the first quarantine's time and reason).
+
+    Returns whether it was in service; only then is a `device_quarantined` event queued in `outbox`.
+    """
+    row = (await conn.execute(_READ, {"device_ids": [device_id]})).one_or_none()
+    if row is None or row.quarantined:
+        return False
     await conn.execute(_QUARANTINE, {"device_id": device_id, "now": now, "reason": reason})
     log.warning("device quarantined", extra={"device_id": device_id, "reason": reason})
+    outbox.add(_event(DeviceEventKind.QUARANTINED, row, now, DeviceEventCause.HEALTH_CHECK, row.infra_failures, reason))
+    return True
 
 
-async def return_device(conn: AsyncConnection, now: datetime, device_id: str, *, checked: bool) -> None:
-    """Return `device_id` to service: its count back to 0, its quarantine lifted (`checked`: by a health check)."""
+async def return_device(conn: AsyncConnection, now: datetime, outbox: Outbox, device_id: str, *, checked: bool) -> bool:
+    """Return `device_id` to service: its count back to 0, its quarantine lifted (`checked`: by a health check).
+
+    Returns whether it was quarantined; only then is a `device_returned` event queued in `outbox`.
+    """
+    row = (await conn.execute(_READ, {"device_ids": [device_id]})).one_or_none()
     await conn.execute(_RETURN, {"device_id": device_id, "now": now, "checked": checked})
+    if row is None or not row.quarantined:
+        return False
+    by = DeviceEventCause.HEALTH_CHECK if checked else DeviceEventCause.OPERATOR
+    outbox.add(_event(DeviceEventKind.RETURNED, row, now, by, 0, row.quarantine_reason))
+    return True
+
+
+async def returning(
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    *,
+    device_ids: Sequence[str] = (),
+    host_id: str | None = None,
+) -> list[str]:
+    """Queue a `device_returned` event (by the operator) for each quarantined device an operator returns.
+
+    `device_ids`, or every registered device of `host_id`: they are locked until the caller's statement
+    lifts their quarantine. Returns the quarantined ones.
+    """
+    rows = (await conn.execute(_QUARANTINED, {"device_ids": list(device_ids), "host_id": host_id})).all()
+    for row in rows:
+        outbox.add(_event(DeviceEventKind.RETURNED, row, now, DeviceEventCause.OPERATOR, 0, row.quarantine_reason))
+    return [row.device_id for row in rows]

@@ -112,7 +112,7 @@ async def release(
         raise LeaseExpired()
     if is_device_fault(reason):
         await quarantine.record(
-            conn, now, device_id, DeviceOutcome.INFRA_FAILURE, DEVICE_FAULT, threshold=quarantine_after
+            conn, now, outbox, device_id, DeviceOutcome.INFRA_FAILURE, DEVICE_FAULT, threshold=quarantine_after
         )
     task_reason = decision.reason.value if decision.reason is not None else None
     seq = (

@@ -304,7 +304,7 @@ class Store:
         """Take a device out of service, or return it."""
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> DeviceView:
-            return await hosts.drain_device(conn, now, device_id, drained, reason)
+            return await hosts.drain_device(conn, now, changes.outbox, device_id, drained, reason)
 
         return await self._write("drain", op, assignable=not drained)
 
@@ -312,7 +312,7 @@ class Store:
         """Take every device the host lists out of service, or return them all; the host after the change."""
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> HostView:
-            return await hosts.drain_host(conn, now, host_id, drained, reason)
+            return await hosts.drain_host(conn, now, changes.outbox, host_id, drained, reason)
 
         return await self._write("drain_host", op, assignable=not drained)
 

@@ -106,7 +106,8 @@ async def sweep_expired(
     decisions = {t.task_id: decide_expiry(t, now) for t in expired}
     out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s)
     devices = [t.current.device_id for t in expired if t.current is not None]
-    await quarantine.record_failures(conn, now, devices, EndReason.LEASE_EXPIRED.value, threshold=quarantine_after)
+    last = EndReason.LEASE_EXPIRED.value
+    await quarantine.record_failures(conn, now, outbox, devices, last, threshold=quarantine_after)
     await outbox.flush(conn, now)
     return out
 

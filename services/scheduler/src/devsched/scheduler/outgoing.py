@@ -11,8 +11,15 @@ from dataclasses import dataclass, replace
 
 from devsched.core import events
 from devsched.protocol.codec import encode, from_jsonable
+from devsched.protocol.events import DeviceEventMessage
 from devsched.protocol.messages import Assignment, Plan, Progress, TaskEvent
-from devsched.protocol.subjects import Subjects, assignment_msg_id, assignment_resend_msg_id, event_msg_id
+from devsched.protocol.subjects import (
+    Subjects,
+    assignment_msg_id,
+    assignment_resend_msg_id,
+    device_event_msg_id,
+    event_msg_id,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +29,7 @@ class Outgoing:
     subject: str
     stream: str
     msg_id: str
-    model: TaskEvent | Assignment
+    model: TaskEvent | Assignment | DeviceEventMessage
 
     @property
     def data(self) -> bytes:
@@ -60,13 +67,38 @@ def assignment(assigned: events.AttemptAssigned) -> Assignment:
     )
 
 
-def outgoing(event: events.DomainEvent, subjects: Subjects) -> Outgoing:
+def device_event(event: events.DeviceEvent) -> DeviceEventMessage:
+    """The protocol's `DeviceEventMessage` of a device quarantined or returned."""
+    return DeviceEventMessage(
+        event=event.kind,
+        device_id=event.device_id,
+        host_id=event.host_id,
+        at=event.at,
+        by=event.by,
+        infra_failures=event.infra_failures,
+        reason=event.reason,
+    )
+
+
+def outgoing(event: events.DomainEvent, subjects: Subjects, *, ref: int | None = None) -> Outgoing:
     """The message that publishes `event` under `subjects`' prefix.
+
+    `ref`, the event's outbox row id, names a device event's message (`device_event_msg_id`); the other
+    events are named by their own fields.
 
     Raises:
         pydantic.ValidationError: the event does not make a valid protocol message.
-        ValueError: a host id that is not a subject token.
+        ValueError: a host or device id that is not a subject token, or a device event without `ref`.
     """
+    if isinstance(event, events.DeviceEvent):
+        if ref is None:
+            raise ValueError("a device event's message id needs its outbox id")
+        return Outgoing(
+            subject=subjects.device_events(event.device_id),
+            stream=subjects.events_stream,
+            msg_id=device_event_msg_id(event.device_id, ref),
+            model=device_event(event),
+        )
     if isinstance(event, events.TaskEvent):
         return Outgoing(
             subject=subjects.task_events(event.task_id),

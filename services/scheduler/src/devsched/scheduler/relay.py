@@ -171,7 +171,7 @@ class Relay:
         for message in batch:
             span: trace.Span | None = None
             try:
-                wire = outgoing(message.event, self._subjects)
+                wire = outgoing(message.event, self._subjects, ref=message.id)
                 data = wire.data
                 if spans is not None:
                     span = publish_span(wire.subject, len(data), message.headers)
@@ -216,7 +216,7 @@ class Relay:
                 self.duplicates += 1
                 log.info(
                     "already in the stream (republished after a crash)",
-                    extra={"msg_id": outgoing(message.event, self._subjects).msg_id},
+                    extra={"msg_id": outgoing(message.event, self._subjects, ref=message.id).msg_id},
                 )
             ids.append(message.id)
         return Published(ids, error)
