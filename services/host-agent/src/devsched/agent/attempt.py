@@ -93,6 +93,10 @@ class Attempt:
     ) -> None:
         self.assignment = assignment
         self.device = device
+        a = assignment
+        self._log_fields: dict[str, object] = {
+            "task_id": str(a.task_id), "attempt": a.attempt, "lease_id": str(a.lease_id), "device_id": a.device_id
+        }  # fmt: skip
         self._client = client
         self._reporter = reporter
         self._registry = registry
@@ -107,7 +111,7 @@ class Attempt:
             self._renew_call,
             self.stop,
             request_timeout_s=request_timeout_s,
-            context={"task_id": str(assignment.task_id), "attempt": assignment.attempt},
+            context={"task_id": self._log_fields["task_id"], "attempt": assignment.attempt},
         )
         #: When the assignment arrived (monotonic), not when a busy device got round to it: the claim
         #: deadline counts from here.
@@ -125,9 +129,8 @@ class Attempt:
         return str(self.assignment.task_id), self.assignment.attempt
 
     def log_fields(self) -> dict[str, object]:
-        """The ids every log line of this attempt carries."""
-        a = self.assignment
-        return {"task_id": str(a.task_id), "attempt": a.attempt, "lease_id": str(a.lease_id), "device_id": a.device_id}
+        """The ids every log line of this attempt carries (made once: not to be changed)."""
+        return self._log_fields
 
     async def _renew_call(self, progress: wire.Progress | None) -> Extension:
         a = self.assignment
