@@ -222,3 +222,38 @@ async def test_a_release_left_at_shutdown_stays_spooled(tmp_path: Path) -> None:
     sender = reporter(FakeClient(Unavailable()), spool)
     assert await sender.deliver(await sender.store_release(release()), give_up=give_up) is None
     assert [p.key for p in spool.pending()] == [f"{TASK}.1.release"]
+
+
+async def test_reports_answered_together_leave_the_spool_in_one_removal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path)
+    sender = reporter(FakeClient(), spool)
+    spooled = [sender.put_now(f"{uuid.UUID(int=100 + i)}.1", encode(report())) for i in range(5)]
+    batches: list[list[str]] = []
+    remove_all = spool.remove_all
+
+    def counted(keys: list[str]) -> None:
+        batches.append(list(keys))
+        remove_all(keys)
+
+    monkeypatch.setattr(spool, "remove_all", counted)
+    replies = await asyncio.gather(*(sender.deliver(s) for s in spooled))
+    assert all(reply is not None for reply in replies)
+    assert spool.pending() == []
+    assert sorted(k for batch in batches for k in batch) == sorted(s.key for s in spooled)
+    assert len(batches) < len(spooled), "those answered while a removal ran share the next one"
+
+
+async def test_a_failed_removal_is_raised_to_the_deliverer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spool = Spool(tmp_path)
+    sender = reporter(FakeClient(None), spool)
+    spooled = await sender.store(report())
+
+    def broken(keys: list[str]) -> None:
+        raise PermissionError("read-only spool")
+
+    monkeypatch.setattr(spool, "remove_all", broken)
+    with pytest.raises(PermissionError):
+        await sender.deliver(spooled)
+    assert [p.key for p in spool.pending()] == [spooled.key]

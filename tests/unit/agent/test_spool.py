@@ -188,3 +188,13 @@ def test_lock_tightens_records_and_clears_their_half_written_files(tmp_path: Pat
     assert stat.S_IMODE(os.stat(directory / "groups").st_mode) == 0o700
     assert stat.S_IMODE(os.stat(directory / "groups" / "1.2.json").st_mode) == 0o600
     assert sorted(p.name for p in (directory / "groups").iterdir()) == ["1.2.json"]
+
+
+def test_remove_all_forgets_the_reports_named_and_skips_those_gone(tmp_path: Path) -> None:
+    spool = Spool(tmp_path)
+    for key in ("a.1", "b.1", "c.1"):
+        spool.put(key, b"{}")
+    spool.remove_all(["a.1", "c.1", "gone.1"])
+    assert [r.key for r in spool.pending()] == ["b.1"]
+    spool.remove_all([])
+    assert [r.key for r in spool.pending()] == ["b.1"]

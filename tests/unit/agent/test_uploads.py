@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from devsched.agent.uploads import Found, UploadLimits, scan
+from devsched.agent.uploads import Found, UploadLimits, is_empty, scan
 
 pytestmark = pytest.mark.unit
 
@@ -51,3 +51,10 @@ def test_caps_are_checked_before_sending(tmp_path: Path) -> None:
     assert "per-attempt cap" in (uploads._over_cap(Found("new", (8, 0, 0))) or "")
     assert uploads._over_cap(Found("old", (10, 0, 0))) is None, "a replaced file counts once"
     assert uploads._over_cap(Found("new", (7, 0, 0))) is None
+
+
+def test_an_empty_directory_needs_no_walk(tmp_path: Path) -> None:
+    assert is_empty(tmp_path)
+    (tmp_path / "sub").mkdir()
+    assert not is_empty(tmp_path), "a subdirectory may hold files: the walk looks"
+    assert not is_empty(tmp_path / "missing"), "an unreadable directory is left to the walk, which says why"

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
 
@@ -92,6 +93,10 @@ class Attempt:
     ) -> None:
         self.assignment = assignment
         self.device = device
+        a = assignment
+        self._log_fields: dict[str, object] = {
+            "task_id": str(a.task_id), "attempt": a.attempt, "lease_id": str(a.lease_id), "device_id": a.device_id
+        }  # fmt: skip
         self._client = client
         self._reporter = reporter
         self._registry = registry
@@ -106,13 +111,17 @@ class Attempt:
             self._renew_call,
             self.stop,
             request_timeout_s=request_timeout_s,
-            context={"task_id": str(assignment.task_id), "attempt": assignment.attempt},
+            context={"task_id": self._log_fields["task_id"], "attempt": assignment.attempt},
         )
         #: When the assignment arrived (monotonic), not when a busy device got round to it: the claim
         #: deadline counts from here.
         self.received_at = time.monotonic() if received_at is None else received_at
         #: The first step's progress, when the successful claim carried it (its boundary renews no more).
         self.claimed_with: wire.Progress | None = None
+        #: The attempt's directory (`prepare` or `run` makes it), and why it could not be made.
+        self._workdir: Path | None = None
+        self._workdir_error: str | None = None
+        self._prepared = False
 
     @property
     def key(self) -> AttemptKey:
@@ -120,9 +129,8 @@ class Attempt:
         return str(self.assignment.task_id), self.assignment.attempt
 
     def log_fields(self) -> dict[str, object]:
-        """The ids every log line of this attempt carries."""
-        a = self.assignment
-        return {"task_id": str(a.task_id), "attempt": a.attempt, "lease_id": str(a.lease_id), "device_id": a.device_id}
+        """The ids every log line of this attempt carries (made once: not to be changed)."""
+        return self._log_fields
 
     async def _renew_call(self, progress: wire.Progress | None) -> Extension:
         a = self.assignment
@@ -172,29 +180,98 @@ class Attempt:
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.GAVE_UP
 
+    def prepare(self) -> None:
+        """Create the attempt's directory now, blocking (for the thread that records the attempt as held).
+
+        `run` then uses it (or says why it could not be made); an attempt that does not run removes it with
+        `discard`.
+        """
+        if self._workspace is None or self._prepared:
+            return
+        self._prepared = True
+        a = self.assignment
+        try:
+            self._workdir = self._workspace.create(str(a.task_id), a.attempt)
+        except (OSError, ValueError) as exc:
+            self._workdir_error = str(exc)
+
     async def run(self) -> RunResult:
         """Run the plan while the keeper renews the lease, in a directory of the attempt's own.
 
         The directory exists before the first step and is gone when this returns or is cancelled, whatever
         the outcome (an agent killed outright leaves it to the next start, which clears it).
         """
-        a = self.assignment
-        workdir: Path | None = None
-        if self._workspace is not None:
-            try:
-                workdir = await asyncio.to_thread(self._workspace.create, str(a.task_id), a.attempt)
-            except (OSError, ValueError) as exc:
-                logger.error("cannot create the attempt's directory", extra={**self.log_fields(), "error": str(exc)})
-                return self._not_run(f"cannot create the attempt's directory: {exc}")
-        try:
-            result = await self._run_in(workdir)
-        finally:
-            if workdir is not None:
-                await self._remove(workdir)
-        logger.info(
-            "attempt ended", extra={**self.log_fields(), "outcome": result.outcome.value, "reason": result.reason}
-        )
+        result = await self._execute()
+        if self._workdir is not None:
+            await self._remove(self._workdir)
+            self._workdir = None
+        self._log_end(result)
         return result
+
+    async def run_and_spool(self, then: Callable[[], None] | None = None) -> SpooledReport:
+        """`run`, then its report (or release) spooled; delivering it is the caller's (it may take a long outage).
+
+        The directory's removal, the spool's write and `then` (blocking file work of the caller's, such
+        as the held record's move) share one thread: an attempt's end costs one hop off the event loop.
+        """
+        result = await self._execute()
+        key, body = self._reporter.encoded(self._final(result))
+        workdir = self._workdir
+        self._workdir = None
+
+        def end() -> tuple[SpooledReport, bool]:
+            removed = workdir is None or self._workspace is None or self._workspace.remove(workdir)
+            spooled = self._reporter.put_now(key, body)
+            if then is not None:
+                then()
+            return spooled, removed
+
+        spooled, removed = await asyncio.to_thread(end)
+        if not removed and workdir is not None:
+            await self._remove(workdir, tried=1)
+        self._log_end(result)
+        return spooled
+
+    async def discard(self, then: Callable[[], None] | None = None) -> None:
+        """For an attempt that will not run: remove the directory `prepare` made, and `then`, in one thread."""
+        workdir = self._workdir
+        self._workdir = None
+
+        def end() -> bool:
+            removed = workdir is None or self._workspace is None or self._workspace.remove(workdir)
+            if then is not None:
+                then()
+            return removed
+
+        if not await asyncio.to_thread(end) and workdir is not None:
+            await self._remove(workdir, tried=1)
+
+    def _log_end(self, result: RunResult) -> None:
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "attempt ended", extra={**self.log_fields(), "outcome": result.outcome.value, "reason": result.reason}
+            )
+
+    async def _execute(self) -> RunResult:
+        """Run the plan in the attempt's directory, which is left for the caller unless this raises."""
+        a = self.assignment
+        if self._workspace is not None and not self._prepared:
+            self._prepared = True
+            try:
+                self._workdir = await asyncio.to_thread(self._workspace.create, str(a.task_id), a.attempt)
+            except (OSError, ValueError) as exc:
+                self._workdir_error = str(exc)
+        if self._workdir_error is not None:
+            error = self._workdir_error
+            logger.error("cannot create the attempt's directory", extra={**self.log_fields(), "error": error})
+            return self._not_run(f"cannot create the attempt's directory: {error}")
+        try:
+            return await self._run_in(self._workdir)
+        except BaseException:
+            if self._workdir is not None:
+                workdir, self._workdir = self._workdir, None
+                await self._remove(workdir)
+            raise
 
     def _not_run(self, reason: str) -> RunResult:
         steps = tuple(skipped(step.name, f"skipped: {reason}") for step in self.assignment.plan.steps)
@@ -241,24 +318,31 @@ class Attempt:
             self.keeper.close()
             await keeping
 
-    async def _remove(self, workdir: Path) -> None:
+    async def _remove(self, workdir: Path, *, tried: int = 0) -> None:
         assert self._workspace is not None
         # In a thread, which finishes even if this task is cancelled meanwhile.
-        for attempt in range(_REMOVE_TRIES):
+        for attempt in range(tried, _REMOVE_TRIES):
+            if attempt > 0:
+                await asyncio.sleep(_REMOVE_RETRY_S)
             if await asyncio.to_thread(self._workspace.remove, workdir):
                 return
-            if attempt + 1 < _REMOVE_TRIES:
-                await asyncio.sleep(_REMOVE_RETRY_S)
         logger.warning("attempt directory left behind", extra={**self.log_fields(), "path": str(workdir)})
+
+    def _final(self, result: RunResult) -> wire.ReportRequest | wire.ReleaseRequest:
+        """The report of a run, or for a run the shutdown stopped, the release."""
+        if result.released:
+            return release_of(self.assignment, result.reason or "shutdown", result)
+        return to_wire(result, self.assignment)
 
     async def spool(self, result: RunResult) -> SpooledReport:
         """Write the report (or, for a run the shutdown stopped, the release) to the spool.
 
         Delivering it is the caller's (it may take a long outage).
         """
-        if result.released:
-            return await self._reporter.store_release(release_of(self.assignment, result.reason or "shutdown", result))
-        return await self._reporter.store(to_wire(result, self.assignment))
+        final = self._final(result)
+        if isinstance(final, wire.ReleaseRequest):
+            return await self._reporter.store_release(final)
+        return await self._reporter.store(final)
 
     async def report(self, result: RunResult, *, give_up: asyncio.Event | None = None) -> None:
         """Spool the report, then deliver it (it stays spooled if `give_up` is set first)."""

@@ -89,16 +89,24 @@ class HeldAttempts:
 
     async def hold(self, attempt: HeldAttempt) -> None:
         """Record `attempt` durably; a spool that cannot be written is logged, and the attempt runs anyway."""
+        await asyncio.to_thread(self.hold_now, attempt)
+
+    def hold_now(self, attempt: HeldAttempt) -> None:
+        """`hold`, blocking: for a thread that does the attempt's other file work too."""
         body = json.dumps(asdict(attempt), separators=(",", ":")).encode()
         try:
-            await asyncio.to_thread(self._records.put, attempt.key, body)
+            self._records.put(attempt.key, body)
         except OSError as exc:
             logger.error("held attempt could not be recorded", extra={**attempt.log_fields(), "error": repr(exc)})
 
     async def forget(self, attempt: HeldAttempt) -> None:
         """Move the record of `attempt` (it has ended) to the attempts taken."""
+        await asyncio.to_thread(self.forget_now, attempt)
+
+    def forget_now(self, attempt: HeldAttempt) -> None:
+        """`forget`, blocking: for a thread that does the attempt's other file work too."""
         try:
-            await asyncio.to_thread(self._to_taken, attempt.key)
+            self._to_taken(attempt.key)
         except OSError as exc:
             logger.error(
                 "held attempt record not moved to the taken attempts",

@@ -159,6 +159,10 @@ class AttemptLog:
             await asyncio.wait({publishing}, timeout=min(_FINISH_CHECK_S, deadline - now))
         done = self.batcher.done
         b = self.batcher
+        # All stored, nothing lost: DEBUG (one line less per attempt); anything dropped or cut: INFO.
+        level = logging.INFO if b.dropped_bytes or b.truncated else logging.DEBUG
+        if done and not logger.isEnabledFor(level):
+            return done
         fields = {
             **self._context,
             "output_bytes": b.output_bytes,
@@ -167,7 +171,7 @@ class AttemptLog:
             "truncated": b.truncated,
         }
         if done:
-            logger.info("step output stored", extra={**fields, "records": self.stored})
+            logger.log(level, "step output stored", extra={**fields, "records": self.stored})
         else:
             logger.warning(
                 "step output not all stored; the rest is given up",

@@ -83,6 +83,46 @@ def _listing(step: StepResult, keep: int) -> StepResult:
     return step.model_copy(update={"results": step.results.model_copy(update={"failed": step.results.failed[:keep]})})
 
 
+class _Removals:
+    """Answered reports leave the spool together: those answered while one removal runs share the next.
+
+    One thread and one sync of the spool's directory for a batch instead of one each. Removing is no
+    guarantee (a report left behind by a crash is resent and answered as a duplicate), so waiting for a
+    batch delays nothing but the deliverer's return.
+    """
+
+    def __init__(self, spool: Spool) -> None:
+        self._spool = spool
+        self._queue: list[tuple[str, asyncio.Future[None]]] = []
+        self._worker: asyncio.Task[None] | None = None
+
+    async def remove(self, key: str) -> None:
+        """Remove the report under `key` (with those queued meanwhile); raises what the removal raised."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((key, done))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.create_task(self._drain())
+        await done
+
+    async def _drain(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await asyncio.to_thread(self._spool.remove_all, [key for key, _ in batch])
+            except Exception as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+            except BaseException:
+                for _, done in [*batch, *self._queue]:
+                    done.cancel()
+                raise
+            else:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+
+
 class Reporter:
     """Delivers reports through the spool."""
 
@@ -101,6 +141,7 @@ class Reporter:
         self._base_backoff_s = base_backoff_s
         self._max_backoff_s = max_backoff_s
         self._kick = asyncio.Event()
+        self._removals = _Removals(spool)
 
     def kick(self) -> None:
         """Retry every waiting report now: the scheduler just answered another request, so it is back."""
@@ -115,9 +156,19 @@ class Reporter:
         """Write `release` to the spool (durably, before any send) and return what was stored."""
         return await self._store(release_key(str(release.task_id), release.attempt), encode_report(release))
 
+    def encoded(self, report: ReportRequest | ReleaseRequest) -> tuple[str, bytes]:
+        """The spool key and bytes of a report or release (what `put_now` takes)."""
+        if isinstance(report, ReleaseRequest):
+            return release_key(str(report.task_id), report.attempt), encode_report(report)
+        return report_key(str(report.task_id), report.attempt), encode_report(report)
+
     async def _store(self, key: str, body: bytes) -> SpooledReport:
+        return await asyncio.to_thread(self.put_now, key, body)
+
+    def put_now(self, key: str, body: bytes) -> SpooledReport:
+        """Write an encoded report to the spool, blocking: for a thread that does the attempt's other file work."""
         try:
-            path = await asyncio.to_thread(self._spool.put, key, body)
+            path = self._spool.put(key, body)
         except OSError as exc:
             # Sending it still beats losing it; only a restart before the answer would lose it now.
             logger.error("report could not be spooled; sending it anyway", extra={"spool_key": key, "error": repr(exc)})
@@ -169,7 +220,7 @@ class Reporter:
                     "release recorded" if spooled.is_release else "report recorded",
                     extra={"spool_key": key, "status": reply.status.value, "duplicate": reply.duplicate},
                 )
-                await asyncio.to_thread(self._spool.remove, key)
+                await self._removals.remove(key)
                 return reply
             failures += 1
             delay = max(backoff_delay(failures, base_s=self._base_backoff_s, cap_s=self._max_backoff_s), pause)

@@ -299,7 +299,8 @@ class PlanRunner:
     async def _step(self, step: StepSpec, index: int) -> StepResult:
         started_at = self._now()
         log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
-        logger.info("step started", extra=log)
+        if logger.isEnabledFor(logging.DEBUG):  # "step ended" says it all at INFO; one line per step is enough
+            logger.debug("step started", extra=log)
         output = self._log.step(step.name, index) if self._log is not None else None
         started = time.perf_counter()
         with self._stop.interrupt(self._threshold(step)) as interrupt:

@@ -216,6 +216,16 @@ class Spool:
             return
         _fsync_dir(self.directory)
 
+    def remove_all(self, keys: Iterable[str]) -> None:
+        """Forget the reports under `keys`, with one sync of the directory for them all (if one was there)."""
+        removed = False
+        for key in keys:
+            with contextlib.suppress(FileNotFoundError):
+                self._path(key).unlink()
+                removed = True
+        if removed:
+            _fsync_dir(self.directory)
+
     def reject(self, key: str, why: str) -> Path | None:
         """Move the report under `key` to `rejected/`, with `why` beside it; None if it was gone."""
         source = self._path(key)

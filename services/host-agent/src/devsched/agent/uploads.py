@@ -105,6 +105,19 @@ def scan(directory: Path) -> list[Found]:
     return found
 
 
+def is_empty(directory: Path) -> bool:
+    """Whether `directory` holds no entry (False when it cannot be read: the walk then says why).
+
+    One `getdents` of a directory the agent made and the step may have filled, cheap enough for the event
+    loop; what the walk would find is then nothing, so neither it nor its thread is needed.
+    """
+    try:
+        with os.scandir(directory) as entries:
+            return next(entries, None) is None
+    except OSError:
+        return False
+
+
 @dataclass(slots=True)
 class _Summary:
     stored: int = 0
@@ -183,6 +196,8 @@ class AttemptUploads:
         return summary.result()
 
     async def _upload_changed(self, step: str, summary: _Summary) -> None:
+        if is_empty(self._directory):
+            return  # most steps leave nothing: one directory read here instead of a walk in a thread
         try:
             found = await asyncio.to_thread(scan, self._directory)
         except OSError as exc:
@@ -325,4 +340,3 @@ def uploads_factory(
         )
 
     return make
-

@@ -27,7 +27,6 @@ from devsched.agent.config import DeviceConfig
 from devsched.agent.delivery import ReportDelivery
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Received, settle
-from devsched.agent.runner import RunResult
 from devsched.protocol.tracing import extract, messaging_attributes, span_name, tracer, use_context
 from devsched.service import bind
 
@@ -130,13 +129,22 @@ class DeviceWorkers:
             self._running[attempt.key] = attempt
             held = HeldAttempt.of(received.assignment)
             try:
-                await self._held.hold(held)  # before the claim: an agent killed from here on leaves it recorded
+                # Before the claim: an agent killed from here on leaves it recorded. Its directory is made
+                # in the same thread (one hop off the event loop for both), and removed if it does not run.
+                await asyncio.to_thread(self._begin, held, attempt)
+                # Not forgotten when cancelled or failed: the attempt did not end, and the next start should know.
                 if await self._claim(attempt, received):
-                    await self._end(attempt, await attempt.run())
-                # Not when cancelled or failed: the attempt did not end, and the next start should know.
-                await self._held.forget(held)
+                    spooled = await attempt.run_and_spool(then=lambda: self._held.forget_now(held))
+                    self._reports.send(spooled, attempt.log_fields())
+                else:
+                    await attempt.discard(then=lambda: self._held.forget_now(held))
             finally:
                 del self._running[attempt.key]
+
+    def _begin(self, held: HeldAttempt, attempt: Attempt) -> None:
+        """Record the attempt as held, then make its directory (blocking)."""
+        self._held.hold_now(held)
+        attempt.prepare()
 
     async def _claim(self, attempt: Attempt, received: Received) -> bool:
         """Claim the attempt and settle its message; whether it is ours to run."""
@@ -161,11 +169,6 @@ class DeviceWorkers:
         received.keepalive.cancel()
         await settle(received.msg.ack())
         logger.info("attempt given back before it started", extra={**fields, "reason": reason})
-
-    async def _end(self, attempt: Attempt, result: RunResult) -> None:
-        """What becomes of an attempt that ran: its report is spooled, then delivered in the background."""
-        spooled = await attempt.spool(result)
-        self._reports.send(spooled, attempt.log_fields())
 
     # -- stopping ------------------------------------------------------------------------------------------
 
