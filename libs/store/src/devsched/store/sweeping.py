@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -57,10 +57,27 @@ _EXPIRE = text(
     """
 )
 
-#: Each task's decision applied, the device of its ended attempt kept out of use for its grace, and its
-#: event written: one statement. The event is the outbox's row of a template event (`event_row`) with the
-#: fields of each task filled in, in the order given.
-_END = f"""
+
+#: Chubby's lock-delay: the agent that lost the lease may still be running a step on the device.
+_GRACE = """
+    grace AS (
+        UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, g.until), g.until)
+        FROM (SELECT device, max(CAST(:now AS timestamptz) + make_interval(secs => grace)) AS until
+              FROM u GROUP BY device) AS g
+        WHERE d.device_id = g.device
+    ),
+"""
+
+
+def _end(*, returning: bool, grace: bool) -> str:
+    """SQL: each task's decision applied, its device kept out of use for its grace, its event written.
+
+    The event is the outbox row of a template event (`event_row`) with each task's fields filled in, in the
+    order given. `returning`: the rows written are read back (the sweeper's role may not read the outbox);
+    `grace`: the devices' grace is written here (else by the caller, with their failure counts).
+    """
+    back = "RETURNING id, kind, data, headers" if returning else ""
+    return f"""
     WITH u AS (
         SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
                              CAST(:not_before AS timestamptz[]), CAST(:avoid AS text[]), CAST(:kinds AS text[]),
@@ -76,12 +93,7 @@ _END = f"""
         WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
         RETURNING t.task_id, t.event_seq, t.trace_headers
     ),
-    grace AS (
-        UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, g.until), g.until)
-        FROM (SELECT device, max(CAST(:now AS timestamptz) + make_interval(secs => grace)) AS until
-              FROM u GROUP BY device) AS g
-        WHERE d.device_id = g.device
-    ),
+    {_GRACE if grace else ""}
     event AS (
         INSERT INTO outbox (kind, data, headers, created_at)
         SELECT :event_kind,
@@ -91,12 +103,15 @@ _END = f"""
                e.trace_headers, :now
         FROM ended e JOIN u ON u.id = e.task_id
         ORDER BY u.o
-        RETURNING id, kind, data, headers
+        {back}
     )
-"""
-_END_QUIETLY = text(_END + "SELECT task_id FROM ended")
-#: As `_END`, with the events written (`INSERTED`), for an outbox that hands them over after the commit.
-_END_RETURNING = text(_END + f"SELECT task_id, {INSERTED} AS inserted FROM ended")
+    SELECT array_agg(task_id) AS ids{f", {INSERTED} AS inserted" if returning else ""} FROM ended
+    """
+
+
+#: By (returning, grace); returning: with the events written (`INSERTED`), for an outbox that hands them
+#: over after the commit.
+_END = {(r, g): text(_end(returning=r, grace=g)) for r in (False, True) for g in (False, True)}
 
 
 async def sweep_expired(
@@ -123,10 +138,13 @@ async def sweep_expired(
     expired = [task_record(r) for r in rows]
     point("sweep.after_expire")
     decisions = {t.task_id: decide_expiry(t, now) for t in expired}
-    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s)
+    # the devices' failures first: their rows are written once, with their grace (the events' order is
+    # unchanged: the task events go in with the tasks' statement, the devices' when the outbox is written)
     devices = [t.current.device_id for t in expired if t.current is not None]
     last = EndReason.LEASE_EXPIRED.value
-    await quarantine.record_failures(conn, now, outbox, devices, last, threshold=quarantine_after)
+    grace = grace_until(now, expired, device_grace_s)
+    await quarantine.record_failures(conn, now, outbox, devices, last, threshold=quarantine_after, grace=grace)
+    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s, grace=False)
     await outbox.flush(conn, now)
     return out
 
@@ -140,12 +158,14 @@ async def end_tasks(
     *,
     device_grace_s: float | None,
     stops: Mapping[uuid.UUID, str] | None = None,
+    grace: bool = True,
 ) -> list[ExpiredLease]:
     """Apply each decision to its task whose attempt the sweeper just ended, with its event and device grace.
 
     The tail of both sweeps: an expiry (`sweep_expired`) and a time limit (`timeouts.end_overdue`, whose
     `stops` name each task's limit, the event's reason when the decision gives none). The device of each
-    ended attempt gets its grace (the host may still be running a step on it).
+    ended attempt gets its grace (the host may still be running a step on it), unless `grace` is False:
+    the caller wrote it (`grace_until`).
     """
     attempts = [t.current for t in ended]
     chosen = [decisions[t.task_id] for t in ended]
@@ -170,15 +190,24 @@ async def end_tasks(
         "now": now,
         **event_params(template),
     }
+    row = (await conn.execute(_END[outbox.returning, grace], params)).one()
     if outbox.returning:
-        rows = (await conn.execute(_END_RETURNING, params)).all()
-        outbox.took(inserted(rows[0].inserted) if rows else [])
-    else:
-        rows = (await conn.execute(_END_QUIETLY, params)).all()
-    done = {r.task_id for r in rows}
+        outbox.took(inserted(row.inserted))
+    done = set(row.ids or ())
     return [
         ExpiredLease(t.task_id, a.attempt, a.lease_id, a.host_id, a.device_id, d.task_status,
                      d.reason.value if d.reason else None)
         for t, a, d in zip(ended, attempts, chosen, strict=True)
         if a is not None and t.task_id in done
     ]  # fmt: skip
+
+
+def grace_until(now: datetime, ended: Sequence[TaskRecord], device_grace_s: float | None) -> dict[str, datetime]:
+    """When each device of the ended attempts may be used again: `device_grace_s`, or its task's lease ttl."""
+    until: dict[str, datetime] = {}
+    for t in ended:
+        if t.current is not None:
+            at = now + timedelta(seconds=t.lease_ttl_s if device_grace_s is None else device_grace_s)
+            device = t.current.device_id
+            until[device] = max(at, until.get(device, at))
+    return until
