@@ -4,9 +4,9 @@ Safe with several sweepers and with racing reports: tasks are locked with SKIP L
 the lock, and the attempt is ended by a compare-and-set that re-checks, at write time, that it is still
 active and expired (River's issue 1302: a sweeper that trusted its earlier read overwrote a report).
 
-A batch is four statements whatever its size: the candidates locked; their attempts ended with their tasks
+A batch is five statements whatever its size: the candidates locked; their attempts ended with their tasks
 re-read (one statement, after the locks); the decisions (core's `decide_expiry`, per task) applied with
-the devices' grace and the events (rendered by SQL from a template event); the devices' failures counted
+the events (rendered by SQL from a template event); the devices' failures counted with their grace
 (`devsched.store.quarantine`, two).
 """
 
