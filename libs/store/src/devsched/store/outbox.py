@@ -193,6 +193,15 @@ class Outbox:
         #: The messages written so far, with their ids (when `returning`).
         self.written: list[OutboxMessage] = []
 
+    @property
+    def returning(self) -> bool:
+        """Whether the ids of the rows written are read back (`written`)."""
+        return self._returning
+
+    def took(self, messages: Sequence[OutboxMessage]) -> None:
+        """Count in `written` the messages a statement of the transaction inserted itself (`inserted`)."""
+        self.written += messages
+
     def add(self, event: DomainEvent, *, trace: Mapping[str, str] | None = None) -> None:
         """Queue `event` with its trace context.
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -40,9 +40,11 @@ _COUNT = text(
     UPDATE devices d
     SET infra_failures = u.count,
         quarantined_at = CASE WHEN u.quarantine THEN CAST(:now AS timestamptz) ELSE d.quarantined_at END,
-        quarantine_reason = CASE WHEN u.quarantine THEN u.reason ELSE d.quarantine_reason END
+        quarantine_reason = CASE WHEN u.quarantine THEN u.reason ELSE d.quarantine_reason END,
+        available_after = CASE WHEN u.grace IS NULL THEN d.available_after
+                               ELSE GREATEST(COALESCE(d.available_after, u.grace), u.grace) END
     FROM unnest(CAST(:device_ids AS text[]), CAST(:counts AS int[]), CAST(:quarantines AS boolean[]),
-                CAST(:reasons AS text[])) AS u(id, count, quarantine, reason)
+                CAST(:reasons AS text[]), CAST(:grace AS timestamptz[])) AS u(id, count, quarantine, reason, grace)
     WHERE d.device_id = u.id
     """
 )
@@ -111,13 +113,22 @@ async def record(
 
 
 async def record_failures(
-    conn: AsyncConnection, now: datetime, outbox: Outbox, device_ids: Sequence[str], last: str, *, threshold: int
+    conn: AsyncConnection,
+    now: datetime,
+    outbox: Outbox,
+    device_ids: Sequence[str],
+    last: str,
+    *,
+    threshold: int,
+    grace: Mapping[str, datetime] | None = None,
 ) -> list[str]:
     """Count one infrastructure failure (cause `last`) per entry of `device_ids` (repeats count again).
 
     Two statements whatever the number of devices (a sweep of thousands of expired leases stays a batch):
     the devices are read and locked in id order, counted by core's rule, and written at once. Returns the
     devices these failures quarantined; a `device_quarantined` event of each is queued in `outbox`.
+    `grace`: when each device may be used again at the earliest (the sweep's post-expiry grace), written
+    with the count, so that a device row is written once per batch.
     """
     occurrences = Counter(device_ids)
     rows = (await conn.execute(_READ, {"device_ids": sorted(occurrences)})).all()
@@ -133,7 +144,11 @@ async def record_failures(
         quarantines.append(quarantine)
         reasons.append(quarantine_reason(count, last))
     if ids:
-        params = {"device_ids": ids, "counts": counts, "quarantines": quarantines, "reasons": reasons, "now": now}
+        until = [grace.get(i) for i in ids] if grace else [None] * len(ids)
+        params = {
+            "device_ids": ids, "counts": counts, "quarantines": quarantines, "reasons": reasons, "grace": until,
+            "now": now,
+        }  # fmt: skip
         await conn.execute(_COUNT, params)
     quarantined_now = []
     for row, count, quarantine, reason in zip(rows, counts, quarantines, reasons, strict=True):

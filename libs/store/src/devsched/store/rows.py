@@ -14,14 +14,24 @@ from devsched.core.records import AttemptRecord, TaskRecord
 from devsched.core.retrying import RetryPolicy
 from devsched.core.status import AttemptStatus, TaskStatus
 
-TASK_COLUMNS = """
+
+def task_columns(attempt_status: str = "a.status") -> str:
+    """SQL: the columns `task_record` reads, of task `t` and its current attempt `a`.
+
+    `attempt_status` is the SQL of the attempt's status as read (a statement that just changed it, such as
+    the sweep's compare-and-set, returns the status it matched).
+    """
+    return f"""
     t.task_id, t.status, t.attempt_count, t.max_attempts, t.lease_ttl_s, t.releases,
     t.retry, t.attempt_timeout_s, t.deadline,
-    a.attempt, a.lease_id, a.host_id, a.device_id, a.status AS attempt_status, a.expires_at,
+    a.attempt, a.lease_id, a.host_id, a.device_id, {attempt_status} AS attempt_status, a.expires_at,
     a.dispatched_at, a.assigned_at,
     EXISTS (SELECT 1 FROM cancel_requests c
             WHERE c.task_id = t.task_id AND c.attempt = t.attempt_count) AS cancel_requested
 """
+
+
+TASK_COLUMNS = task_columns()
 
 _LOCK = text("SELECT 1 FROM tasks WHERE task_id = :task_id FOR UPDATE")
 

@@ -3,6 +3,11 @@
 Safe with several sweepers and with racing reports: tasks are locked with SKIP LOCKED, re-read after
 the lock, and the attempt is ended by a compare-and-set that re-checks, at write time, that it is still
 active and expired (River's issue 1302: a sweeper that trusted its earlier read overwrote a report).
+
+A batch is five statements whatever its size: the candidates locked; their attempts ended with their tasks
+re-read (one statement, after the locks); the decisions (core's `decide_expiry`, per task) applied with
+the events (rendered by SQL from a template event); the devices' failures counted with their grace
+(`devsched.store.quarantine`, two).
 """
 
 from __future__ import annotations
@@ -15,14 +20,15 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.events import TaskEvent
-from devsched.core.expiry import ExpiryDecision, decide_expiry, is_expired
+from devsched.core.expiry import ExpiryDecision, decide_expiry
 from devsched.core.records import TaskRecord
-from devsched.core.status import EndReason
+from devsched.core.status import AttemptStatus, EndReason, EventKind, TaskStatus
 from devsched.store import quarantine
-from devsched.store.clock import Clock
+from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.faults import point
-from devsched.store.outbox import Outbox
-from devsched.store.rows import REREAD_TASKS, task_record
+from devsched.store.inline import INSERTED, PLACEHOLDER_ID, PLACEHOLDER_SEQ, event_params
+from devsched.store.outbox import Outbox, inserted
+from devsched.store.rows import task_columns, task_record
 from devsched.store.statuses import IN_FLIGHT
 from devsched.store.views import ExpiredLease
 
@@ -37,34 +43,75 @@ _CANDIDATES = text(
     """
 )
 
-_EXPIRE_ATTEMPTS = text(
-    """
-    UPDATE attempts a SET status = 'expired', end_reason = 'lease_expired', ended_at = :now
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[])) AS u(t, n)
-    WHERE a.task_id = u.t AND a.attempt = u.n AND a.status = 'active' AND a.expires_at <= :now
-    RETURNING a.task_id
+#: After the locks, in a statement of its own (a fresh snapshot: see `devsched.store.rows`): read the clock once,
+#: end the attempts still active and expired at it (the compare-and-set: a renewal or report that committed
+#: first wins, its row re-checked after the wait) and return their tasks as they were read.
+_EXPIRE = text(
+    f"""
+    WITH c AS MATERIALIZED (SELECT {NOW} AS now)
+    UPDATE attempts a SET status = 'expired', end_reason = 'lease_expired', ended_at = c.now
+    FROM c, tasks t
+    WHERE t.task_id = ANY(CAST(:ids AS uuid[])) AND a.task_id = t.task_id AND a.attempt = t.attempt_count
+      AND a.status = '{AttemptStatus.ACTIVE.value}' AND a.expires_at <= c.now
+    RETURNING c.now, {task_columns(f"'{AttemptStatus.ACTIVE.value}'")}
     """
 )
 
-_END_TASKS = text(
-    f"""
-    UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1,
-                       not_before = COALESCE(u.nb, t.not_before), avoid_device_id = COALESCE(u.av, t.avoid_device_id)
-    FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
-                CAST(:not_before AS timestamptz[]), CAST(:avoid AS text[])) AS u(id, s, r, nb, av)
-    WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
-    RETURNING t.task_id, t.event_seq, t.trace_headers
-    """
-)
 
 #: Chubby's lock-delay: the agent that lost the lease may still be running a step on the device.
-_GRACE = text(
+_GRACE = """
+    grace AS (
+        UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, g.until), g.until)
+        FROM (SELECT device, max(CAST(:now AS timestamptz) + make_interval(secs => grace)) AS until
+              FROM u GROUP BY device) AS g
+        WHERE d.device_id = g.device
+    ),
+"""
+
+
+def _end(*, returning: bool, grace: bool) -> str:
+    """SQL: each task's decision applied, its device kept out of use for its grace, its event written.
+
+    The event is the outbox row of a template event (`event_row`) with each task's fields filled in, in the
+    order given. `returning`: the rows written are read back (the sweeper's role may not read the outbox);
+    `grace`: the devices' grace is written here (else by the caller, with their failure counts).
     """
-    UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, u.g), u.g)
-    FROM unnest(CAST(:device_ids AS text[]), CAST(:until AS timestamptz[])) AS u(id, g)
-    WHERE d.device_id = u.id
+    back = "RETURNING id, kind, data, headers" if returning else ""
+    return f"""
+    WITH u AS (
+        SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:statuses AS text[]), CAST(:reasons AS text[]),
+                             CAST(:not_before AS timestamptz[]), CAST(:avoid AS text[]), CAST(:kinds AS text[]),
+                             CAST(:why AS text[]), CAST(:attempts AS int[]), CAST(:hosts AS text[]),
+                             CAST(:devices AS text[]), CAST(:grace AS float8[]))
+                 WITH ORDINALITY AS u(id, s, r, nb, av, kind, why, n, host, device, grace, o)
+    ),
+    ended AS (
+        UPDATE tasks t SET status = u.s, reason = u.r, updated_at = :now, event_seq = t.event_seq + 1,
+                           not_before = COALESCE(u.nb, t.not_before),
+                           avoid_device_id = COALESCE(u.av, t.avoid_device_id)
+        FROM u
+        WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
+        RETURNING t.task_id, t.event_seq, t.trace_headers
+    ),
+    {_GRACE if grace else ""}
+    event AS (
+        INSERT INTO outbox (kind, data, headers, created_at)
+        SELECT :event_kind,
+               CAST(:event_data AS jsonb) || jsonb_build_object(
+                   'kind', u.kind, 'task_id', e.task_id, 'seq', e.event_seq, 'status', u.s, 'attempt', u.n,
+                   'host_id', u.host, 'device_id', u.device, 'reason', u.why),
+               e.trace_headers, :now
+        FROM ended e JOIN u ON u.id = e.task_id
+        ORDER BY u.o
+        {back}
+    )
+    SELECT array_agg(task_id) AS ids{f", {INSERTED} AS inserted" if returning else ""} FROM ended
     """
-)
+
+
+#: By (returning, grace); returning: with the events written (`INSERTED`), for an outbox that hands them
+#: over after the commit.
+_END = {(r, g): text(_end(returning=r, grace=g)) for r in (False, True) for g in (False, True)}
 
 
 async def sweep_expired(
@@ -84,30 +131,20 @@ async def sweep_expired(
     ids = list((await conn.execute(_CANDIDATES, {"now": now, "limit": limit})).scalars())
     if not ids:
         return []
-    now = await clock.now(conn)  # after the locks: the end recorded is when the attempt really ended
-    tasks = [task_record(r) for r in (await conn.execute(REREAD_TASKS, {"ids": ids})).all()]
-    expired = [t for t in tasks if is_expired(t, now)]
-    if not expired:
+    rows = (await conn.execute(_EXPIRE, {"ids": ids, CLOCK_PARAM: clock.bound()})).all()
+    if not rows:
         return []
-    ended = set(
-        (
-            await conn.execute(
-                _EXPIRE_ATTEMPTS,
-                {
-                    "task_ids": [t.task_id for t in expired],
-                    "attempts": [t.attempt_count for t in expired],
-                    "now": now,
-                },
-            )
-        ).scalars()
-    )
-    expired = [t for t in expired if t.task_id in ended]
+    now = rows[0].now  # read after the locks: the end recorded is when the attempt really ended
+    expired = [task_record(r) for r in rows]
     point("sweep.after_expire")
     decisions = {t.task_id: decide_expiry(t, now) for t in expired}
-    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s)
+    # the devices' failures first: their rows are written once, with their grace (the events' order is
+    # unchanged: the task events go in with the tasks' statement, the devices' when the outbox is written)
     devices = [t.current.device_id for t in expired if t.current is not None]
     last = EndReason.LEASE_EXPIRED.value
-    await quarantine.record_failures(conn, now, outbox, devices, last, threshold=quarantine_after)
+    grace = grace_until(now, expired, device_grace_s)
+    await quarantine.record_failures(conn, now, outbox, devices, last, threshold=quarantine_after, grace=grace)
+    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s, grace=False)
     await outbox.flush(conn, now)
     return out
 
@@ -121,41 +158,56 @@ async def end_tasks(
     *,
     device_grace_s: float | None,
     stops: Mapping[uuid.UUID, str] | None = None,
+    grace: bool = True,
 ) -> list[ExpiredLease]:
     """Apply each decision to its task whose attempt the sweeper just ended, with its event and device grace.
 
     The tail of both sweeps: an expiry (`sweep_expired`) and a time limit (`timeouts.end_overdue`, whose
     `stops` name each task's limit, the event's reason when the decision gives none). The device of each
-    ended attempt gets its grace (the host may still be running a step on it).
+    ended attempt gets its grace (the host may still be running a step on it), unless `grace` is False:
+    the caller wrote it (`grace_until`).
     """
+    attempts = [t.current for t in ended]
+    chosen = [decisions[t.task_id] for t in ended]
+    fallback = EndReason.LEASE_EXPIRED.value
+    template = TaskEvent(kind=EventKind.REQUEUED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ,
+                         status=TaskStatus.QUEUED, at=now)  # fmt: skip
     params = {
         "task_ids": [t.task_id for t in ended],
-        "statuses": [decisions[t.task_id].task_status.value for t in ended],
-        "reasons": [d.reason.value if (d := decisions[t.task_id]).reason else None for t in ended],
-        "not_before": [r.not_before if (r := decisions[t.task_id].retry) else None for t in ended],
-        "avoid": [r.avoid_device_id if (r := decisions[t.task_id].retry) else None for t in ended],
+        "statuses": [d.task_status.value for d in chosen],
+        "reasons": [d.reason.value if d.reason else None for d in chosen],
+        "not_before": [d.retry.not_before if d.retry else None for d in chosen],
+        "avoid": [d.retry.avoid_device_id if d.retry else None for d in chosen],
+        "kinds": [d.event.value for d in chosen],
+        "why": [
+            d.reason.value if d.reason else stops[t.task_id] if stops is not None else fallback
+            for t, d in zip(ended, chosen, strict=True)
+        ],
+        "attempts": [a.attempt if a else None for a in attempts],
+        "hosts": [a.host_id if a else None for a in attempts],
+        "devices": [a.device_id if a else None for a in attempts],
+        "grace": [float(t.lease_ttl_s) if device_grace_s is None else device_grace_s for t in ended],
         "now": now,
+        **event_params(template),
     }
-    rows = {r.task_id: r for r in (await conn.execute(_END_TASKS, params)).all()}
-    out: list[ExpiredLease] = []
-    grace_until: dict[str, datetime] = {}
+    row = (await conn.execute(_END[outbox.returning, grace], params)).one()
+    if outbox.returning:
+        outbox.took(inserted(row.inserted))
+    done = set(row.ids or ())
+    return [
+        ExpiredLease(t.task_id, a.attempt, a.lease_id, a.host_id, a.device_id, d.task_status,
+                     d.reason.value if d.reason else None)
+        for t, a, d in zip(ended, attempts, chosen, strict=True)
+        if a is not None and t.task_id in done
+    ]  # fmt: skip
+
+
+def grace_until(now: datetime, ended: Sequence[TaskRecord], device_grace_s: float | None) -> dict[str, datetime]:
+    """When each device of the ended attempts may be used again: `device_grace_s`, or its task's lease ttl."""
+    until: dict[str, datetime] = {}
     for t in ended:
-        cur, d = t.current, decisions[t.task_id]
-        assert cur is not None
-        grace = device_grace_s if device_grace_s is not None else float(t.lease_ttl_s)
-        until = now + timedelta(seconds=grace)
-        grace_until[cur.device_id] = max(until, grace_until.get(cur.device_id, until))
-        reason = d.reason.value if d.reason else None
-        fallback = stops[t.task_id] if stops is not None else EndReason.LEASE_EXPIRED.value
-        outbox.add(
-            TaskEvent(
-                kind=d.event, task_id=t.task_id, seq=rows[t.task_id].event_seq, status=d.task_status, at=now,
-                attempt=cur.attempt, host_id=cur.host_id, device_id=cur.device_id, reason=reason or fallback,
-            ),
-            trace=rows[t.task_id].trace_headers,
-        )  # fmt: skip
-        out.append(
-            ExpiredLease(t.task_id, cur.attempt, cur.lease_id, cur.host_id, cur.device_id, d.task_status, reason)
-        )
-    await conn.execute(_GRACE, {"device_ids": list(grace_until), "until": list(grace_until.values())})
-    return out
+        if t.current is not None:
+            at = now + timedelta(seconds=t.lease_ttl_s if device_grace_s is None else device_grace_s)
+            device = t.current.device_id
+            until[device] = max(at, until.get(device, at))
+    return until
