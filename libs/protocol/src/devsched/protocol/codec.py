@@ -77,6 +77,11 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+#: The protocol's strict parser, made once: `json.loads` with hooks builds a decoder and its scanner on
+#: every call, a good part of decoding a small request.
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite_float)
+
+
 def _invalid(errors: list[dict[str, str]], total: int | None = None) -> InvalidRequest:
     total = len(errors) if total is None else total
     first = errors[0]
@@ -125,9 +130,9 @@ def decode(model_type: type[M], data: bytes) -> M:
         # `nats req P.api.hosts.list ''`: an empty body is the empty object, so the schema says what is missing
         text = "{}"
     try:
-        parsed = json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite_float
-        )
+        if text.startswith("\ufeff"):  # as `json.loads` refuses it (a decoder's `decode` would not say why)
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        parsed = _DECODER.decode(text)
     except _Rejected as exc:
         raise _body_error(str(exc)) from None
     except json.JSONDecodeError as exc:
