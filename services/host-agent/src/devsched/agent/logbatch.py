@@ -216,6 +216,16 @@ class LogBatcher:
         )
         self._ended = True
 
+    def discard(self) -> None:
+        """End the attempt's records with none sent: every record made is dropped, later output ignored.
+
+        For an attempt that printed nothing (`output_bytes` 0) and whose records were held back
+        (`logstream.py`): its steps' ends are in its report.
+        """
+        self._open = None
+        self._queue.clear()
+        self._ended = True
+
     # -- what the publisher does ---------------------------------------------------------------------
 
     def linger_due(self) -> float | None:

@@ -12,6 +12,12 @@ that does not fit is dropped and counted in the stream (`dropped` records). At t
 (`finish`) the agent waits for the rest to be stored, at most `log_flush_s` and, when publishing looks
 hopeless (`LogHealth`), only while records are being stored, with the lease still renewed; what is left
 then is given up and logged.
+
+An attempt that prints nothing sends nothing at first: its records (`step_end`s) are held back for
+`quiet_s` (1 s) or until its first output, whichever comes first. One that ends within that without
+printing anything, and neither gave its attempt back nor lost its lease, sends no record at all (its
+steps' ends are in its report): two stored, fsync'd messages fewer for each short quiet attempt, and a
+reader that follows it ends as for an attempt without an `end` record.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ Publish = Callable[[str, bytes, Mapping[str, str]], Awaitable[Any]]
 WINDOW_BYTES = 1024 * 1024
 #: Records in flight at once, whatever their size (a step printing a line at a time makes small ones).
 WINDOW = 64
+#: How long the records of an attempt that has printed nothing are held back (see the module docstring).
+QUIET_S = 1.0
 #: Backoff of a failed publish: from 50 ms up to 2 s.
 _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 2.0
@@ -90,6 +98,7 @@ class AttemptLog:
         *,
         health: LogHealth,
         context: Mapping[str, object] | None = None,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self.batcher = batcher
         self.subject = subject
@@ -102,6 +111,11 @@ class AttemptLog:
         self._inflight: deque[tuple[Pending, asyncio.Task[Any]]] = deque()
         self._inflight_bytes = 0
         self._failures = 0
+        #: Until when (monotonic) the records of an attempt that printed nothing are held back; None
+        #: once they no longer are (output came, the time passed, or the end needs its records).
+        self._hold_until: float | None = time.monotonic() + quiet_s if quiet_s > 0 else None
+        #: Records taken from the batcher to publish so far.
+        self.taken = 0
         #: When a record was last stored (monotonic); what `finish` measures progress by.
         self.last_stored = float("-inf")
         #: Records stored so far.
@@ -139,12 +153,13 @@ class AttemptLog:
         (no logs stream, or nothing ever stored): a missing stream must not delay every report.
         """
         halt = stop.halt
-        self.batcher.end(
-            result.outcome,
-            released=result.released,
-            lease_lost=halt is not None and halt[0] is StopReason.LEASE_LOST,
-            reason=result.reason,
-        )
+        lease_lost = halt is not None and halt[0] is StopReason.LEASE_LOST
+        if self.taken == 0 and self._held() is not None and not (result.released or lease_lost):
+            self.batcher.discard()  # quiet, and nothing sent yet: nothing is (the module docstring)
+            self._wake.set()
+            return True
+        self.batcher.end(result.outcome, released=result.released, lease_lost=lease_lost, reason=result.reason)
+        self._hold_until = None
         self._wake.set()
         deadline = time.monotonic() + flush_s
         publishing = self._task
@@ -208,13 +223,15 @@ class AttemptLog:
         while True:
             self._wake.clear()
             batcher.close_lingering()
-            while self._room() and (pending := batcher.take()) is not None:
+            held = self._held()
+            while held is None and self._room() and (pending := batcher.take()) is not None:
                 inflight.append((pending, self._send(pending)))
                 self._inflight_bytes += len(pending.payload)
+                self.taken += 1
             if not inflight:
                 if batcher.done:
                     return
-                await self._until_woken(batcher.linger_due(), None)
+                await self._until_woken(held if held is not None else batcher.linger_due(), None)
                 continue
             pending, sending = inflight[0]
             if not sending.done():
@@ -231,6 +248,17 @@ class AttemptLog:
             self.last_stored = time.monotonic()
             self._health.stored()
             self._failures = 0
+
+    def _held(self) -> float | None:
+        """Seconds the records are still held back for (the module docstring); None when they are not."""
+        until = self._hold_until
+        if until is None:
+            return None
+        left = until - time.monotonic()
+        if left <= 0 or self.batcher.output_bytes:
+            self._hold_until = None
+            return None
+        return left
 
     def _room(self) -> bool:
         """Whether another record may be sent before the first in flight is acknowledged."""
@@ -293,7 +321,15 @@ class LogStreams:
     """The host's log publishing: an `AttemptLog` per attempt, on the host's own log subjects."""
 
     def __init__(
-        self, publish: Publish, subjects: Subjects, host_id: str, limits: LogLimits, *, flush_s: float, stall_s: float
+        self,
+        publish: Publish,
+        subjects: Subjects,
+        host_id: str,
+        limits: LogLimits,
+        *,
+        flush_s: float,
+        stall_s: float,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self._publish = publish
         self._subjects = subjects
@@ -301,6 +337,7 @@ class LogStreams:
         self.limits = limits
         self.flush_s = flush_s
         self.stall_s = stall_s
+        self.quiet_s = quiet_s
         self.health = LogHealth()
 
     def open(self, task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID) -> AttemptLog:
@@ -312,6 +349,7 @@ class LogStreams:
             self._publish,
             health=self.health,
             context={"task_id": str(task_id), "attempt": attempt},
+            quiet_s=self.quiet_s,
         ).start()
 
     async def finish(self, log: AttemptLog, result: RunResult, stop: StopSignal) -> bool:
