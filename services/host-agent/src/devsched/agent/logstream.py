@@ -108,6 +108,8 @@ class AttemptLog:
         self._context = dict(context or {})
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._quiet_s = quiet_s
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._inflight: deque[tuple[Pending, asyncio.Task[Any]]] = deque()
         self._inflight_bytes = 0
         self._failures = 0
@@ -130,6 +132,8 @@ class AttemptLog:
     def write(self, name: str, index: int, stream: OutputStream, data: bytes) -> None:
         """Take output of a step; returns at once."""
         self.batcher.output(name, index, stream, data)
+        if self._task is None and self.batcher.output_bytes:
+            self._publish_now()  # the first output ends the hold
         self._wake.set()
 
     def step_end(self, name: str, index: int, status: StepStatus, exit_code: int | None) -> None:
@@ -140,10 +144,27 @@ class AttemptLog:
     # -- the attempt's side --------------------------------------------------------------------------
 
     def start(self) -> AttemptLog:
-        """Start publishing (in a task of the running loop)."""
+        """Start publishing (in a task of the running loop), once the hold is over (the module docstring)."""
+        if self._hold_until is None:
+            self._publish_now()
+        elif self._hold_timer is None and self._task is None:
+            self._hold_timer = asyncio.get_running_loop().call_later(self._quiet_s, self._publish_now)
+        return self
+
+    def _publish_now(self) -> None:
+        """End the hold and start the publisher, which takes the records.
+
+        An attempt that prints nothing costs no task and no wake-ups until then (or at all).
+        """
+        self._hold_until = None
+        self._cancel_hold_timer()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"log {self.subject}")
-        return self
+
+    def _cancel_hold_timer(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
 
     async def finish(self, result: RunResult, stop: StopSignal, *, flush_s: float, stall_s: float) -> bool:
         """Write the end record and wait until every record is stored; whether all were.
@@ -156,10 +177,11 @@ class AttemptLog:
         lease_lost = halt is not None and halt[0] is StopReason.LEASE_LOST
         if self.taken == 0 and self._held() is not None and not (result.released or lease_lost):
             self.batcher.discard()  # quiet, and nothing sent yet: nothing is (the module docstring)
+            self._cancel_hold_timer()
             self._wake.set()
             return True
         self.batcher.end(result.outcome, released=result.released, lease_lost=lease_lost, reason=result.reason)
-        self._hold_until = None
+        self._publish_now()
         self._wake.set()
         deadline = time.monotonic() + flush_s
         publishing = self._task
@@ -196,6 +218,7 @@ class AttemptLog:
 
     def close(self) -> None:
         """Stop publishing (what is not stored by now is given up)."""
+        self._cancel_hold_timer()
         if self._task is not None:
             self._task.cancel()
         for _, sending in self._inflight:
@@ -223,15 +246,14 @@ class AttemptLog:
         while True:
             self._wake.clear()
             batcher.close_lingering()
-            held = self._held()
-            while held is None and self._room() and (pending := batcher.take()) is not None:
+            while self._room() and (pending := batcher.take()) is not None:
                 inflight.append((pending, self._send(pending)))
                 self._inflight_bytes += len(pending.payload)
                 self.taken += 1
             if not inflight:
                 if batcher.done:
                     return
-                await self._until_woken(held if held is not None else batcher.linger_due(), None)
+                await self._until_woken(batcher.linger_due(), None)
                 continue
             pending, sending = inflight[0]
             if not sending.done():
@@ -250,7 +272,10 @@ class AttemptLog:
             self._failures = 0
 
     def _held(self) -> float | None:
-        """Seconds the records are still held back for (the module docstring); None when they are not."""
+        """Seconds the records are still held back for (the module docstring); None when they are not.
+
+        The hold is over once the publisher runs (`_publish_now`), the first output came, or it timed out.
+        """
         until = self._hold_until
         if until is None:
             return None
