@@ -240,6 +240,63 @@ async def test_streaming_can_be_switched_off(
     assert info.state.messages == 0
 
 
+async def test_an_attempt_that_prints_nothing_and_ends_at_once_sends_no_record(
+    scheduler: FakeScheduler,
+    make_config: Callable[..., AgentConfig],
+    start_agent: Callable[[AgentConfig], Running],
+    nc: Client,
+    subjects: Subjects,
+    stream: str,
+) -> None:
+    config = make_config()
+    await start_agent(config).ready()
+    quiet = await scheduler.assign(HOST, config.devices[0].device_id, [shell("a", "true"), shell("b", "exit 4")])
+    report = await reported(quiet)
+    assert [(s.name, s.status) for s in report.result.steps] == [("a", "done"), ("b", "failed")]
+    # a later attempt that prints is stored: the quiet one's records would have been stored before it
+    loud = await scheduler.assign(HOST, config.devices[0].device_id, [shell("c", "echo loud")])
+    await reported(loud)
+    assert output(await records_of(nc, subjects, loud)) == b"loud\n"
+    assert await records_of(nc, subjects, quiet) == [], "its steps' ends are in its report"
+    info = await nc.jetstream().stream_info(stream, subjects_filter=subjects.host_log_all)
+    assert set(info.state.subjects or {}) == {subjects.host_log(HOST, loud.assignment.task_id, 1)}
+
+
+async def test_a_quiet_step_is_held_back_only_until_output_or_its_second_passes(
+    scheduler: FakeScheduler,
+    make_config: Callable[..., AgentConfig],
+    start_agent: Callable[[AgentConfig], Running],
+    nc: Client,
+    subjects: Subjects,
+    stream: str,
+    tmp_path: Path,
+) -> None:
+    config = make_config()
+    await start_agent(config).ready()
+    gate = tmp_path / "gate"
+    steps = [shell("quiet", "true"), shell("wait", f"while [ ! -e {gate} ]; do sleep 0.02; done")]
+    row = await scheduler.assign(HOST, config.devices[0].device_id, steps)
+
+    async def quiet_ended() -> list[LogRecord] | None:
+        records = await records_of(nc, subjects, row)
+        return records or None
+
+    records = await eventually(quiet_ended, timeout=20, message="the quiet step's end, once its second passed")
+    assert [(r.kind, r.step, r.status) for r in records] == [(LogKind.STEP_END, "quiet", "done")]
+    gate.touch()
+    await reported(row)
+    records = await records_of(nc, subjects, row)
+    assert [(r.kind, r.step) for r in records] == [
+        (LogKind.STEP_END, "quiet"), (LogKind.STEP_END, "wait"), (LogKind.END, None)
+    ]  # fmt: skip
+    printed = await scheduler.assign(HOST, config.devices[0].device_id, [shell("q", "true"), shell("p", "echo hi")])
+    await reported(printed)
+    records = await records_of(nc, subjects, printed)
+    assert [(r.kind, r.step) for r in records] == [
+        (LogKind.STEP_END, "q"), (LogKind.OUTPUT, "p"), (LogKind.STEP_END, "p"), (LogKind.END, None)
+    ], "output sends what was held back, in order"  # fmt: skip
+
+
 def test_task_ids_in_records_are_uuids() -> None:
     # the subject a reader builds and the one the agent publishes on agree
     subjects = Subjects("p")

@@ -63,6 +63,9 @@ class Pending:
     payload: bytes
     #: Output bytes it carries (what the buffer counts).
     size: int
+    #: A control record's fields, encoded into `payload` only when it is taken: a quiet attempt's
+    #: records are mostly discarded unsent (`discard`), and are never encoded then.
+    fields: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -216,6 +219,16 @@ class LogBatcher:
         )
         self._ended = True
 
+    def discard(self) -> None:
+        """End the attempt's records with none sent: every record made is dropped, later output ignored.
+
+        For an attempt that printed nothing (`output_bytes` 0) and whose records were held back
+        (`logstream.py`): its steps' ends are in its report.
+        """
+        self._open = None
+        self._queue.clear()
+        self._ended = True
+
     # -- what the publisher does ---------------------------------------------------------------------
 
     def linger_due(self) -> float | None:
@@ -233,6 +246,10 @@ class LogBatcher:
         """The next record to publish, in order, if any (it stays counted until `acked`)."""
         if not self._queue:
             return None
+        pending = self._queue[0]
+        if pending.fields is not None:
+            pending.payload = encode(LogRecord(task_id=self.task_id, attempt=self.attempt, **pending.fields))
+            pending.fields = None
         self._unacked += 1
         return self._queue.popleft()
 
@@ -344,8 +361,8 @@ class LogBatcher:
 
     def _control(self, kind: LogKind, **fields: Any) -> None:
         fields.setdefault("offset", self.output_bytes)
-        record = self._record(kind, at=self._clock(), **fields)
-        self._push(record, encode(record), 0)
+        self._seq += 1
+        self._queue.append(Pending(self._seq, b"", 0, {**fields, "seq": self._seq, "kind": kind, "at": self._clock()}))
 
     def _record(self, kind: LogKind, **fields: Any) -> LogRecord:
         """The next record (its `seq` is taken only when it is pushed)."""

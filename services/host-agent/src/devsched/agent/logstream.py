@@ -12,6 +12,12 @@ that does not fit is dropped and counted in the stream (`dropped` records). At t
 (`finish`) the agent waits for the rest to be stored, at most `log_flush_s` and, when publishing looks
 hopeless (`LogHealth`), only while records are being stored, with the lease still renewed; what is left
 then is given up and logged.
+
+An attempt that prints nothing sends nothing at first: its records (`step_end`s) are held back for
+`quiet_s` (1 s) or until its first output, whichever comes first. One that ends within that without
+printing anything, and neither gave its attempt back nor lost its lease, sends no record at all (its
+steps' ends are in its report): two stored, fsync'd messages fewer for each short quiet attempt, and a
+reader that follows it ends as for an attempt without an `end` record.
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ Publish = Callable[[str, bytes, Mapping[str, str]], Awaitable[Any]]
 WINDOW_BYTES = 1024 * 1024
 #: Records in flight at once, whatever their size (a step printing a line at a time makes small ones).
 WINDOW = 64
+#: How long the records of an attempt that has printed nothing are held back (see the module docstring).
+QUIET_S = 1.0
 #: Backoff of a failed publish: from 50 ms up to 2 s.
 _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 2.0
@@ -90,6 +98,7 @@ class AttemptLog:
         *,
         health: LogHealth,
         context: Mapping[str, object] | None = None,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self.batcher = batcher
         self.subject = subject
@@ -99,9 +108,16 @@ class AttemptLog:
         self._context = dict(context or {})
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._quiet_s = quiet_s
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._inflight: deque[tuple[Pending, asyncio.Task[Any]]] = deque()
         self._inflight_bytes = 0
         self._failures = 0
+        #: Until when (monotonic) the records of an attempt that printed nothing are held back; None
+        #: once they no longer are (output came, the time passed, or the end needs its records).
+        self._hold_until: float | None = time.monotonic() + quiet_s if quiet_s > 0 else None
+        #: Records taken from the batcher to publish so far.
+        self.taken = 0
         #: When a record was last stored (monotonic); what `finish` measures progress by.
         self.last_stored = float("-inf")
         #: Records stored so far.
@@ -116,6 +132,8 @@ class AttemptLog:
     def write(self, name: str, index: int, stream: OutputStream, data: bytes) -> None:
         """Take output of a step; returns at once."""
         self.batcher.output(name, index, stream, data)
+        if self._task is None and self.batcher.output_bytes:
+            self._publish_now()  # the first output ends the hold
         self._wake.set()
 
     def step_end(self, name: str, index: int, status: StepStatus, exit_code: int | None) -> None:
@@ -126,10 +144,27 @@ class AttemptLog:
     # -- the attempt's side --------------------------------------------------------------------------
 
     def start(self) -> AttemptLog:
-        """Start publishing (in a task of the running loop)."""
+        """Start publishing (in a task of the running loop), once the hold is over (the module docstring)."""
+        if self._hold_until is None:
+            self._publish_now()
+        elif self._hold_timer is None and self._task is None:
+            self._hold_timer = asyncio.get_running_loop().call_later(self._quiet_s, self._publish_now)
+        return self
+
+    def _publish_now(self) -> None:
+        """End the hold and start the publisher, which takes the records.
+
+        An attempt that prints nothing costs no task and no wake-ups until then (or at all).
+        """
+        self._hold_until = None
+        self._cancel_hold_timer()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"log {self.subject}")
-        return self
+
+    def _cancel_hold_timer(self) -> None:
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
 
     async def finish(self, result: RunResult, stop: StopSignal, *, flush_s: float, stall_s: float) -> bool:
         """Write the end record and wait until every record is stored; whether all were.
@@ -139,12 +174,14 @@ class AttemptLog:
         (no logs stream, or nothing ever stored): a missing stream must not delay every report.
         """
         halt = stop.halt
-        self.batcher.end(
-            result.outcome,
-            released=result.released,
-            lease_lost=halt is not None and halt[0] is StopReason.LEASE_LOST,
-            reason=result.reason,
-        )
+        lease_lost = halt is not None and halt[0] is StopReason.LEASE_LOST
+        if self.taken == 0 and self._held() is not None and not (result.released or lease_lost):
+            self.batcher.discard()  # quiet, and nothing sent yet: nothing is (the module docstring)
+            self._cancel_hold_timer()
+            self._wake.set()
+            return True
+        self.batcher.end(result.outcome, released=result.released, lease_lost=lease_lost, reason=result.reason)
+        self._publish_now()
         self._wake.set()
         deadline = time.monotonic() + flush_s
         publishing = self._task
@@ -181,6 +218,7 @@ class AttemptLog:
 
     def close(self) -> None:
         """Stop publishing (what is not stored by now is given up)."""
+        self._cancel_hold_timer()
         if self._task is not None:
             self._task.cancel()
         for _, sending in self._inflight:
@@ -211,6 +249,7 @@ class AttemptLog:
             while self._room() and (pending := batcher.take()) is not None:
                 inflight.append((pending, self._send(pending)))
                 self._inflight_bytes += len(pending.payload)
+                self.taken += 1
             if not inflight:
                 if batcher.done:
                     return
@@ -231,6 +270,20 @@ class AttemptLog:
             self.last_stored = time.monotonic()
             self._health.stored()
             self._failures = 0
+
+    def _held(self) -> float | None:
+        """Seconds the records are still held back for (the module docstring); None when they are not.
+
+        The hold is over once the publisher runs (`_publish_now`), the first output came, or it timed out.
+        """
+        until = self._hold_until
+        if until is None:
+            return None
+        left = until - time.monotonic()
+        if left <= 0 or self.batcher.output_bytes:
+            self._hold_until = None
+            return None
+        return left
 
     def _room(self) -> bool:
         """Whether another record may be sent before the first in flight is acknowledged."""
@@ -293,7 +346,15 @@ class LogStreams:
     """The host's log publishing: an `AttemptLog` per attempt, on the host's own log subjects."""
 
     def __init__(
-        self, publish: Publish, subjects: Subjects, host_id: str, limits: LogLimits, *, flush_s: float, stall_s: float
+        self,
+        publish: Publish,
+        subjects: Subjects,
+        host_id: str,
+        limits: LogLimits,
+        *,
+        flush_s: float,
+        stall_s: float,
+        quiet_s: float = QUIET_S,
     ) -> None:
         self._publish = publish
         self._subjects = subjects
@@ -301,6 +362,7 @@ class LogStreams:
         self.limits = limits
         self.flush_s = flush_s
         self.stall_s = stall_s
+        self.quiet_s = quiet_s
         self.health = LogHealth()
 
     def open(self, task_id: uuid.UUID, attempt: int, lease_id: uuid.UUID) -> AttemptLog:
@@ -312,6 +374,7 @@ class LogStreams:
             self._publish,
             health=self.health,
             context={"task_id": str(task_id), "attempt": attempt},
+            quiet_s=self.quiet_s,
         ).start()
 
     async def finish(self, log: AttemptLog, result: RunResult, stop: StopSignal) -> bool:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from devsched.agent.results import ResultsError, open_beneath
 from devsched.agent.steps import StepUser
@@ -157,7 +158,8 @@ class AttemptUploads:
         timeout_s: float,
     ) -> None:
         self._nc = nc
-        self._js = nc.jetstream()
+        #: Made at the first upload: most attempts store nothing.
+        self._js: JetStreamContext | None = None
         self._subjects = subjects
         self._host_id = host_id
         self._a = assignment
@@ -287,6 +289,8 @@ class AttemptUploads:
                 if size > self._limits.max_file_bytes:
                     break
                 headers = {CHUNK_HEADER: str(index), MSG_ID_HEADER: upload_msg_id(upload_id, index)}
+                if self._js is None:
+                    self._js = self._nc.jetstream()
                 publish: Awaitable[object] = self._js.publish(subject, chunk, timeout=self._timeout_s, headers=headers)
                 pending.append(asyncio.ensure_future(publish))
                 if len(pending) >= WINDOW:
