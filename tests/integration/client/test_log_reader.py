@@ -187,6 +187,17 @@ async def test_follow_ends_quietly_when_the_attempt_is_over_without_an_end_recor
     assert await asyncio.wait_for(following, 10) == ["then the agent was killed"]
 
 
+async def test_follow_of_a_quiet_attempt_that_is_over_ends_at_once(
+    nc: NatsClient, subjects: Subjects, stream: str
+) -> None:
+    # a short attempt that printed nothing has no records (docs/protocol.md, quiet attempts): nothing to wait for
+    task = Task(uuid.uuid4(), (1, "done"), status="done")
+    log = LogReader(
+        nc.jetstream(), subjects, task.view.task_id, task.probe, quiet_grace_s=60, idle_check_s=60, follow=True
+    )
+    assert await asyncio.wait_for(texts(log), 10) == [], "not after the minute of quiet grace"
+
+
 async def test_following_the_latest_goes_on_to_the_next_attempt_and_ends_with_the_task(
     nc: NatsClient, subjects: Subjects, stream: str
 ) -> None:

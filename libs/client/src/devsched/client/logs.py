@@ -9,7 +9,8 @@ twice).
 Without `follow`, the reader yields what the stream holds now and ends. With `follow`, it goes on while
 the attempt runs and ends at the attempt's `end` record, or, for an attempt that ended without one (its
 agent was killed, or its records were lost), once the task view says the attempt is over and the stream
-has been quiet for a moment. Following the latest attempt (no attempt named) goes on to the next attempt
+has been quiet for a moment; an attempt already over with nothing stored (a quiet one sends no records)
+ends at once. Following the latest attempt (no attempt named) goes on to the next attempt
 when the task is queued again, and ends with the task.
 """
 
@@ -207,8 +208,8 @@ class LogReader:
 
     async def _read(self, attempt: AttemptView) -> AsyncIterator[LogRecord]:
         subject = self._subjects.host_log(attempt.host_id, self.task_id, attempt.attempt)
-        if await self._stored(subject) == 0 and not self._follow:
-            return
+        if await self._stored(subject) == 0 and (not self._follow or attempt.status is not AttemptStatus.ACTIVE):
+            return  # nothing stored, and nothing to wait for: an attempt over (a quiet one sends no records)
         try:
             self._sub = await self._js.subscribe(
                 subject, stream=self._subjects.logs_stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
