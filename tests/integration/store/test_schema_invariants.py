@@ -110,3 +110,49 @@ async def test_cancellation_requests_belong_to_an_attempt(lab: Lab) -> None:
         t=task,
     )
     assert isinstance(task, uuid.UUID)
+
+
+async def test_statuses_outside_their_lists_are_refused(lab: Lab) -> None:
+    """The status lists (stored as array constants since 0014) still refuse every name not in them."""
+    await lab.host("h1", "d1")
+    lease = await lab.running()
+    t = lease.task_id
+    await _violates(lab.store, "UPDATE tasks SET status = 'running' WHERE task_id = :t", "ck_tasks_status", t=t)
+    await _violates(lab.store, "UPDATE tasks SET kind = 'system' WHERE task_id = :t", "ck_tasks_kind", t=t)
+    queued = await lab.submit()
+    await _violates(
+        lab.store, "UPDATE tasks SET status = 'dispatched' WHERE task_id = :t", "ck_tasks_in_flight_has_attempt",
+        t=queued,
+    )  # fmt: skip
+    await _violates(
+        lab.store,
+        "UPDATE attempts SET status = 'lease_expired', end_reason = 'lease_expired', ended_at = now()"
+        " WHERE task_id = :t",
+        "ck_attempts_status",
+        t=t,
+    )  # every other check passes: an end reason is no status
+    await _violates(
+        lab.store,
+        "UPDATE attempts SET status = 'expired', end_reason = 'done', ended_at = now() WHERE task_id = :t",
+        "ck_attempts_end_reason_matches",
+        t=t,
+    )
+    await _violates(
+        lab.store,
+        "UPDATE attempts SET status = 'failed', end_reason = 'crashed', ended_at = now() WHERE task_id = :t",
+        '"ck_attempts_end_reason"',
+        t=t,
+    )
+
+
+async def test_an_idempotency_key_is_held_by_one_task_only(lab: Lab) -> None:
+    """Only the keys that are set are indexed (0014); a set key is still unique, however the row is written."""
+    first, second = await lab.submit(), await lab.submit()
+    async with lab.store.engine.begin() as conn:
+        await conn.execute(text("UPDATE tasks SET idempotency_key = 'k' WHERE task_id = :t"), {"t": first})
+    await _violates(
+        lab.store, "UPDATE tasks SET idempotency_key = 'k' WHERE task_id = :t", "uq_tasks_idempotency_key", t=second
+    )
+    async with lab.store.engine.connect() as conn:
+        keyless = await conn.scalar(text("SELECT count(*) FROM tasks WHERE idempotency_key IS NULL"))
+    assert keyless == 1  # tasks without a key are many, and never collide
