@@ -10,7 +10,8 @@ import pytest
 from devsched.core.errors import LeaseExpired, NotFound, TaskTerminal
 from devsched.core.events import TaskEvent
 from devsched.core.status import EventKind, TaskStatus
-from devsched.scheduler.metrics import REGISTRY, DatabaseGauges, Latencies, counted
+from devsched.scheduler.api import observed
+from devsched.scheduler.metrics import REGISTRY, DatabaseGauges, Latencies
 from devsched.store import Committed, OutboxMessage
 from devsched.store.stats import Gauges
 
@@ -68,7 +69,7 @@ def test_remembered_starts_are_bounded() -> None:
     assert list(latencies._created) == tasks[1:]
 
 
-async def test_counted_counts_renewals_reports_and_conflicts_by_code() -> None:
+async def test_observed_counts_renewals_reports_and_conflicts_by_code() -> None:
     async def ok(req: object, subject: str) -> str:
         return "reply"
 
@@ -89,13 +90,13 @@ async def test_counted_counts_renewals_reports_and_conflicts_by_code() -> None:
         "report_conflict": value("devsched_conflicts_total", code="task_terminal"),
         "not_found": value("devsched_conflicts_total", code="not_found"),
     }
-    assert await counted("host-renew", ok)(None, "s") == "reply"
+    assert await observed("host-renew", ok)(None, "s") == "reply"
     with pytest.raises(LeaseExpired):
-        await counted("host-renew", expired)(None, "s")
+        await observed("host-renew", expired)(None, "s")
     with pytest.raises(TaskTerminal):
-        await counted("host-report", terminal)(None, "s")
+        await observed("host-report", terminal)(None, "s")
     with pytest.raises(NotFound):
-        await counted("tasks-get", missing)(None, "s")
+        await observed("tasks-get", missing)(None, "s")
     assert value("devsched_renewals_total", code="ok") - before["ok"] == 1
     assert value("devsched_renewals_total", code="lease_expired") - before["lease_expired"] == 1
     assert value("devsched_conflicts_total", code="lease_expired") - before["conflict"] == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from pydantic import ValidationError
@@ -18,11 +18,11 @@ from devsched.core.events import (
     TaskEvent,
 )
 from devsched.core.status import EventKind, TaskStatus
-from devsched.protocol.codec import decode
+from devsched.protocol.codec import decode, encode
 from devsched.protocol.messages import Assignment, DeviceEventMessage
 from devsched.protocol.messages import TaskEvent as WireTaskEvent
 from devsched.protocol.subjects import Subjects
-from devsched.scheduler.outgoing import outgoing, resent
+from devsched.scheduler.outgoing import outgoing, resent, task_event
 
 pytestmark = pytest.mark.unit
 
@@ -134,3 +134,49 @@ def test_a_device_event_goes_to_its_devices_subject_named_by_its_outbox_id() -> 
     assert decode(DeviceEventMessage, out.data).event is DeviceEventKind.QUARANTINED
     with pytest.raises(ValueError, match="outbox id"):
         outgoing(event, S)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"kind": EventKind.SUBMITTED, "status": TaskStatus.QUEUED, "attempt": None, "host_id": None, "device_id": None},
+        {"kind": EventKind.DONE, "status": TaskStatus.DONE, "reason": "done"},
+        {"kind": EventKind.FAILED, "status": TaskStatus.FAILED, "reason": 'ü "q" \\ \n\t\x00\x1f\x7f \u2028 😀'},
+        {"kind": EventKind.PROGRESS, "progress": StepProgress(step="flâsh\n", index=2, of=3)},
+        {"at": datetime(2026, 12, 1, 11, 0, 0, tzinfo=timezone(timedelta(hours=1)))},
+        {"at": datetime(2026, 12, 1, 10, 0, 0, 0, tzinfo=UTC), "seq": 2**40, "attempt": 7},
+    ],
+)
+def test_a_task_event_is_written_byte_for_byte_as_the_protocols_model_writes_it(changes: dict[str, object]) -> None:
+    values: dict[str, object] = {
+        "kind": EventKind.DISPATCHED,
+        "task_id": TASK,
+        "seq": 3,
+        "status": TaskStatus.DISPATCHED,
+        "at": AT,
+        "attempt": 1,
+        "host_id": "h1",
+        "device_id": "h1-d1",
+    }
+    event = TaskEvent(**{**values, **changes})  # type: ignore[arg-type]
+    assert outgoing(event, S).data == encode(task_event(event))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"device_id": "h1 d1"},
+        {"host_id": "h1\n"},
+        {"attempt": 0},
+        {"reason": "lone \ud800 surrogate"},
+        {"at": datetime(2026, 12, 1, 10, 0, 0)},  # naive
+    ],
+)
+def test_a_task_event_the_protocol_refuses_is_refused_as_the_model_refuses_it(changes: dict[str, object]) -> None:
+    values: dict[str, object] = {
+        "kind": EventKind.DISPATCHED, "task_id": TASK, "seq": 3, "status": TaskStatus.DISPATCHED, "at": AT,
+        "attempt": 1, "host_id": "h1", "device_id": "h1-d1",
+    }  # fmt: skip
+    with pytest.raises((ValidationError, ValueError)):
+        outgoing(TaskEvent(**{**values, **changes}), S)  # type: ignore[arg-type]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import TypeVar
 
@@ -88,7 +88,10 @@ class Transactor:
         a cancelled caller waits for it to commit or roll back (bounded by the statement timeout) and
         then sees the cancellation.
         """
-        return await self._traced(name, lambda: self._with_retries(self._transaction(op), name))
+        work = self._with_retries(self._transaction(op), name)
+        if trace.get_current_span().is_recording():
+            return await self._traced(name, work)
+        return await self._shielded(work, name)
 
     async def statements(self, op: Statements[T], *, name: str) -> T:
         """Run `op` on a pooled connection through the driver, without a transaction around it.
@@ -99,33 +102,24 @@ class Transactor:
         extends again, a report finds itself recorded, a submit finds its own task id). Errors, other
         retries and cancellation as in `run`.
         """
-        return await self._traced(name, lambda: self._with_retries(self._statements(op), name))
+        work = self._with_retries(self._statements(op), name)
+        if trace.get_current_span().is_recording():
+            return await self._traced(name, work)
+        return await self._shielded(work, name)
 
-    async def _timed(self, work: Awaitable[T], name: str) -> T:
-        hook = self.on_operation
-        if hook is None:
-            return await self._shielded(work)
-        started = time.perf_counter()
-        try:
-            return await self._shielded(work)
-        finally:
-            hook(name, time.perf_counter() - started)
-
-    async def _traced(self, name: str, work: Callable[[], Awaitable[T]]) -> T:
-        """Run `work` shielded and timed, in a span of its own named `name` when the caller's span is recorded.
+    async def _traced(self, name: str, work: Coroutine[object, None, T]) -> T:
+        """Run `work` shielded and timed in a span of its own named `name` (the caller's span is recorded).
 
         Only then: a span that exports nothing (tracing off, a `PropagatingTracerProvider`) would cost every
         operation its id and context for nothing, and an operation outside any recorded work (a relay
         pass, a health check) would make a trace of one span every tick.
         """
-        if not trace.get_current_span().is_recording():
-            return await self._timed(work(), name)
         attributes = {"db.system.name": "postgresql", "db.operation.name": name}
         with _TRACER.start_as_current_span(
             name, kind=SpanKind.CLIENT, attributes=attributes, record_exception=False, set_status_on_exception=False
         ) as span:
             try:
-                return await self._timed(work(), name)
+                return await self._shielded(work, name)
             except DevschedError as exc:  # a refusal (409, 404) is an answer; only a failure is an error
                 span.set_attribute("error.type", exc.code)
                 if exc.status >= 500:
@@ -136,8 +130,14 @@ class Transactor:
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 raise
 
-    async def _shielded(self, work: Awaitable[T]) -> T:
+    async def _shielded(self, work: Coroutine[object, None, T], name: str) -> T:
+        """Run `work` in a task of its own, shielded from the caller's cancellation (see `run`), and timed.
+
+        The task is the price of that safety (about 10 us an operation): a cancellation delivered while
+        asyncpg awaits the server would leave its connection mid-protocol.
+        """
         task = asyncio.ensure_future(work)
+        started = time.perf_counter()
         try:
             return await asyncio.shield(task)
         except asyncio.CancelledError:
@@ -145,6 +145,9 @@ class Transactor:
             if not task.cancelled():
                 task.exception()  # retrieved, so it is not logged as never retrieved
             raise
+        finally:
+            if (hook := self.on_operation) is not None:
+                hook(name, time.perf_counter() - started)
 
     def _transaction(self, op: Operation[T]) -> Callable[[], Awaitable[T]]:
         async def once() -> T:
@@ -195,7 +198,15 @@ class Transactor:
     async def _with_retries(self, once: Callable[[], Awaitable[T]], name: str) -> T:
         for attempt in range(1, self._attempts + 1):
             try:
-                return await self._translated(once)
+                try:  # translated here, not in a coroutine of its own: one frame fewer per operation
+                    return await once()
+                except DevschedError:
+                    raise
+                except Exception as exc:
+                    translated = _translated(exc)
+                    if translated is exc:
+                        raise
+                    raise translated from exc
             except _Retry as retry:
                 if attempt == self._attempts:
                     if retry.ambiguous:  # the last statement sent may have been applied
@@ -210,20 +221,19 @@ class Transactor:
                 await asyncio.sleep(0.005 * attempt)
         raise AssertionError("unreachable")
 
-    async def _translated(self, once: Callable[[], Awaitable[T]]) -> T:
-        try:
-            return await once()
-        except DevschedError:
-            raise
-        except sqlalchemy.exc.DBAPIError as exc:
-            raise _translate(*_pg_details(exc), lost=exc.connection_invalidated, orig=exc.orig) from exc
-        except asyncpg.PostgresError as exc:
-            raise _translate(exc.sqlstate, exc.constraint_name, lost=False, orig=exc) from exc
-        except (OSError, TimeoutError, sqlalchemy.exc.TimeoutError) as exc:
-            raise Unavailable(f"database unreachable: {exc.__class__.__name__}") from exc
-        except (sqlalchemy.exc.SQLAlchemyError, asyncpg.InterfaceError) as exc:
-            log.exception("unexpected database error")
-            raise Internal() from exc
+
+def _translated(exc: Exception) -> Exception:
+    """The `DevschedError` (or `_Retry`) of an error from the driver; `exc` itself when it is none of its."""
+    if isinstance(exc, sqlalchemy.exc.DBAPIError):
+        return _translate(*_pg_details(exc), lost=exc.connection_invalidated, orig=exc.orig)
+    if isinstance(exc, asyncpg.PostgresError):
+        return _translate(exc.sqlstate, exc.constraint_name, lost=False, orig=exc)
+    if isinstance(exc, (OSError, TimeoutError, sqlalchemy.exc.TimeoutError)):
+        return Unavailable(f"database unreachable: {exc.__class__.__name__}")
+    if isinstance(exc, (sqlalchemy.exc.SQLAlchemyError, asyncpg.InterfaceError)):
+        log.exception("unexpected database error")
+        return Internal()
+    return exc
 
 
 class _Retry(Exception):

@@ -29,6 +29,7 @@ from devsched.protocol.tracing import inject
 from devsched.scheduler.artifacts import ArtifactIntake
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
+from devsched.scheduler.metrics import Replies
 from devsched.scheduler.plugin_args import check_plugin_args, schema_problem
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
@@ -51,11 +52,14 @@ def _protocol_error(exc: Exception) -> DevschedError | None:
 
 
 def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callable[[Req, str], Awaitable[Rep]]:
-    """Wrap a handler: carry the request's trace into outbox rows, translate errors, log refusals.
+    """Wrap a handler: carry the request's trace into outbox rows, translate errors, log refusals, count replies.
 
     Handlers log what happened (submitted, claimed, reported, ...) at INFO, once; this wrapper adds a
-    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx).
+    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx). Replies
+    are counted by code (`metrics.Replies`). One wrapper, not one per concern: each layer of coroutine
+    costs every request its frame and its await (issue 10).
     """
+    replies = Replies(name)
 
     async def run(req: Req, subject: str) -> Rep:
         started = time.perf_counter()
@@ -67,12 +71,15 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
                 except Exception as exc:
                     err = _protocol_error(exc)
                     if err is None:
+                        replies.failed(exc)
                         raise
+                    replies.failed(err)
                     level = logging.WARNING if err.status >= 500 else logging.INFO
                     log.log(level, "%s refused: %s", name, err.message, extra={"error": err.code, "status": err.status})
                     if err is exc:
                         raise
                     raise err from exc
+                replies.ok()
                 if log.isEnabledFor(logging.DEBUG):  # not even the extra's dict on every request otherwise
                     log.debug("%s ok", name, extra={"ms": round((time.perf_counter() - started) * 1000, 2)})
                 return reply

@@ -2,8 +2,8 @@
 
 Three kinds, each as cheap as its place asks:
 
-- Counted where it happens: request duration by endpoint (`timed`, around the whole typed handler), reply
-  codes of renewals and reports and every 409 by code (`counted`), database operations by operation
+- Counted where it happens: request duration by endpoint (`request_timer`, from the typed handler's start
+  to its reply), reply codes of renewals and reports and every 409 by code (`Replies`), database operations by operation
   (`Store.on_operation`). One histogram observation or counter increment is about a microsecond.
 - Read from the database every `metrics_interval_s` by one loop (`Stats.refresh`, a few aggregate statements):
   queue depth and oldest age by priority band, tasks by status, hosts, devices by state, the outbox's lag.
@@ -17,19 +17,16 @@ Three kinds, each as cheap as its place asks:
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import TypeVar
 
-from nats.micro.request import Handler, Request
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
-from pydantic import BaseModel
 
 from devsched.core.errors import DevschedError
 from devsched.core.events import TaskEvent
@@ -45,8 +42,6 @@ from devsched.service.metrics import (
 from devsched.store import Committed, Store
 from devsched.store.stats import Gauges
 
-Req = TypeVar("Req", bound=BaseModel)
-Rep = TypeVar("Rep", bound=BaseModel)
 _K = TypeVar("_K")
 
 REGISTRY = new_registry()
@@ -82,43 +77,37 @@ _BY_CODE = {"host-renew": RENEWALS, "host-report": REPORTS}
 OK = "ok"
 
 
-def counted(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callable[[Req, str], Awaitable[Rep]]:
-    """Wrap an endpoint handler: count its 409s by code, and for renew and report every reply by code."""
-    by_code = _BY_CODE.get(name)
-    ok = by_code.labels(OK) if by_code is not None else None
+class Replies:
+    """Counts one endpoint's replies: its 409s by code, and for renew and report every reply by code.
 
-    async def run(req: Req, subject: str) -> Rep:
-        try:
-            reply = await handler(req, subject)
-        except DevschedError as err:
-            if err.status == 409:
-                CONFLICTS.labels(err.code).inc()
-            if by_code is not None:
-                by_code.labels(err.code).inc()
-            raise
-        except Exception:
-            if by_code is not None:
-                by_code.labels("internal").inc()
-            raise
-        if ok is not None:
-            ok.inc()
-        return reply
+    Told by `devsched.scheduler.api.observed`, the one wrapper around every handler, of each reply.
+    """
 
-    return run
+    __slots__ = ("_by_code", "_ok")
+
+    def __init__(self, name: str) -> None:
+        self._by_code = _BY_CODE.get(name)
+        self._ok = self._by_code.labels(OK) if self._by_code is not None else None
+
+    def ok(self) -> None:
+        """A success reply."""
+        if self._ok is not None:
+            self._ok.inc()
+
+    def failed(self, exc: Exception) -> None:
+        """An error reply: `exc`'s code for a `DevschedError`, `internal` for anything else."""
+        if isinstance(exc, DevschedError):
+            if exc.status == 409:
+                CONFLICTS.labels(exc.code).inc()
+            if self._by_code is not None:
+                self._by_code.labels(exc.code).inc()
+        elif self._by_code is not None:
+            self._by_code.labels("internal").inc()
 
 
-def timed(name: str, handler: Handler) -> Handler:
-    """Wrap a micro handler (decode, handle, encode, reply): observe its duration as endpoint `name`'s."""
-    observe = REQUEST_SECONDS.labels(name).observe
-
-    async def run(req: Request) -> None:
-        started = time.perf_counter()
-        try:
-            await handler(req)
-        finally:
-            observe(time.perf_counter() - started)
-
-    return run
+def request_timer(name: str) -> Callable[[float], None]:
+    """What observes a request's duration (seconds) as endpoint `name`'s (`EndpointTally.observe`)."""
+    return REQUEST_SECONDS.labels(name).observe
 
 
 class Latencies:

@@ -31,7 +31,7 @@ from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.transport import EndpointTally, add_typed_endpoint
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
-from devsched.scheduler.metrics import counted, timed
+from devsched.scheduler.metrics import request_timer
 from devsched.service import flush_subscriptions
 
 log = logging.getLogger("devsched.scheduler.service")
@@ -54,7 +54,8 @@ class Dispatcher:
 
     def __init__(self, limit: int, admission: Admission | None = None) -> None:
         self._slots = asyncio.Semaphore(limit)
-        self._running: set[asyncio.Task[None]] = set()
+        #: Each request's task, with the host whose fair share it holds (None: an operator's request).
+        self._running: dict[asyncio.Task[None], str | None] = {}
         self.admission = admission
 
     @property
@@ -96,16 +97,18 @@ class Dispatcher:
                             await _refuse(req, retry_after_s, tally)
                             return
             await self._slots.acquire()
-            work = handler(req) if host_id is None else _giving_back(handler, req, admission, host_id)
-            task: asyncio.Task[None] = asyncio.ensure_future(work)
-            self._running.add(task)
+            task: asyncio.Task[None] = asyncio.ensure_future(handler(req))
+            self._running[task] = host_id
             task.add_done_callback(self._finished)
 
         return dispatch
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self._running.discard(task)
+        # The fair share is given back here, not in the task: one coroutine fewer per request (issue 10).
+        host_id = self._running.pop(task, None)
         self._slots.release()
+        if host_id is not None and self.admission is not None:
+            self.admission.give_back(host_id)
         if not task.cancelled() and task.exception() is not None:  # typed_handler answers everything
             log.error("request task failed", exc_info=task.exception())
 
@@ -114,14 +117,6 @@ class Dispatcher:
         if self._running:
             await asyncio.wait(set(self._running), timeout=timeout)
         return not self._running
-
-
-async def _giving_back(handler: Handler, req: Request, admission: Admission | None, host_id: str) -> None:
-    try:
-        await handler(req)
-    finally:
-        if admission is not None:
-            admission.give_back(host_id)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -215,7 +210,7 @@ async def start_service(
             name=spec.name,
             subject=spec.subject,
             request_type=spec.request_type,
-            handler=counted(spec.name, observed(spec.name, spec.handler)),
+            handler=observed(spec.name, spec.handler),
             max_payload_bytes=max_payload_bytes,
             hand_off=functools.partial(_dispatched, dispatcher, host_of, spec.name),
             reply_type=spec.reply_type,
@@ -226,7 +221,8 @@ async def start_service(
 def _dispatched(
     dispatcher: Dispatcher, host_of: Callable[[str], str] | None, name: str, handler: Handler, tally: EndpointTally
 ) -> Handler:
-    return dispatcher.wrap(timed(name, handler), host_of=host_of, tally=tally)
+    tally.observe = request_timer(name)  # the typed handler's own timing, from its start to its reply
+    return dispatcher.wrap(handler, host_of=host_of, tally=tally)
 
 
 def endpoints_registered(service: Service) -> int:
