@@ -319,13 +319,12 @@ def _profile(lab: Lab, args: argparse.Namespace, c: int) -> subprocess.Popen[byt
 
 
 #: Log lines that mark a task's way from the submit reply to its `done` event: (process, msg). Only INFO
-#: lines: `step started` is DEBUG (the agent's log of a step is its `step ended`).
+#: lines: the agent's `step started` and `step ended` are DEBUG (its attempt's INFO lines frame them).
 MILESTONES = [
     ("scheduler", "submitted"),
     ("scheduler", "assigned"),
     ("scheduler", "claimed"),
     ("agent", "attempt claimed"),
-    ("agent", "step ended"),
     ("agent", "attempt ended"),
     ("scheduler", "reported"),
     ("agent", "report recorded"),

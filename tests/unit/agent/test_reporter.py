@@ -9,7 +9,7 @@ from typing import cast
 import pytest
 
 from devsched.agent.client import HostClient
-from devsched.agent.reporter import MAX_NOT_FOUND, Reporter, encode_report
+from devsched.agent.reporter import MAX_NOT_FOUND, REMOVAL_WINDOW_S, Reporter, encode_report
 from devsched.agent.spool import Spool
 from devsched.core.errors import (
     CancelNotRequested,
@@ -243,6 +243,32 @@ async def test_reports_answered_together_leave_the_spool_in_one_removal(
     assert spool.pending() == []
     assert sorted(k for batch in batches for k in batch) == sorted(s.key for s in spooled)
     assert len(batches) < len(spooled), "those answered while a removal ran share the next one"
+
+
+async def test_reports_answered_within_a_window_of_the_last_removal_share_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path)
+    sender = reporter(FakeClient(), spool)
+    spooled = [sender.put_now(f"{uuid.UUID(int=100 + i)}.1", encode(report())) for i in range(3)]
+    batches: list[list[str]] = []
+    remove_all = spool.remove_all
+
+    def counted(keys: list[str]) -> None:
+        batches.append(list(keys))
+        remove_all(keys)
+
+    monkeypatch.setattr(spool, "remove_all", counted)
+
+    async def deliver_later(index: int) -> object:
+        await asyncio.sleep(index * REMOVAL_WINDOW_S / 10)  # answered one after the other, not at once
+        return await sender.deliver(spooled[index])
+
+    replies = await asyncio.gather(*(deliver_later(i) for i in range(len(spooled))))
+    assert all(reply is not None for reply in replies)
+    assert spool.pending() == []
+    first, *rest = [s.key for s in spooled]
+    assert batches == [[first], rest], "the first at once, the next two (within the window) in one removal"
 
 
 async def test_a_failed_removal_is_raised_to_the_deliverer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from devsched.core.status import Outcome
 from devsched.protocol.tracing import extract, use_context
 from devsched.service.logs import JsonFormatter, bind
 from devsched.service.tracing import PropagatingTracerProvider
@@ -71,3 +74,37 @@ def test_a_line_outside_any_span_has_no_trace_fields() -> None:
     line = _logged(lambda log: log.info("idle"))
     assert "trace_id" not in line
     assert "span_id" not in line
+
+
+def test_a_line_carries_its_time_static_bound_and_extra_fields() -> None:
+    with bind(task_id="t1", attempt=1):
+        line = _logged(lambda log: log.info("ended %s", "now", extra={"attempt": 2, "outcome": Outcome.DONE}))
+    assert list(line) == ["ts", "level", "logger", "msg", "service", "task_id", "attempt", "outcome"]
+    assert (line["msg"], line["level"], line["attempt"], line["outcome"]) == ("ended now", "info", 2, "done")
+    ts = datetime.fromisoformat(line["ts"].replace("Z", "+00:00"))
+    assert abs((datetime.now(UTC) - ts).total_seconds()) < 60, line["ts"]
+    assert len(line["ts"]) == len("2026-01-02T03:04:05.123456Z")
+
+
+def test_times_in_the_same_second_and_the_next_render_apart() -> None:
+    formatter = JsonFormatter()
+    record = logging.LogRecord("x", logging.INFO, "x.py", 1, "m", None, None)
+    for created in (1_767_323_045.000001, 1_767_323_045.5, 1_767_323_046.25):
+        record.created = created
+        rendered = json.loads(formatter.format(record))["ts"]
+        expected = datetime.fromtimestamp(created, UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+        assert rendered[:20] == expected[:20]
+        assert abs(int(rendered[20:26]) - int(expected[20:26])) <= 1
+
+
+def test_an_exception_is_logged_with_its_traceback() -> None:
+    def emit(log: logging.Logger) -> None:
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed", extra={"path": Path("/tmp/x")})
+
+    line = _logged(emit)
+    assert line["level"] == "error"
+    assert line["path"] == "/tmp/x"
+    assert "ValueError: boom" in line["exc"]

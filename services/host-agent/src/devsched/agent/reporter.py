@@ -83,16 +83,24 @@ def _listing(step: StepResult, keep: int) -> StepResult:
     return step.model_copy(update={"results": step.results.model_copy(update={"failed": step.results.failed[:keep]})})
 
 
-class _Removals:
-    """Answered reports leave the spool together: those answered while one removal runs share the next.
+#: The least time between two removals of answered reports: those answered meanwhile leave the spool together.
+REMOVAL_WINDOW_S = 0.05
 
-    One thread and one sync of the spool's directory for a batch instead of one each. Removing is no
-    guarantee (a report left behind by a crash is resent and answered as a duplicate), so waiting for a
-    batch delays nothing but the deliverer's return.
+
+class _Removals:
+    """Answered reports leave the spool together: at most one removal per window, those answered meanwhile share it.
+
+    One thread hop and one sync of the spool's directory for a batch instead of one each (at a steady rate
+    of short tasks, a hop per report cost a few per cent of the agent's CPU); a report answered after a
+    quiet window leaves at once. Removing is no guarantee (a report left behind by a crash is resent and
+    answered as a duplicate), so waiting for a batch delays nothing but the deliverer's return.
     """
 
-    def __init__(self, spool: Spool) -> None:
+    def __init__(self, spool: Spool, window_s: float = REMOVAL_WINDOW_S) -> None:
         self._spool = spool
+        self._window_s = window_s
+        #: When the latest removal started (loop time).
+        self._last = -window_s
         self._queue: list[tuple[str, asyncio.Future[None]]] = []
         self._worker: asyncio.Task[None] | None = None
 
@@ -105,7 +113,17 @@ class _Removals:
         await done
 
     async def _drain(self) -> None:
+        loop = asyncio.get_running_loop()
         while self._queue:
+            wait = self._last + self._window_s - loop.time()
+            if wait > 0:
+                try:
+                    await asyncio.sleep(wait)
+                except BaseException:
+                    for _, done in self._queue:
+                        done.cancel()
+                    raise
+            self._last = loop.time()
             batch, self._queue = self._queue, []
             try:
                 await asyncio.to_thread(self._spool.remove_all, [key for key, _ in batch])

@@ -298,8 +298,11 @@ class PlanRunner:
 
     async def _step(self, step: StepSpec, index: int) -> StepResult:
         started_at = self._now()
-        log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id}
-        if logger.isEnabledFor(logging.DEBUG):  # "step ended" says it all at INFO; one line per step is enough
+        # DEBUG: an attempt logs one INFO line at its start ("attempt claimed") and one at its end ("attempt
+        # ended", with the outcome and the first failing step in its reason); each step is in the report.
+        debug = logger.isEnabledFor(logging.DEBUG)
+        log = {"step": step.name, "action": step.action, "task_id": self._identity.task_id} if debug else {}
+        if debug:
             logger.debug("step started", extra=log)
         output = self._log.step(step.name, index) if self._log is not None else None
         started = time.perf_counter()
@@ -308,7 +311,8 @@ class PlanRunner:
         finished_at = self._now()
         action = step.action if step.action in self._registry else UNKNOWN_ACTION
         STEP_SECONDS.labels(action, result.status.value).observe(time.perf_counter() - started)
-        logger.info("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
+        if debug:
+            logger.debug("step ended", extra={**log, "status": result.status.value, "exit_code": result.exit_code})
         if self._log is not None:
             self._log.step_end(step.name, index, result.status, result.exit_code)
         # Whatever the status: a failed or timed-out test run is when its results matter most.
