@@ -32,12 +32,14 @@ from devsched.store.rows import task_columns, task_record
 from devsched.store.statuses import IN_FLIGHT
 from devsched.store.views import ExpiredLease
 
+#: Any `limit` of the expired leases, not the oldest first: the expiry is not indexed (renewals are HOT
+#: updates, migration 0013), so an order would read and sort every active attempt for each batch, where
+#: this stops at the `limit`-th it finds; a pass ends every expired lease anyway, batch after batch.
 _CANDIDATES = text(
     """
     SELECT t.task_id
     FROM attempts a JOIN tasks t ON t.task_id = a.task_id AND t.attempt_count = a.attempt
     WHERE a.status = 'active' AND a.expires_at <= :now
-    ORDER BY a.expires_at
     LIMIT :limit
     FOR UPDATE OF t SKIP LOCKED
     """
@@ -124,7 +126,7 @@ async def sweep_expired(
     clock: Clock,
     quarantine_after: int = 0,
 ) -> list[ExpiredLease]:
-    """End up to `limit` expired leases (oldest expiry first) and decide each task's fate.
+    """End up to `limit` expired leases and decide each task's fate.
 
     Each expiry is an infrastructure failure of its device (`devsched.store.quarantine`).
     """
