@@ -72,7 +72,7 @@ def test_a_task_event_goes_to_its_tasks_subject_with_task_colon_seq() -> None:
         "reason": None,
         "progress": {"step": "flash", "index": 0, "of": 1},
     }
-    assert decode(WireTaskEvent, out.data) == out.model
+    assert decode(WireTaskEvent, out.data) == task_event(event)
 
 
 def test_an_assignment_goes_to_its_hosts_subject_with_task_dot_attempt() -> None:

@@ -43,20 +43,6 @@ class Outgoing:
     stream: str
     msg_id: str
     data: bytes
-    event: events.DomainEvent
-
-    @property
-    def model(self) -> TaskEvent | Assignment | DeviceEventMessage:
-        """The protocol's model of the body (built anew: the relay publishes `data` without it)."""
-        return _model(self.event)
-
-
-def _model(event: events.DomainEvent) -> TaskEvent | Assignment | DeviceEventMessage:
-    if isinstance(event, events.DeviceEvent):
-        return device_event(event)
-    if isinstance(event, events.TaskEvent):
-        return task_event(event)
-    return assignment(event)
 
 
 def task_event(event: events.TaskEvent) -> TaskEvent:
@@ -175,7 +161,6 @@ def outgoing(event: events.DomainEvent, subjects: Subjects, *, ref: int | None =
             stream=subjects.events_stream,
             msg_id=device_event_msg_id(event.device_id, ref),
             data=encode(device_event(event)),
-            event=event,
         )
     if isinstance(event, events.TaskEvent):
         return Outgoing(
@@ -183,14 +168,12 @@ def outgoing(event: events.DomainEvent, subjects: Subjects, *, ref: int | None =
             stream=subjects.events_stream,
             msg_id=event_msg_id(event.task_id, event.seq),
             data=_task_event_body(event) or encode(task_event(event)),
-            event=event,
         )
     return Outgoing(
         subject=subjects.assign(event.host_id),
         stream=subjects.assignments_stream,
         msg_id=assignment_msg_id(event.task_id, event.attempt),
         data=encode(assignment(event)),
-        event=event,
     )
 
 
