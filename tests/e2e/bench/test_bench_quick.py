@@ -25,7 +25,7 @@ FIGURES: dict[str, str | None] = {
     **{
         f"lifecycle.c{c}.{name}": "Procrastinate"
         for c in CONCURRENCY
-        for name in ("tasks_per_s", "cpu_ms_per_task", "commits_per_task")
+        for name in ("tasks_per_s", "cpu_ms_per_task", "commits_per_task", "wal_bytes_per_task")
     },
     "lifecycle.submit.per_s": "Procrastinate",
     "lifecycle.submit.scheduler_cpu_ms": None,

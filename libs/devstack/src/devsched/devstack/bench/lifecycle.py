@@ -70,6 +70,7 @@ class DevschedRun:
             "run_cpu_s": {k: round(v, 4) for k, v in self.run_cpu_s.items()},
             "cpu_ms_per_task": round(self.cpu_ms_per_task(), 4),
             "commits_per_task": round(self.run_counted.commits / n, 3),
+            "wal_bytes_per_task": round(self.run_counted.wal_bytes / n),
             "write_transactions_per_task": round(self.run_counted.write_transactions / n, 3),
             "commit_statements_per_task": round(commits_in(self.run_statements) / n, 3),
             "run_sql": statement_summary(self.run_statements, n),
@@ -186,6 +187,10 @@ def _figures_at(ctx: Context, run: DevschedRun, peer: PeerRun | None, peer_name:
         Figure(
             f"lifecycle.c{c}.commits_per_task", f"commits/task, c={c}", "commits", run.run_counted.commits / n,
             None if peer is None else peer.run_counted.commits / n, peer_name, value_at_most(4.0), note,
+        ),
+        Figure(
+            f"lifecycle.c{c}.wal_bytes_per_task", f"WAL bytes/task, c={c}", "B", run.run_counted.wal_bytes / n,
+            None if peer is None else peer.run_counted.wal_bytes / n, peer_name, note=note,
         ),
     ]  # fmt: skip
 

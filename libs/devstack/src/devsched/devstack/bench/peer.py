@@ -94,6 +94,7 @@ class PeerRun:
             "run_cpu_s": {k: round(v, 4) for k, v in self.run_cpu_s.items()},
             "cpu_ms_per_job": round(self.cpu_ms_per_job(), 4),
             "commits_per_job": round(self.run_counted.commits / self.jobs, 3),
+            "wal_bytes_per_job": round(self.run_counted.wal_bytes / self.jobs),
             "write_transactions_per_job": round(self.run_counted.write_transactions / self.jobs, 3),
         }
 
@@ -128,7 +129,9 @@ class Peer:
             defer_cpu = {**meter.stop(), "client (bench process)": time.process_time() - cpu0}
         # the pool is closed: its backends reported their counts as they exited
         mid = await self._counters_after_exit()
-        defer_counted = Counted(mid.commits - before.commits, mid.next_xid - before.next_xid)
+        defer_counted = Counted(
+            mid.commits - before.commits, mid.next_xid - before.next_xid, mid.wal_bytes - before.wal_bytes
+        )
 
         worker = WorkerProcess(self.dsn, concurrency)
         await worker.start()
@@ -142,7 +145,9 @@ class Peer:
         finally:
             await worker.stop()
         after = await self._counters_after_exit()
-        run_counted = Counted(after.commits - mid.commits, after.next_xid - mid.next_xid)
+        run_counted = Counted(
+            after.commits - mid.commits, after.next_xid - mid.next_xid, after.wal_bytes - mid.wal_bytes
+        )
         return PeerRun(concurrency, jobs, defer_s, defer_cpu, defer_counted, run_s, run_cpu, run_counted)
 
     async def _counters_after_exit(self) -> Any:

@@ -4,7 +4,8 @@
 at most once a second while busy and within 10 s once idle: a phase's count is read after a settle, and
 the idle system's commits over that settle (the services' periodic passes, heartbeats) are taken out.
 The transaction-id counter (`pg_current_snapshot()`'s xmax) moves at once, by one per transaction that
-wrote something: the commits that cost an fsync.
+wrote something: the commits that cost an fsync. `pg_stat_wal.wal_bytes` (the whole cluster, reported like
+the commits) is the volume every write cost, a figure that CPU noise on a shared machine does not move.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class Counters:
     commits: int
     rollbacks: int
     next_xid: int
+    wal_bytes: int
+    """WAL written by the whole cluster so far."""
     at: float
     """`time.monotonic()` of the reading."""
 
@@ -34,6 +37,8 @@ class Counted:
     """Commits (xact_commit), idle commits over the settle taken out."""
     write_transactions: int
     """Transaction ids assigned (cluster-wide): transactions that wrote."""
+    wal_bytes: int
+    """WAL written (cluster-wide), the idle system's over the settle taken out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,8 @@ class PgStats:
         self._conn: Any = None
         #: Commits per second of the idle system (set by `measure_idle`), per database.
         self.idle_commit_rate: dict[str, float] = {}
+        #: WAL bytes per second of the idle system (set by `measure_idle`), per database measured.
+        self.idle_wal_rate: dict[str, float] = {}
 
     async def open(self) -> None:
         """Connect."""
@@ -74,11 +81,13 @@ class PgStats:
     async def counters(self, database: str) -> Counters:
         """The counters of `database` now (as last reported by its backends)."""
         row = await self._conn.fetchrow(
-            "SELECT xact_commit, xact_rollback, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid"
-            " FROM pg_stat_database WHERE datname = $1",
+            "SELECT xact_commit, xact_rollback, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid,"
+            " (SELECT wal_bytes FROM pg_stat_wal)::bigint AS wal FROM pg_stat_database WHERE datname = $1",
             database,
         )
-        return Counters(int(row["xact_commit"]), int(row["xact_rollback"]), int(row["xid"]), time.monotonic())
+        return Counters(
+            int(row["xact_commit"]), int(row["xact_rollback"]), int(row["xid"]), int(row["wal"]), time.monotonic()
+        )
 
     async def measure_idle(self, database: str, settle_s: float) -> float:
         """Commits per second of `database` while nothing but the services' own loops runs."""
@@ -88,6 +97,7 @@ class PgStats:
         second = await self.counters(database)
         rate = max(0.0, (second.commits - first.commits) / (second.at - first.at))
         self.idle_commit_rate[database] = rate
+        self.idle_wal_rate[database] = max(0.0, (second.wal_bytes - first.wal_bytes) / (second.at - first.at))
         return rate
 
     async def settled(self, database: str, before: Counters, settle_s: float) -> tuple[Counted, Counters]:
@@ -96,7 +106,12 @@ class PgStats:
         await asyncio.sleep(settle_s)
         after = await self.counters(database)
         idle = self.idle_commit_rate.get(database, 0.0) * settle_s
-        counted = Counted(max(0.0, after.commits - before.commits - idle), xid_now - before.next_xid)
+        idle_wal = self.idle_wal_rate.get(database, 0.0) * settle_s
+        counted = Counted(
+            max(0.0, after.commits - before.commits - idle),
+            xid_now - before.next_xid,
+            max(0, round(after.wal_bytes - before.wal_bytes - idle_wal)),
+        )
         return counted, after
 
     async def reset_statements(self) -> None:
