@@ -85,7 +85,7 @@ async def _heartbeats(store: Store, hosts: int) -> None:
 async def _truncate(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("TRUNCATE outbox, cancel_requests, reservations, attempts, tasks, devices, hosts CASCADE")
+        await conn.execute("TRUNCATE outbox, cancel_requests, attempts, tasks, devices, hosts CASCADE")
     finally:
         await conn.close()
 

@@ -112,7 +112,6 @@ async def test_the_checker_passes_a_real_history_and_catches_each_kind_of_damage
         # no scheduler now: nothing relays, nothing repairs
         with pytest.raises(AssertionError, match="assigned at"):
             await inv.check()
-        await _sql(database_url, "DELETE FROM reservations WHERE task_id = $1", uuid.UUID(expired))
         await _sql(database_url, "DELETE FROM attempts WHERE task_id = $1", uuid.UUID(expired))
         inv.acknowledged.discard(expired)
         await _sql(

@@ -203,7 +203,7 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
             "ALTER TABLE tasks ADD COLUMN evil text",
             "ALTER TABLE attempts DROP CONSTRAINT ck_attempts_ended",
             "DROP TABLE outbox",
-            "DROP INDEX uq_reservations_one_active_per_device",
+            "DROP INDEX uq_attempts_one_active_per_device",
             "CREATE INDEX evil ON tasks (name)",
             "TRUNCATE outbox",
             "UPDATE outbox SET data = '{}'",  # a recorded event is only ever marked sent, never rewritten
@@ -232,6 +232,38 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
         ROLES.sweeper,
     )
     assert await admin.fetchval("SELECT version_num FROM alembic_version") == expected_revision()
+
+
+async def test_as_the_schedulers_role_an_older_releases_reservation_is_taken_and_the_view_is_read_only(
+    database_url: str, admin: asyncpg.Connection
+) -> None:
+    """Migration 0015: during a rolling update an older scheduler still writes a reservation with each attempt."""
+    migrate_as_owner(database_url)
+    await admin.execute(
+        "INSERT INTO hosts (host_id, heartbeat_interval_s, registered_at, last_seen_at) VALUES ('h1', 5, now(), now());"
+        " INSERT INTO devices (device_id, host_id, updated_at) VALUES ('d1', 'h1', now())"
+    )
+    task = await admin.fetchval(TASK_INSERT + " RETURNING task_id")
+    older = (
+        "WITH a AS (INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at,"
+        " expires_at) VALUES ($1, 1, gen_random_uuid(), 'h1', 'd1', 'active', now(), now()) RETURNING 1)"
+        " INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)"
+        " VALUES ($1, 1, 'd1', 'active', now())"
+    )
+    scheduler = await connect_as(database_url, "scheduler")
+    try:
+        await scheduler.execute(older, task)
+        for statement in ("UPDATE reservations SET attempt_status = 'done'", "DELETE FROM reservations"):
+            with pytest.raises(asyncpg.InsufficientPrivilegeError, match="permission denied for view reservations"):
+                await scheduler.execute(statement)
+    finally:
+        await scheduler.close()
+    for statement in ("UPDATE reservations SET attempt_status = 'done'", "DELETE FROM reservations"):
+        with pytest.raises(asyncpg.FeatureNotSupportedError, match="a reservation is its attempt"):
+            await admin.execute(statement)  # not even the owner writes through the view
+    rows = await admin.fetch("SELECT task_id, device_id, attempt_status FROM reservations")
+    assert [tuple(r) for r in rows] == [(task, "d1", "active")]
+    assert await admin.fetchval("SELECT count(*) FROM attempts") == 1
 
 
 async def test_the_owner_owns_every_object_and_the_services_own_none(admin: asyncpg.Connection) -> None:
@@ -379,8 +411,14 @@ async def test_the_service_roles_read_the_schema_version_and_cannot_change_it(
 
 
 async def test_every_table_has_its_grants(admin: asyncpg.Connection) -> None:
-    """A table added by a later migration must be listed in GRANTS, or no service could use it."""
-    tables = {r[0] for r in await admin.fetch("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")}
+    """A table (or view: `reservations`, migration 0015) a migration adds must be listed in GRANTS."""
+    tables = {
+        r[0]
+        for r in await admin.fetch(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            " UNION SELECT viewname FROM pg_views WHERE schemaname = 'public' AND viewname NOT LIKE 'pg\\_%'"
+        )
+    }
     listed = {t for grants in GRANTS.values() for t in grants}
     assert tables - UNGRANTED_TABLES == listed
 

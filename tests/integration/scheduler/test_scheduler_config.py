@@ -107,4 +107,4 @@ def test_migrate_entry_point_applies_the_schema_idempotently(
         finally:
             await engine.dispose()
 
-    assert {"tasks", "attempts", "reservations", "outbox"} <= asyncio.run(tables())
+    assert {"tasks", "attempts", "cancel_requests", "outbox"} <= asyncio.run(tables())

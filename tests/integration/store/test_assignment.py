@@ -49,7 +49,7 @@ async def test_the_submit_and_its_assignment_are_one_transaction(inline: tuple[L
     begin, submit, place, commit = sent
     assert (begin.upper().startswith("BEGIN"), commit.upper().startswith("COMMIT")) == (True, True), sent
     assert "INSERT INTO tasks" in submit
-    assert "INSERT INTO reservations" in place
+    assert "INSERT INTO attempts" in place
     assert kinds(heard[-1]) == ["submitted", "assigned", "assignment"]
 
 

@@ -61,7 +61,7 @@ async def test_a_report_and_its_hand_over_are_four_statements(inline: tuple[Lab,
     assert begin.upper().startswith("BEGIN"), sent
     assert commit.upper().startswith("COMMIT"), sent
     assert "UPDATE attempts" in report
-    assert "INSERT INTO reservations" in hand_over
+    assert "INSERT INTO attempts" in hand_over
     (c,) = heard
     assert (c.operation, kinds(c), c.assignable) == ("report", ["done", "assigned", "assignment"], False)
     assert [m.id for m in c.messages] == sorted(m.id for m in c.messages)
@@ -295,11 +295,6 @@ async def _seed(conn: AsyncConnection, case: Case, ended: uuid.UUID, queued: lis
         ),
         {"id": ended, "lease": uuid.uuid4(), "t": NOW - timedelta(seconds=1)},
     )
-    await conn.execute(
-        text("INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)"
-             " VALUES (:id, 1, 'd1', 'done', :t)"),
-        {"id": ended, "t": NOW - timedelta(minutes=1)},
-    )  # fmt: skip
     for task_id, q in queued:
         await conn.execute(
             text(

@@ -206,11 +206,6 @@ async def _seed(conn: AsyncConnection, case: Case, queue: list[tuple[uuid.UUID, 
                 {"id": busy, "lease": uuid.uuid4(), "h": f"h{n + 1}", "d": device_id,
                  "t": NOW - timedelta(seconds=5), "e": NOW + timedelta(seconds=30)},
             )  # fmt: skip
-            await conn.execute(
-                text("INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)"
-                     " VALUES (:id, 1, :d, 'active', :t)"),
-                {"id": busy, "d": device_id, "t": NOW - timedelta(seconds=5)},
-            )  # fmt: skip
     for task_id, q in queue:
         await conn.execute(
             text(

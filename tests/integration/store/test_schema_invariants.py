@@ -28,13 +28,10 @@ async def test_a_device_has_at_most_one_active_reservation(lab: Lab) -> None:
     await _violates(
         lab.store,
         """
-        WITH a AS (INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at,
-                                         expires_at)
-                   VALUES (:t, 1, gen_random_uuid(), 'h1', 'd1', 'active', now(), now()) RETURNING 1)
-        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
-        VALUES (:t, 1, 'd1', 'active', now())
+        INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
+        VALUES (:t, 1, gen_random_uuid(), 'h1', 'd1', 'active', now(), now())
         """,
-        "uq_reservations_one_active_per_device",
+        "uq_attempts_one_active_per_device",
         t=other,
     )
     assert lease.attempt == 1
@@ -69,11 +66,40 @@ async def test_reservation_follows_its_attempt(lab: Lab) -> None:
         ).scalar_one()
         await conn.rollback()
     assert status == "failed", "ending the attempt released the reservation in the same statement"
-    await _violates(
-        lab.store,
-        "UPDATE reservations SET attempt_status = 'done' WHERE task_id = :t",
-        "fk_reservations_attempt",
-        t=lease.task_id,
+    for sql in ("UPDATE reservations SET attempt_status = 'done' WHERE task_id = :t",
+                "DELETE FROM reservations WHERE task_id = :t"):  # fmt: skip
+        async with lab.store.engine.connect() as conn:
+            with pytest.raises(sqlalchemy.exc.DBAPIError, match="a reservation is its attempt"):
+                await conn.execute(text(sql), {"t": lease.task_id})
+            await conn.rollback()
+    async with lab.store.engine.connect() as conn:
+        active = await conn.execute(
+            text("SELECT attempt_status FROM reservations WHERE task_id = :t"), {"t": lease.task_id}
+        )
+        assert active.scalar_one() == "active", "a refused write changed nothing"
+
+
+async def test_an_older_release_writing_a_reservation_beside_its_attempt_still_assigns(lab: Lab) -> None:
+    """During a rolling update an older scheduler inserts a reservation with each attempt: taken, and dropped."""
+    await lab.host("h1", "d1", "d2")
+    busy = await lab.running(device_id="d1")
+    task = await lab.submit()
+    older = """
+        WITH a AS (INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at,
+                                         expires_at)
+                   VALUES (:t, 1, gen_random_uuid(), 'h1', :d, 'active', now(), now()) RETURNING 1)
+        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
+        VALUES (:t, 1, :d, 'active', now())
+    """
+    async with lab.store.engine.connect() as conn:
+        with pytest.raises(sqlalchemy.exc.IntegrityError, match="uq_attempts_one_active_per_device"):
+            await conn.execute(text(older), {"t": task, "d": "d1"})
+        await conn.rollback()
+    async with lab.store.engine.begin() as conn:
+        await conn.execute(text(older), {"t": task, "d": "d2"})
+        rows = (await conn.execute(text("SELECT task_id, device_id, attempt_status FROM reservations"))).all()
+    assert sorted((str(r.task_id), r.device_id, r.attempt_status) for r in rows) == sorted(
+        [(str(busy.task_id), "d1", "active"), (str(task), "d2", "active")]
     )
 
 

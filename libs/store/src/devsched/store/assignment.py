@@ -8,8 +8,8 @@ conclusive, and when it was not the caller leaves the rest to the loop's pass (`
 Safe with any number of concurrent assigners: free devices and queued tasks are read without locks,
 matched, and only the chosen ones locked with SKIP LOCKED (a pair another assigner took meanwhile is
 dropped and the rest matched again), so assigners never wait on each other and one that finds nothing
-holds nothing; the partial unique index on active reservations is the last word if two ever pick one
-device (the loser's transaction runs again).
+holds nothing; the partial unique index on the active attempts' devices (an active attempt is its device's
+reservation) is the last word if two ever pick one device (the loser's transaction runs again).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _QUEUED = candidates.QUEUED
 
 #: The chosen devices and tasks, locked; those another transaction holds (or took meanwhile) are left out.
 #: Busy is checked again, as of this statement: a device another assigner took since it was read is skipped
-#: here rather than failing the insert of its reservation (and the whole transaction) later.
+#: here rather than failing the insert of its attempt (and the whole transaction) later.
 _LOCK = text(
     f"""
     WITH d AS (
@@ -66,7 +66,7 @@ _LOCK = text(
     """
 )
 
-#: The new attempts, their reservations and the tasks' move to `assigned`, in one statement (the foreign
+#: The new attempts (each its device's reservation) and the tasks' move to `assigned`, in one statement (the foreign
 #: keys are checked at its end, when the attempts exist). Here and in `_LOCK` the tasks are found by id:
 #: `IS TRUE` keeps the status a filter, never a scan of the status index, which a planner whose statistics
 #: lag behind the queue would otherwise choose (and read every queued task's entry).
@@ -80,10 +80,6 @@ _APPLY = text(
     new_attempts AS (
         INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
         SELECT t, a, l, h, d, 'active', :now, e FROM u
-    ),
-    new_reservations AS (
-        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
-        SELECT t, a, d, 'active', :now FROM u
     )
     UPDATE tasks t
     SET status = {entering(Trigger.ASSIGN)}, attempt_count = u.a, updated_at = :now, event_seq = t.event_seq + 1

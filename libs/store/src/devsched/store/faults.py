@@ -17,7 +17,7 @@ FAULT_POINT_ENV = "DEVSCHED_FAULT_POINT"
 
 #: Every point, by name: where it is and what a death there leaves behind.
 POINTS = {
-    "assign.after_reserve": "assignment: attempts and reservations inserted, the transaction not committed",
+    "assign.after_reserve": "assignment: attempts (the reservations) inserted, the transaction not committed",
     "handover.after_reserve": "a report's hand-over: the report and the freed device's next attempt written, "
     "the transaction not committed",
     "placement.after_reserve": "a submit's placement: the task and its attempt and reservation written, the "

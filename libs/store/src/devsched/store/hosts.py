@@ -23,12 +23,12 @@ from devsched.store.views import ActionSpec, DeviceSpec
 def device_busy(devices: str = "d") -> str:
     """The one SQL condition "the device runs an attempt", for the `devices` row aliased `devices`.
 
-    An active reservation is what makes a device busy; assignment, the device views and the pending
-    reasons all take the condition from here.
+    An active attempt (the device's reservation, one at most: `uq_attempts_one_active_per_device`) is what
+    makes a device busy; assignment, the device views and the pending reasons all take the condition from here.
     """
     return (
-        f"EXISTS (SELECT 1 FROM reservations r WHERE r.device_id = {devices}.device_id"
-        f" AND r.attempt_status = '{AttemptStatus.ACTIVE.value}')"
+        f"EXISTS (SELECT 1 FROM attempts r WHERE r.device_id = {devices}.device_id"
+        f" AND r.status = '{AttemptStatus.ACTIVE.value}')"
     )
 
 

@@ -39,12 +39,12 @@ _ATTEMPT_ROW = event_row(
 
 
 def apply(source: str, device: str) -> str:
-    """SQL: the CTEs `moved`, `new_attempt`, `new_reservation` and `event` that apply the chosen pair.
+    """SQL: the CTEs `moved`, `new_attempt` and `event` that apply the chosen pair.
 
     `source` is the FROM list holding the CTE `chosen` (`task_id`, `attempt`, `lease_ttl_s`, `plan`,
     `trace_headers` of the locked task) and `device`, the relation with the locked device's `device_id`
-    and `host_id`; the CTE `c` holds `now`. The attempt and its reservation are inserted only for the task
-    moved (the foreign keys are checked at the statement's end); `event` is what `INSERTED` reads.
+    and `host_id`; the CTE `c` holds `now`. The attempt (the device's reservation) is inserted only for the
+    task moved (the foreign keys are checked at the statement's end); `event` is what `INSERTED` reads.
     """
     return f"""
     moved AS (
@@ -60,10 +60,6 @@ def apply(source: str, device: str) -> str:
     new_attempt AS (
         INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
         SELECT task_id, attempt, :lease_id, host_id, device_id, '{_ACTIVE}', now, expires_at FROM moved
-    ),
-    new_reservation AS (
-        INSERT INTO reservations (task_id, attempt, device_id, attempt_status, created_at)
-        SELECT task_id, attempt, device_id, '{_ACTIVE}', now FROM moved
     ),
     event AS (
         INSERT INTO outbox (kind, data, headers, created_at)

@@ -43,6 +43,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "devices": "SELECT, INSERT, UPDATE",
         "tasks": "SELECT, INSERT, UPDATE",
         "attempts": "SELECT, INSERT, UPDATE",
+        # a view of the attempts since 0015; INSERT for an older release's writes, which its trigger drops
         "reservations": "SELECT, INSERT",
         "cancel_requests": "SELECT, INSERT",
         "outbox": "SELECT, INSERT, UPDATE (sent_at)",
@@ -155,7 +156,13 @@ def _existing_roles(conn: Connection, names: list[str]) -> set[str]:
 
 
 def _tables(conn: Connection) -> set[str]:
-    rows = conn.execute(text("SELECT tablename FROM pg_tables WHERE schemaname = 'public'"))
+    """The tables and views of schema `public` (`reservations` is a view since migration 0015)."""
+    rows = conn.execute(
+        text(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            " UNION SELECT viewname FROM pg_views WHERE schemaname = 'public'"
+        )
+    )
     return {str(r[0]) for r in rows}
 
 

@@ -42,7 +42,7 @@ _RETRY_STATES = frozenset({"40001", "40P01"})
 _RETRY_CONSTRAINTS = frozenset(
     {
         "uq_tasks_idempotency_key",
-        "uq_reservations_one_active_per_device",
+        "uq_attempts_one_active_per_device",
         "uq_attempts_one_active_per_task",
         "pk_attempts",
         "pk_cancel_requests",
