@@ -70,9 +70,7 @@ class StoreMachine(RuleBasedStateMachine):
 
     async def _reset(self) -> None:
         async with self.store.engine.begin() as conn:
-            await conn.execute(
-                text("TRUNCATE outbox, cancel_requests, attempts, tasks, devices, hosts CASCADE")
-            )
+            await conn.execute(text("TRUNCATE outbox, cancel_requests, attempts, tasks, devices, hosts CASCADE"))
         await self.store.register_host("h1", [DeviceSpec(d) for d in DEVICES])
         await self.store.register_host("h2", [])
 
