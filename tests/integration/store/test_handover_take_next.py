@@ -248,3 +248,18 @@ async def test_concurrent_reports_taking_next_sweeps_and_passes_run_each_attempt
 async def _rows(store: Store, query: str) -> list:  # type: ignore[type-arg]
     async with store.engine.connect() as conn:
         return list((await conn.execute(text(query))).all())
+
+
+async def test_the_resync_never_publishes_an_attempt_handed_over_again(inline: tuple[Lab, list[Committed]]) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1", "d2")
+    await lab.submit()
+    await lab.submit()
+    first, other = [lease for c in heard for lease in leases(c)]
+    await lab.store.claim(first)  # `other` stays assigned, unclaimed: the resync's
+    waiting = await lab.submit()
+    receipt = await lab.store.report(first, Outcome.DONE, take_next=True)
+    assert receipt.next is not None
+    assert receipt.next.task_id == waiting
+    again = await lab.store.unclaimed_assignments()
+    assert [(u.assignment.task_id, u.assignment.attempt) for u in again] == [(other.task_id, other.attempt)]
