@@ -5,15 +5,17 @@ refuses the field after all) it reports as before."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from devsched.agent.config import AgentConfig
 from devsched.core.status import Outcome
 from devsched.protocol import messages as m
-from support.agent_harness import HOST, Running, step
+from support.agent_harness import HOST, Running, shell, step
 from support.fake_scheduler import FakeScheduler, Row
 from support.polling import eventually
 
@@ -109,3 +111,27 @@ async def test_a_report_refused_for_take_next_is_sent_again_without(
     await reported(two)
     assert asked(scheduler)[-1] is False, "not asked again until a register or heartbeat reply says so"
     assert await agent.shut_down() == 0
+
+
+async def test_a_draining_agent_takes_nothing_next(
+    scheduler: FakeScheduler, make_config: MakeConfig, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    scheduler.take_next = True
+    config = make_config()
+    agent = start_agent(config)
+    await agent.ready()
+    device = config.devices[0].device_id
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    waiting = scheduler.hand_next(HOST, device, [step("only", "noop")])
+    one = await scheduler.assign(
+        HOST, device, [shell("wait", f"touch {started}; while [ ! -e {gate} ]; do sleep 0.05; done")]
+    )
+    await eventually(started.exists, timeout=30, message="the step started")
+    agent.agent.request_drain("signal", "test")
+    await eventually(lambda: agent.agent.draining.is_set(), message="draining")
+    gate.touch()
+    (report,) = await reported(one)
+    assert report.outcome is Outcome.DONE
+    assert asked(scheduler) == [False], "draining: the device takes no more work"
+    assert scheduler.to_hand == [waiting]
+    assert await asyncio.wait_for(agent.task, 30) == 0, "drained and idle: the agent exits"

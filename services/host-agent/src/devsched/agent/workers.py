@@ -171,10 +171,10 @@ class DeviceWorkers:
             return
         grant = Extension(handed.expires_at, handed.ttl_s, handed.cancel_requested, stop=handed.stop)
         received = Received(None, a, None, sent_at, handed=grant)
+        await self._held.hold(HeldAttempt.of(a))
         if self._refusing.is_set():  # asked for while the agent took work; it takes none any more
             await self._give_back(received)
             return
-        await self._held.hold(HeldAttempt.of(a))
         self.offer(received)
 
     def _begin(self, held: HeldAttempt, attempt: Attempt, hold: bool) -> None:
@@ -206,6 +206,8 @@ class DeviceWorkers:
         reason = f"{self._refusing_why} before the attempt started"
         spooled = await self._reports.store_release(release_of(a, reason))
         self._reports.send(spooled, fields)
+        if received.handed is not None:  # recorded as held when handed over: its release speaks for it now
+            await self._held.forget(HeldAttempt.of(a))
         received.stop_keepalive()
         await received.ack()
         logger.info("attempt given back before it started", extra={**fields, "reason": reason})
