@@ -263,3 +263,19 @@ async def test_the_resync_never_publishes_an_attempt_handed_over_again(inline: t
     assert receipt.next.task_id == waiting
     again = await lab.store.unclaimed_assignments()
     assert [(u.assignment.task_id, u.assignment.attempt) for u in again] == [(other.task_id, other.attempt)]
+
+
+async def test_a_device_now_another_host_s_is_not_handed_to_the_reporting_host(
+    inline: tuple[Lab, list[Committed]],
+) -> None:
+    lab, heard = inline
+    lease, waiting = await _first(lab, heard)
+    await lab.host("h2", "e1")
+    async with lab.store.engine.begin() as conn:
+        await conn.execute(text("UPDATE devices SET host_id = 'h2' WHERE device_id = 'd1'"))
+    heard.clear()
+    receipt = await lab.store.report(lease, Outcome.DONE, take_next=True)
+    assert receipt.next is None
+    (c,) = heard
+    assert (kinds(c), c.assignable) == (["done"], True), "left to the loop"
+    assert [m.host_id for m in await lab.store.assign() if m.task_id == waiting] == ["h2"]

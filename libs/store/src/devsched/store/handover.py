@@ -47,6 +47,14 @@ def _hand_over_sql(*, dispatch: bool) -> str:
         if dispatch
         else "NULL"
     )
+    # handed to the reporting host only while the device is still that host's (a device registered by
+    # another host meanwhile is left to the loop)
+    own = (
+        "\n          AND d.host_id = (SELECT a.host_id FROM attempts a WHERE a.task_id = :task_id"
+        " AND a.attempt = :attempt)"
+        if dispatch
+        else ""
+    )
     return f"""
     WITH c AS MATERIALIZED (SELECT {NOW} AS now),
     -- the device the attempt held, if it may take work (read as the statement began)
@@ -61,7 +69,7 @@ def _hand_over_sql(*, dispatch: bool) -> str:
         SELECT d.device_id, d.host_id, d.labels FROM devices d
         WHERE d.device_id = (SELECT device_id FROM free) AND d.registered AND NOT d.drained
           AND d.quarantined_at IS NULL
-          AND NOT {device_busy("d")}
+          AND NOT {device_busy("d")}{own}
         FOR UPDATE OF d SKIP LOCKED
     ),
     {candidates.QUEUE_HEAD},
