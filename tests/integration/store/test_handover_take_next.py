@@ -131,12 +131,20 @@ async def test_a_duplicate_report_hands_the_same_attempt_again_while_it_is_to_ru
     assert late.next is None
 
 
-async def test_a_duplicate_hands_nothing_once_the_attempt_s_lease_ran_out(inline: tuple[Lab, list[Committed]]) -> None:
+async def test_a_duplicate_hands_what_is_left_of_the_lease_and_nothing_once_it_ran_out(
+    inline: tuple[Lab, list[Committed]],
+) -> None:
     lab, heard = inline
     lease, _ = await _first(lab, heard)
     first = await lab.store.report(lease, Outcome.DONE, take_next=True)
     assert first.next is not None
-    lab.clock.advance(31)
+    lab.clock.advance(10)
+    await lab.alive()
+    later = await lab.store.report(lease, Outcome.DONE, take_next=True)
+    assert later.next is not None
+    assert (later.next.lease_id, later.next.expires_at) == (first.next.lease_id, first.next.expires_at)
+    assert later.next.ttl_s == 20, "what is left of the lease: the host's clock counts from this answer"
+    lab.clock.advance(21)
     await lab.alive()
     assert (await lab.store.report(lease, Outcome.DONE, take_next=True)).next is None
 

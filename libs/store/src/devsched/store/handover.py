@@ -101,7 +101,9 @@ _HAND_OVER_DISPATCHED = Sql(_hand_over_sql(dispatch=True))
 #: A duplicate report's hand-over: the attempt its first answer handed to the host, while it is live. The
 #: attempt handed over is the first on the device assigned once the report's attempt ended (by the
 #: statement after the report's, in its transaction), dispatched as it was assigned (a claim dispatches
-#: later, in a statement of its own) and the reporting host's.
+#: later, in a statement of its own) and the reporting host's. Its `ttl_s` is what is left of the lease
+#: (whole seconds, at least one): the host's lease clock counts from this answer's request, so it must
+#: not count a whole ttl from there.
 _HANDED_AGAIN = Sql(
     f"""
     WITH e AS (
@@ -118,7 +120,8 @@ _HANDED_AGAIN = Sql(
               WHERE b.device_id = e.device_id AND b.ended_at >= e.ended_at AND b.assigned_at >= e.ended_at
                 AND b.assigned_at <= a.assigned_at AND NOT (b.task_id = :task_id AND b.attempt = :attempt))
     )
-    SELECT a.task_id, a.attempt, a.lease_id, a.device_id, t.plan, t.lease_ttl_s AS ttl_s, a.expires_at,
+    SELECT a.task_id, a.attempt, a.lease_id, a.device_id, t.plan, a.expires_at,
+           CAST(floor(extract(epoch FROM a.expires_at - {NOW})) AS int) AS ttl_s,
            EXISTS (SELECT 1 FROM cancel_requests r WHERE r.task_id = a.task_id AND r.attempt = a.attempt)
                AS cancel_requested,
            CASE WHEN t.deadline <= {NOW} THEN '{DEADLINE_EXCEEDED}'
@@ -127,7 +130,7 @@ _HANDED_AGAIN = Sql(
     FROM following a
     JOIN e ON a.host_id = e.host_id
     JOIN tasks t ON t.task_id = a.task_id AND t.attempt_count = a.attempt
-    WHERE a.status = '{_ACTIVE}' AND a.dispatched_at = a.assigned_at AND a.expires_at > {NOW}
+    WHERE a.status = '{_ACTIVE}' AND a.dispatched_at = a.assigned_at AND a.expires_at >= {NOW} + interval '1 second'
     """
 )
 
