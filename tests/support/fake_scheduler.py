@@ -48,6 +48,8 @@ class Row:
     reports: list[m.ReportRequest] = field(default_factory=list)
     releases: list[m.ReleaseRequest] = field(default_factory=list)
     recorded_at: datetime | None = None
+    #: The attempt this attempt's report handed over (`take_next`), to hand again to a repeat.
+    handed: m.HandedAttempt | None = None
 
 
 class FakeScheduler:
@@ -71,6 +73,14 @@ class FakeScheduler:
         self.claim_progress = False
         #: Answer a claim with progress 400, as a scheduler that does not know the field does.
         self.refuse_claim_progress = False
+        #: Say in register and heartbeat replies that a report may take the next attempt.
+        self.take_next = False
+        #: Answer a report with `take_next` 400, as a scheduler that does not know the field does.
+        self.refuse_take_next = False
+        #: Attempts a report taking the next attempt hands over, first first (`hand_next`).
+        self.to_hand: list[Row] = []
+        #: Record this many reports, then answer them 503 as if their replies were lost.
+        self.lose_report_replies = 0
         self._service: Service | None = None
 
     async def start(self) -> None:
@@ -125,11 +135,20 @@ class FakeScheduler:
                 ack_wait=2.0,
             ),
         )
-        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress)
+        return m.RegisterReply(
+            heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress, take_next=self.take_next
+        )
 
     async def heartbeat(self, req: m.HeartbeatRequest, subject: str) -> m.RegisterReply:
         self.heartbeats += 1
-        return m.RegisterReply(heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress)
+        return m.RegisterReply(
+            heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress, take_next=self.take_next
+        )
+
+    def _host_reply(self) -> m.RegisterReply:
+        return m.RegisterReply(
+            heartbeat_interval_s=self.heartbeat_interval_s, claim_progress=self.claim_progress, take_next=self.take_next
+        )
 
     def _row(self, req: m.LeaseRequest, subject: str) -> Row:
         row = self.rows.get((req.task_id, req.attempt))
@@ -174,6 +193,8 @@ class FakeScheduler:
         if self.fail_reports > 0:
             self.fail_reports -= 1
             raise Unavailable()
+        if req.take_next and self.refuse_take_next:
+            raise InvalidRequest("invalid request", errors=[{"path": "take_next", "message": "Extra inputs"}])
         row = self._row(req, subject)
         row.reports.append(req)
         if row.status in ("done", "failed", "cancelled"):
@@ -182,13 +203,26 @@ class FakeScheduler:
             duplicate = True
         else:
             row.status, row.recorded_at, duplicate = req.outcome.value, datetime.now(UTC), False
+            if req.take_next and self.to_hand:
+                handed = self.to_hand.pop(0)
+                handed.status, handed.claimed_at = "dispatched", datetime.now(UTC)
+                a = handed.assignment
+                row.handed = m.HandedAttempt(
+                    task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, device_id=a.device_id, plan=a.plan,
+                    ttl_s=self.ttl_s, expires_at=datetime.now(UTC) + timedelta(seconds=self.ttl_s),
+                    cancel_requested=handed.cancel_requested,
+                )  # fmt: skip
         assert row.recorded_at is not None
+        if self.lose_report_replies > 0:
+            self.lose_report_replies -= 1
+            raise Unavailable()
         return m.ReportReply(
             task_id=req.task_id,
             attempt=req.attempt,
             status=TaskStatus(row.status),
             recorded_at=row.recorded_at,
             duplicate=duplicate,
+            next=row.handed if req.take_next else None,
         )
 
     async def release(self, req: m.ReleaseRequest, subject: str) -> m.ReleaseReply:
@@ -235,6 +269,22 @@ class FakeScheduler:
         row = Row(host_id, assignment, status=status, cancel_requested=cancel_requested)
         self.rows[(assignment.task_id, assignment.attempt)] = row
         await self.publish(row, msg_id=msg_id)
+        return row
+
+    def hand_next(self, host_id: str, device_id: str, steps: list[m.Step], *, cancel_requested: bool = False) -> Row:
+        """Create an attempt that the next report taking it (`take_next`) hands over; nothing is published."""
+        assignment = m.Assignment(
+            task_id=uuid.uuid4(),
+            attempt=1,
+            lease_id=uuid.uuid4(),
+            device_id=device_id,
+            plan=m.Plan(steps=steps),
+            ttl_s=self.ttl_s,
+            expires_at=datetime.now(UTC) + timedelta(seconds=self.ttl_s),
+        )
+        row = Row(host_id, assignment, cancel_requested=cancel_requested)
+        self.rows[(assignment.task_id, assignment.attempt)] = row
+        self.to_hand.append(row)
         return row
 
     async def publish(self, row: Row, *, msg_id: bool = True) -> None:

@@ -167,7 +167,9 @@ async def test_every_named_metric_is_scraped_with_the_workloads_values(
     assert sched.value("devsched_submit_to_assigned_seconds_count") == DONE + 1
     assert sched.value("devsched_assigned_to_claimed_seconds_count") == DONE + 1
     assert sched.value("devsched_request_duration_seconds_count", endpoint="tasks-submit") == tasks
-    assert sched.value("devsched_request_duration_seconds_count", endpoint="host-claim") == DONE + 1
+    # an attempt a report's reply handed over (`take_next`: queued behind a busy device) is never claimed
+    handed = len(agent.lines("attempt taken from a report's reply"))
+    assert sched.value("devsched_request_duration_seconds_count", endpoint="host-claim") == DONE + 1 - handed
     assert sched.value("devsched_request_duration_seconds_count", endpoint="tasks-cancel") == 1
     assert sched.total("devsched_database_operation_seconds_count", operation="submit") == tasks
     assert sched.total("devsched_database_operation_seconds_count", operation="gauges") >= 2

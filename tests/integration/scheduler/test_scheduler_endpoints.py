@@ -208,7 +208,11 @@ async def test_heartbeat_and_reregistration(
 ) -> None:
     host = make_host()
     await host.register("d1")
-    assert await host.request("heartbeat", {}) == {"heartbeat_interval_s": 5.0, "claim_progress": True}
+    assert await host.request("heartbeat", {}) == {
+        "heartbeat_interval_s": 5.0,
+        "claim_progress": True,
+        "take_next": True,
+    }
     await host.register("d2")  # replaces the list
     listed = await call(nc, api(subject_prefix, "hosts.list"), {})
     assert [d["device_id"] for d in listed["hosts"][0]["devices"]] == ["d2"]

@@ -38,7 +38,11 @@ async def test_full_lifecycle_over_nats(
     scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
 ) -> None:
     host = make_host()
-    assert await host.register(("d1", {"platform": "android"})) == {"heartbeat_interval_s": 5.0, "claim_progress": True}
+    assert await host.register(("d1", {"platform": "android"})) == {
+        "heartbeat_interval_s": 5.0,
+        "claim_progress": True,
+        "take_next": True,
+    }
     consumer = await host.js.consumer_info(f"{subject_prefix.upper()}_ASSIGNMENTS", f"host-{host.host_id}")
     assert consumer.config.filter_subject == f"{subject_prefix}.assign.{host.host_id}"
     assert consumer.config.durable_name == f"host-{host.host_id}"
@@ -185,7 +189,7 @@ async def test_silent_host_gets_no_new_work_until_it_speaks_again(
     try:
         async with running_scheduler(settings):
             host = make_host()
-            assert await host.register("d1") == {"heartbeat_interval_s": 0.5, "claim_progress": True}
+            assert await host.register("d1") == {"heartbeat_interval_s": 0.5, "claim_progress": True, "take_next": True}
             await asyncio.sleep(1.7)  # 3 intervals and the store's 1 s liveness granularity
             task_id = await submit(nc, subject_prefix)
             view = await get_task(nc, subject_prefix, task_id)

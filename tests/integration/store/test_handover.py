@@ -330,7 +330,8 @@ async def _by_the_loop(conn: AsyncConnection, clock: ManualClock, ended: uuid.UU
 
 async def _handed_over(conn: AsyncConnection, clock: ManualClock, ended: uuid.UUID) -> assignment.Outcome:
     written: list[OutboxMessage] = []
-    return await handover.hand_over(await in_transaction(conn), clock, ended, 1, written)
+    placed, _ = await handover.hand_over(await in_transaction(conn), clock, ended, 1, written)
+    return placed
 
 
 class Agreement:

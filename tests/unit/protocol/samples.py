@@ -148,6 +148,19 @@ SAMPLES: dict[str, BaseModel] = {
     "ReportReply": m.ReportReply(
         task_id=TASK_ID, attempt=1, status=TaskStatus.CANCELLED, recorded_at=T1, duplicate=True
     ),
+    "ReportRequest(take_next)": m.ReportRequest(
+        task_id=TASK_ID, attempt=1, lease_id=LEASE_ID, outcome=Outcome.DONE, result=RESULT, take_next=True
+    ),
+    "ReportReply(next)": m.ReportReply(
+        task_id=TASK_ID,
+        attempt=1,
+        status=TaskStatus.DONE,
+        recorded_at=T1,
+        next=m.HandedAttempt(
+            task_id=TASK_ID, attempt=2, lease_id=LEASE_ID, device_id="d1", plan=PLAN, ttl_s=30, expires_at=T1
+        ),
+    ),
+    "RegisterReply(take_next)": m.RegisterReply(heartbeat_interval_s=5, claim_progress=True, take_next=True),
     "Assignment": m.Assignment(
         task_id=TASK_ID, attempt=1, lease_id=LEASE_ID, device_id="d1", plan=PLAN, ttl_s=30, expires_at=T1
     ),

@@ -15,6 +15,7 @@ from devsched.core.status import DeviceState, TaskStatus
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.store import CancelReceipt, ReportReceipt, Submitted
+from devsched.store.views import Handed
 
 from .samples import SAMPLES, T0, T1, TASK_ID
 
@@ -33,7 +34,8 @@ PAIRS: list[tuple[type[m.WireModel], type[Any], set[str]]] = [
     (m.SubmitReply, Submitted, set()),
     (m.CancelReply, CancelReceipt, {"nudge"}),
     (m.ReportReply, ReportReceipt, set()),
-    (m.ReleaseReply, ReportReceipt, set()),
+    (m.ReleaseReply, ReportReceipt, {"next"}),
+    (m.HandedAttempt, Handed, set()),
     (m.LeaseReply, Extension, {"dispatch"}),
 ]
 

@@ -15,11 +15,11 @@ from pydantic import BaseModel, ValidationError
 
 from devsched.core.errors import InvalidRequest
 from devsched.core.ids import TOKEN_PATTERN
-from devsched.core.status import EventKind, TaskStatus
+from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.protocol import messages as m
 from devsched.protocol.codec import decode, encode
 
-from .samples import LEASE_ID, PLAN, SAMPLES, SUMMARY_FIELDS, T0, TASK_ID
+from .samples import LEASE_ID, PLAN, SAMPLES, SUMMARY_FIELDS, T0, T1, TASK_ID
 
 pytestmark = pytest.mark.unit
 
@@ -434,3 +434,23 @@ def test_a_drain_notice_and_a_nudge_tell_each_other_apart() -> None:
         decode(m.DrainNotice, nudge)
     with pytest.raises(InvalidRequest):
         decode(m.DrainNotice, b'{"drain": false}')
+
+
+def test_a_register_reply_of_an_older_scheduler_takes_no_next_attempt_on_a_report() -> None:
+    assert decode(m.RegisterReply, b'{"heartbeat_interval_s": 5}').take_next is False
+
+
+def test_a_report_not_taking_the_next_attempt_is_encoded_as_an_older_scheduler_takes_it() -> None:
+    body = encode(m.ReportRequest(task_id=TASK_ID, attempt=1, lease_id=LEASE_ID, outcome=Outcome.DONE))
+    assert "take_next" not in json.loads(body)
+    assert decode(m.ReportRequest, body).take_next is False
+    taking = encode(
+        m.ReportRequest(task_id=TASK_ID, attempt=1, lease_id=LEASE_ID, outcome=Outcome.DONE, take_next=True)
+    )
+    assert json.loads(taking)["take_next"] is True
+
+
+def test_a_report_reply_of_an_older_scheduler_hands_nothing_over() -> None:
+    reply = m.ReportReply(task_id=TASK_ID, attempt=1, status=TaskStatus.DONE, recorded_at=T1)
+    assert "next" not in json.loads(encode(reply))
+    assert decode(m.ReportReply, encode(reply)).next is None

@@ -199,6 +199,9 @@ class RegisterReply(ReplyModel):
     claim_progress: bool = False
     """Whether a claim may carry `progress` (an addition): an older scheduler rejects the unknown field,
     and an older agent ignores this one."""
+    take_next: bool = False
+    """Whether a report may carry `take_next` (an addition): the reply then hands the device's next attempt
+    over, already dispatched. An older scheduler rejects the unknown field, and an older agent ignores this one."""
 
 
 class HeartbeatRequest(RequestModel):

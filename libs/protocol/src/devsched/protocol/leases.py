@@ -5,8 +5,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from devsched.core.status import Outcome, TaskStatus
-from devsched.protocol.base import Id, Lax, ReplyModel, RequestModel, Timestamp
-from devsched.protocol.plans import Progress, RunResult
+from devsched.protocol.base import Id, Lax, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.plans import Plan, Progress, RunResult
 
 
 class LeaseRequest(RequestModel):
@@ -59,6 +59,38 @@ class ReportRequest(LeaseRequest):
     """The agent's explanation, kept as the task's `reason`."""
     result: RunResult | None = None
     """Every step of the plan in order with its status."""
+    take_next: bool = Field(default=False, exclude_if=lambda take: not take)
+    """Hand the device's next attempt to this host in the reply (an addition: `ReportReply.next`), already
+    dispatched; sent only to a scheduler whose register or heartbeat reply said `take_next`, and only while
+    the device may take more work. Left out when false, so a report without it is the one an older
+    scheduler takes."""
+
+
+class HandedAttempt(ReplyModel):
+    """The next attempt on the reported attempt's device (an addition), handed to the host already dispatched.
+
+    What its assignment and the grant of its claim (with the first step's progress) would have said: the
+    host runs it as if it had claimed it; no assignment of it comes through JetStream.
+    """
+
+    task_id: Id
+    """The task."""
+    attempt: int = Field(ge=1)
+    """The new attempt's number; name it in renew and report."""
+    lease_id: Id
+    """The new lease; name it in renew and report."""
+    device_id: Token
+    """The device, the reported attempt's."""
+    plan: Plan
+    """The steps to run."""
+    ttl_s: int = Field(ge=1)
+    """Lease length in seconds, running from the report's answer."""
+    expires_at: Timestamp
+    """When the lease runs out (database clock); for display only, as in `LeaseReply`."""
+    cancel_requested: bool = False
+    """As in `LeaseReply`."""
+    stop: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """As in `LeaseReply`."""
 
 
 class ReportReply(ReplyModel):
@@ -74,6 +106,9 @@ class ReportReply(ReplyModel):
     """When the (first) report was recorded."""
     duplicate: bool = False
     """True when this attempt had already recorded the same outcome."""
+    next: HandedAttempt | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition, only for a report with `take_next`: the device's next attempt, already dispatched to this
+    host. A duplicate's reply carries it again while it is still to run. Left out when null."""
 
 
 class ReleaseRequest(LeaseRequest):

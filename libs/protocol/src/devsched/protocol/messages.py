@@ -59,6 +59,7 @@ from devsched.protocol.hosts import (
 )
 from devsched.protocol.leases import (
     ClaimRequest,
+    HandedAttempt,
     LeaseReply,
     LeaseRequest,
     ReleaseReply,
@@ -124,6 +125,7 @@ __all__ = [
     "ErrorDetail",
     "FailedTest",
     "GetTaskRequest",
+    "HandedAttempt",
     "HealthCheckDeleteRequest",
     "HealthCheckListReply",
     "HealthCheckListRequest",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -56,6 +57,7 @@ from devsched.store.views import (
     Committed,
     DeviceSpec,
     ExpiredLease,
+    Handed,
     NewTask,
     OutboxMessage,
     ReleaseReceipt,
@@ -365,25 +367,33 @@ class Store:
         *,
         reason: str | None = None,
         result: Mapping[str, Any] | None = None,
+        take_next: bool = False,
     ) -> ReportReceipt:
         """Record the attempt's terminal outcome; an identical repeat returns the first answer.
 
         With `assign_inline`, the grant's statement and the hand-over of the device it frees
-        (`handover`) are one transaction of two statements, run through the driver.
+        (`handover`) are one transaction of two statements, run through the driver. With `take_next` too,
+        the device's next attempt is handed to the reporting host already dispatched, and the receipt
+        carries it (`next`); a duplicate's receipt carries the attempt its first answer handed over, while
+        that is still to run.
         """
         written: list[OutboxMessage] = []
         assignable = True  # the device is free: a pass may give it work
+        dispatch = take_next and self.assign_inline
+        handed: Handed | None = None
 
         async def granted(db: Driver) -> ReportReceipt | None:
-            nonlocal assignable
+            nonlocal assignable, handed
             written.clear()  # a statement run again starts over
-            assignable = True
+            assignable, handed = True, None
             if not self.assign_inline:
                 return await grants.report(db, self.clock, ref, outcome, reason, result, written)
             async with db.transaction():
                 receipt = await grants.report(db, self.clock, ref, outcome, reason, result, written)
                 if receipt is not None:
-                    placed = await handover.hand_over(db, self.clock, ref.task_id, ref.attempt, written)
+                    placed, handed = await handover.hand_over(
+                        db, self.clock, ref.task_id, ref.attempt, written, dispatch=dispatch
+                    )
                     assignable = not placed.settled
             return receipt
 
@@ -392,18 +402,26 @@ class Store:
                 conn, now, changes.outbox, ref, outcome, reason, result, self.clock,
                 quarantine_after=self.quarantine_after,
             )  # fmt: skip
+            if isinstance(receipt, ReportReceipt) and receipt.duplicate and dispatch:
+                db = await in_transaction(conn)
+                again = await handover.handed_again(db, self.clock, ref.host_id, ref.task_id, ref.attempt)
+                return receipt if again is None else replace(receipt, next=again)
             if isinstance(receipt, ReportReceipt) and not receipt.duplicate:
                 changes.assignable = True  # the device is free
                 if self.assign_inline:
                     await changes.outbox.write(conn, now)  # the report's event before the assignment's
                     db = await in_transaction(conn)
-                    placed = await handover.hand_over(db, self.clock, ref.task_id, ref.attempt, changes.inline)
+                    placed, next_ = await handover.hand_over(
+                        db, self.clock, ref.task_id, ref.attempt, changes.inline, dispatch=dispatch
+                    )
                     changes.assignable = not placed.settled
+                    if next_ is not None:
+                        return replace(receipt, next=next_)
             return receipt
 
         if (done := await self._tx.statements(granted, name="report")) is not None:
             self._committed("report", written, assignable=assignable)
-            return done
+            return done if handed is None else replace(done, next=handed)
         return _unwrap(await self._write("report", op, assignable=False))
 
     async def release(

@@ -65,6 +65,24 @@ class ActionSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Handed:
+    """The next attempt a report handed straight to its host, already dispatched (`handover`, `take_next`).
+
+    What an assignment and the grant of its claim would give the host: the host runs it as if it had claimed it.
+    """
+
+    task_id: uuid.UUID
+    attempt: int
+    lease_id: uuid.UUID
+    device_id: str
+    plan: Mapping[str, Any]
+    ttl_s: int
+    expires_at: datetime
+    cancel_requested: bool = False
+    stop: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReportReceipt:
     """The answer to a report (or a release); a duplicate carries the first one's `recorded_at`."""
 
@@ -73,6 +91,8 @@ class ReportReceipt:
     status: TaskStatus
     recorded_at: datetime
     duplicate: bool
+    #: The attempt handed to the reporting host with the report (`take_next`), for a duplicate too.
+    next: Handed | None = None
 
 
 #: The answer to a release: the fields of a report's (`status` is the task's after the release).

@@ -59,6 +59,7 @@ from devsched.agent.workspace import (
     resolve_step_user,
     workspace_name,
 )
+from devsched.protocol import messages as wire
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
 from devsched.service import HealthServer, ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
@@ -338,6 +339,12 @@ class Agent:
             on_drain=lambda reason: self.request_drain("scheduler", reason),
             remembered=taken.taken,
         )
+        # an attempt a report's reply hands over is remembered with the intake's, so no copy of it runs twice
+
+        async def take_handed(handed: wire.HandedAttempt, sent_at: float) -> None:
+            await workers.take_handed(handed, sent_at, intake.take)
+
+        reports.on_next = take_handed
         # Work is taken until SIGTERM or a drain, whichever comes first; the shutdown grace counts from then.
         no_more = asyncio.Event()
         taking = asyncio.create_task(_until_either(stop, self.draining, then=no_more))

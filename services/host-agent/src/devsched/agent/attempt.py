@@ -60,8 +60,8 @@ def release_of(assignment: wire.Assignment, reason: str, result: RunResult | Non
     )
 
 
-def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest:
-    """The report of a run."""
+def to_wire(result: RunResult, report_of: wire.Assignment, *, take_next: bool = False) -> wire.ReportRequest:
+    """The report of a run (`take_next`: asking for the device's next attempt in the reply)."""
     return wire.ReportRequest(
         task_id=report_of.task_id,
         attempt=report_of.attempt,
@@ -69,6 +69,7 @@ def to_wire(result: RunResult, report_of: wire.Assignment) -> wire.ReportRequest
         outcome=result.outcome,
         reason=result.reason,
         result=wire.RunResult(steps=list(result.steps)),
+        take_next=take_next,
     )
 
 
@@ -180,6 +181,16 @@ class Attempt:
             return ClaimOutcome.CLAIMED
         return ClaimOutcome.GAVE_UP
 
+    def take(self, grant: Extension, sent_at: float) -> None:
+        """Start an attempt a report's reply handed over, already dispatched: as `claim` with `grant`.
+
+        The hand-over recorded the first step's progress, as a claim carrying it would have (its boundary
+        renews no more); the lease runs from `sent_at`, when the report was sent.
+        """
+        self.claimed_with = first_progress(self.assignment.plan.steps, self.stop)
+        self.keeper.granted(sent_at, grant)
+        logger.info("attempt taken from a report's reply", extra={**self.log_fields(), "ttl_s": grant.ttl_s})
+
     def prepare(self) -> None:
         """Create the attempt's directory now, blocking (for the thread that records the attempt as held).
 
@@ -208,14 +219,20 @@ class Attempt:
         self._log_end(result)
         return result
 
-    async def run_and_spool(self, then: Callable[[], None] | None = None) -> SpooledReport:
+    async def run_and_spool(
+        self, then: Callable[[], None] | None = None, take_next: Callable[[], bool] | None = None
+    ) -> SpooledReport:
         """`run`, then its report (or release) spooled; delivering it is the caller's (it may take a long outage).
+
+        The report asks for the device's next attempt (`take_next` in its reply) when the scheduler said it
+        takes that and `take_next` (asked once the run ended) says the device may take more work.
 
         The directory's removal, the spool's write and `then` (blocking file work of the caller's, such
         as the held record's move) share one thread: an attempt's end costs one hop off the event loop.
         """
         result = await self._execute()
-        key, body = self._reporter.encoded(self._final(result))
+        asking = self._client.take_next and take_next is not None and take_next()
+        key, body = self._reporter.encoded(self._final(result, take_next=asking))
         workdir = self._workdir
         self._workdir = None
 
@@ -328,11 +345,11 @@ class Attempt:
                 return
         logger.warning("attempt directory left behind", extra={**self.log_fields(), "path": str(workdir)})
 
-    def _final(self, result: RunResult) -> wire.ReportRequest | wire.ReleaseRequest:
-        """The report of a run, or for a run the shutdown stopped, the release."""
+    def _final(self, result: RunResult, *, take_next: bool = False) -> wire.ReportRequest | wire.ReleaseRequest:
+        """The report of a run, or for a run the shutdown stopped, the release (which takes nothing next)."""
         if result.released:
             return release_of(self.assignment, result.reason or "shutdown", result)
-        return to_wire(result, self.assignment)
+        return to_wire(result, self.assignment, take_next=take_next)
 
     async def spool(self, result: RunResult) -> SpooledReport:
         """Write the report (or, for a run the shutdown stopped, the release) to the spool.

@@ -58,6 +58,8 @@ class HostClient:
         #: Whether the scheduler's latest register or heartbeat reply said a claim may carry progress
         #: (an older scheduler's says nothing: it would refuse the field).
         self.claim_progress = False
+        #: Whether it said a report may take the device's next attempt (`take_next`; an older one would refuse it).
+        self.take_next = False
 
     def _subject(self, verb: HostVerb) -> str:
         return self._subjects.host(self.host_id, verb)
@@ -84,6 +86,7 @@ class HostClient:
             body = RegisterRequest(devices=devices, agent_version=agent_version)
             reply = await request(self._nc, subject, body, RegisterReply, timeout=self.timeout_s)
         self.claim_progress = reply.claim_progress
+        self.take_next = reply.take_next
         return reply
 
     async def heartbeat(self) -> RegisterReply:
@@ -92,6 +95,7 @@ class HostClient:
             self._nc, self._subject(HostVerb.HEARTBEAT), HeartbeatRequest(), RegisterReply, timeout=self.timeout_s
         )
         self.claim_progress = reply.claim_progress
+        self.take_next = reply.take_next
         return reply
 
     async def claim(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 
 from devsched.agent.reporter import Reporter
 from devsched.agent.spool import SpooledReport
@@ -26,6 +27,14 @@ class ReportDelivery:
         self._reporter = reporter
         self._tasks: set[asyncio.Task[None]] = set()
         self._give_up = asyncio.Event()
+        #: Takes the attempt a report's reply handed over (`take_next`), and when that report was sent
+        #: (the device workers'); awaited before the report leaves the spool.
+        self.on_next: Callable[[wire.HandedAttempt, float], Awaitable[None]] | None = None
+
+    async def _answered(self, reply: wire.ReportReply | wire.ReleaseReply, sent_at: float) -> None:
+        handed = getattr(reply, "next", None)
+        if handed is not None and self.on_next is not None:
+            await self.on_next(handed, sent_at)
 
     @property
     def tasks(self) -> frozenset[asyncio.Task[None]]:
@@ -41,7 +50,9 @@ class ReportDelivery:
         pending = await self._reporter.pending()
         if pending:
             logger.info("resending spooled reports", extra={"count": len(pending)})
-        await asyncio.gather(*(self._reporter.deliver(report, give_up=stop) for report in pending))
+        await asyncio.gather(
+            *(self._reporter.deliver(report, give_up=stop, answered=self._answered) for report in pending)
+        )
 
     async def store_release(self, release: wire.ReleaseRequest) -> SpooledReport:
         """Spool a release (durably, before it is sent with `send`)."""
@@ -55,7 +66,7 @@ class ReportDelivery:
 
     async def _deliver(self, spooled: SpooledReport, fields: dict[str, object]) -> None:
         with bind(**fields):
-            await self._reporter.deliver(spooled, give_up=self._give_up)
+            await self._reporter.deliver(spooled, give_up=self._give_up, answered=self._answered)
 
     def give_up(self) -> None:
         """Stop retrying: what is not delivered now stays in the spool for the next start."""

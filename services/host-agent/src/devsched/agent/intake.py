@@ -33,6 +33,7 @@ from nats.js.client import JetStreamContext
 from devsched.agent.attempt import AttemptKey
 from devsched.core.backoff import backoff_delay
 from devsched.core.errors import InvalidRequest
+from devsched.core.leases import Extension
 from devsched.protocol import messages as wire
 from devsched.protocol.codec import decode
 from devsched.protocol.subjects import Subjects
@@ -54,13 +55,29 @@ async def settle(ack: Awaitable[None]) -> None:
 
 @dataclass(slots=True)
 class Received:
-    """An assignment as received: its message, kept in progress until settled, and when it arrived."""
+    """An assignment as received: its message, kept in progress until settled, and when it arrived.
 
-    msg: Msg
+    Or an attempt a report's reply handed over already dispatched (`handed`, the grant its claim would have
+    given): no message then, nothing to settle, and no claim.
+    """
+
+    msg: Msg | None
     assignment: wire.Assignment
-    keepalive: asyncio.Task[None]
-    #: Monotonic; the claim deadline counts from here, not from when a busy device got round to it.
+    keepalive: asyncio.Task[None] | None
+    #: Monotonic; the claim deadline counts from here, not from when a busy device got round to it. For an
+    #: attempt handed over: when the report whose reply handed it was sent (its lease runs from then).
     received_at: float
+    handed: Extension | None = None
+
+    async def ack(self) -> None:
+        """Settle its message (an attempt handed over has none)."""
+        if self.msg is not None:
+            await settle(self.msg.ack())
+
+    def stop_keepalive(self) -> None:
+        """Stop keeping its message in progress."""
+        if self.keepalive is not None:
+            self.keepalive.cancel()
 
 
 class Sink(Protocol):
@@ -190,6 +207,10 @@ class Intake:
         for msg in msgs:
             await self._route(msg)
         return len(msgs)
+
+    def take(self, key: AttemptKey) -> bool:
+        """Remember an attempt handed over in a report's reply; False if it was taken already (a duplicate reply's)."""
+        return self._remember(key)
 
     def _remember(self, key: AttemptKey) -> bool:
         """Remember `key`; False if it was known already (a duplicate delivery)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.client import HostClient
@@ -32,7 +33,7 @@ from devsched.core.errors import (
     NotFound,
     TooLarge,
 )
-from devsched.protocol.codec import encode
+from devsched.protocol.codec import decode, encode
 from devsched.protocol.messages import (
     ReleaseReply,
     ReleaseRequest,
@@ -47,6 +48,12 @@ logger = logging.getLogger(__name__)
 
 #: 404s in a row (each after a re-registration) before a report is put aside.
 MAX_NOT_FOUND = 3
+
+#: Told of the reply to a recorded report or release, and when the try it answers was sent (monotonic).
+Answered = Callable[[ReportReply | ReleaseReply, float], Awaitable[None]]
+
+#: In the bytes of a report that asks for the next attempt (`ReportRequest.take_next`, left out when false).
+_TAKE_NEXT = b'"take_next"'
 
 
 def encode_report(report: ReportRequest | ReleaseRequest, limit: int = DEFAULT_MAX_PAYLOAD_BYTES) -> bytes:
@@ -198,9 +205,19 @@ class Reporter:
         return await asyncio.to_thread(self._spool.pending)
 
     async def deliver(
-        self, spooled: SpooledReport, *, give_up: asyncio.Event | None = None
+        self,
+        spooled: SpooledReport,
+        *,
+        give_up: asyncio.Event | None = None,
+        answered: Answered | None = None,
     ) -> ReportReply | ReleaseReply | None:
         """Send until the scheduler answers, or `give_up` is set (then the report stays spooled).
+
+        `answered` hears of the reply (and when the try it answers was sent, monotonic) before the report
+        leaves the spool: what it records of the reply (an attempt handed over) is then on disk before the
+        report that would bring it again is gone. A report asking for the next attempt (`take_next`) refused
+        as invalid (a scheduler that does not know the field after all, such as an older one answering
+        during a rolling upgrade) is spooled again without it and sent again.
 
         Returns:
             The reply when the report was recorded (or was a duplicate); None otherwise.
@@ -210,9 +227,17 @@ class Reporter:
         failures = not_found = 0
         while True:
             pause = 0.0
+            sent_at = time.monotonic()
             try:
                 reply: ReportReply | ReleaseReply = await send(body)
             except (InvalidRequest, TooLarge, CancelNotRequested) as exc:
+                if isinstance(exc, InvalidRequest) and not spooled.is_release and _TAKE_NEXT in body:
+                    self._client.take_next = False  # until a register or heartbeat reply says so again
+                    logger.warning(
+                        "report taking the next attempt refused, reporting without", extra={"spool_key": key}
+                    )
+                    body = await asyncio.to_thread(self._without_take_next, key, body)
+                    continue
                 await self._reject(key, exc)
                 return None
             except Conflict as exc:
@@ -238,6 +263,11 @@ class Reporter:
                     "release recorded" if spooled.is_release else "report recorded",
                     extra={"spool_key": key, "status": reply.status.value, "duplicate": reply.duplicate},
                 )
+                if answered is not None:
+                    try:
+                        await answered(reply, sent_at)
+                    except Exception:  # the report is recorded; what the reply handed over waits for its lease
+                        logger.exception("reply of a recorded report not taken", extra={"spool_key": key})
                 await self._removals.remove(key)
                 return reply
             failures += 1
@@ -246,6 +276,13 @@ class Reporter:
             if await _wait(give_up, delay, None if pause else self._kick):
                 logger.warning("report left in the spool", extra={"spool_key": key})
                 return None
+
+    def _without_take_next(self, key: str, body: bytes) -> bytes:
+        """The report spooled under `key` as `body`, spooled again without `take_next` (blocking)."""
+        report = decode(ReportRequest, body).model_copy(update={"take_next": False})
+        again = encode_report(report)
+        self.put_now(key, again)
+        return again
 
     async def _reject(self, key: str, exc: DevschedError) -> None:
         why = f"{exc.code}: {exc.message}"

@@ -26,7 +26,9 @@ from devsched.agent.attempt import Attempt, AttemptKey, ClaimOutcome, release_of
 from devsched.agent.config import DeviceConfig
 from devsched.agent.delivery import ReportDelivery
 from devsched.agent.held import HeldAttempt, HeldAttempts
-from devsched.agent.intake import Received, settle
+from devsched.agent.intake import Received
+from devsched.core.leases import Extension
+from devsched.protocol import messages as wire
 from devsched.protocol.tracing import extract, messaging_attributes, span_name, tracer, use_context
 from devsched.service import bind
 
@@ -105,58 +107,96 @@ class DeviceWorkers:
                 logger.exception("attempt handling failed", extra={"device_id": device.device_id})
             finally:
                 self._attempt_tasks.discard(task)
-                received.keepalive.cancel()
+                received.stop_keepalive()
 
     async def _handle(self, device: DeviceConfig, received: Received) -> None:
         attempt = self._new_attempt(received, device)
         a = received.assignment
-        subject = received.msg.subject
+        msg = received.msg
+        subject = msg.subject if msg is not None else "report reply"
         span = tracer().start_as_current_span(
             span_name("process", subject),
             kind=SpanKind.CONSUMER,
             attributes={
-                **messaging_attributes(subject, "process", len(received.msg.data)),
+                **messaging_attributes(subject, "process", len(msg.data) if msg is not None else 0),
                 "devsched.task_id": str(a.task_id),
                 "devsched.attempt": a.attempt,
                 "devsched.device_id": a.device_id,
             },
         )
         # continue the trace the assignment carries: claim, renewals and the report join the task's trace
-        with use_context(extract(received.msg.headers)), span, bind(**attempt.log_fields()):
+        with use_context(extract(msg.headers if msg is not None else None)), span, bind(**attempt.log_fields()):
             if self._refusing.is_set():
                 await self._give_back(received)
                 return
             self._running[attempt.key] = attempt
             held = HeldAttempt.of(received.assignment)
             try:
-                # Before the claim: an agent killed from here on leaves it recorded. Its directory is made
-                # in the same thread (one hop off the event loop for both), and removed if it does not run.
-                await asyncio.to_thread(self._begin, held, attempt)
+                # Before the claim: an agent killed from here on leaves it recorded (one handed over was
+                # recorded before its report left the spool). Its directory is made in the same thread (one
+                # hop off the event loop for both), and removed if it does not run.
+                await asyncio.to_thread(self._begin, held, attempt, received.handed is None)
                 # Not forgotten when cancelled or failed: the attempt did not end, and the next start should know.
                 if await self._claim(attempt, received):
-                    spooled = await attempt.run_and_spool(then=lambda: self._held.forget_now(held))
+                    spooled = await attempt.run_and_spool(
+                        then=lambda: self._held.forget_now(held), take_next=self._may_take_next
+                    )
                     self._reports.send(spooled, attempt.log_fields())
                 else:
                     await attempt.discard(then=lambda: self._held.forget_now(held))
             finally:
                 del self._running[attempt.key]
 
-    def _begin(self, held: HeldAttempt, attempt: Attempt) -> None:
-        """Record the attempt as held, then make its directory (blocking)."""
-        self._held.hold_now(held)
+    def _may_take_next(self) -> bool:
+        """Whether a report may ask for its device's next attempt: the agent still takes work."""
+        return not self._refusing.is_set()
+
+    async def take_handed(self, handed: wire.HandedAttempt, sent_at: float, take: Callable[[AttemptKey], bool]) -> None:
+        """An attempt a report's reply handed over, already dispatched: recorded as held, then queued to run.
+
+        Called before the report leaves the spool, so an agent killed before the record is written still
+        has the report, whose resend (a duplicate) hands the same attempt again. `take` remembers the
+        attempt with the intake's (False: taken already, from an earlier reply: dropped).
+        """
+        a = wire.Assignment(
+            task_id=handed.task_id, attempt=handed.attempt, lease_id=handed.lease_id, device_id=handed.device_id,
+            plan=handed.plan, ttl_s=handed.ttl_s, expires_at=handed.expires_at,
+        )  # fmt: skip
+        fields = {"task_id": str(a.task_id), "attempt": a.attempt, "device_id": a.device_id}
+        if not self.has_device(a.device_id):
+            logger.error("attempt handed over for a device this host does not have", extra=fields)
+            return
+        if not take((str(a.task_id), a.attempt)):
+            logger.info("duplicate hand-over dropped", extra=fields)
+            return
+        grant = Extension(handed.expires_at, handed.ttl_s, handed.cancel_requested, stop=handed.stop)
+        received = Received(None, a, None, sent_at, handed=grant)
+        await self._held.hold(HeldAttempt.of(a))
+        if self._refusing.is_set():  # asked for while the agent took work; it takes none any more
+            await self._give_back(received)
+            return
+        self.offer(received)
+
+    def _begin(self, held: HeldAttempt, attempt: Attempt, hold: bool) -> None:
+        """Record the attempt as held (if `hold`), then make its directory (blocking)."""
+        if hold:
+            self._held.hold_now(held)
         attempt.prepare()
 
     async def _claim(self, attempt: Attempt, received: Received) -> bool:
-        """Claim the attempt and settle its message; whether it is ours to run."""
+        """Claim the attempt and settle its message; whether it is ours to run (one handed over is)."""
+        if received.handed is not None:
+            attempt.take(received.handed, received.received_at)
+            return True
         outcome = await attempt.claim(self._refusing)
-        received.keepalive.cancel()
+        received.stop_keepalive()
         if outcome is ClaimOutcome.CLAIMED:
             self._reports.kick()
         if outcome is ClaimOutcome.GAVE_UP and self._refusing.is_set():
             # claimed or not (a reply may have been lost), it is given back: another device takes it now
             await self._give_back(received)
             return False
-        await settle(received.msg.ack())
+        await received.ack()
         return outcome is ClaimOutcome.CLAIMED
 
     async def _give_back(self, received: Received) -> None:
@@ -166,8 +206,10 @@ class DeviceWorkers:
         reason = f"{self._refusing_why} before the attempt started"
         spooled = await self._reports.store_release(release_of(a, reason))
         self._reports.send(spooled, fields)
-        received.keepalive.cancel()
-        await settle(received.msg.ack())
+        if received.handed is not None:  # recorded as held when handed over: its release speaks for it now
+            await self._held.forget(HeldAttempt.of(a))
+        received.stop_keepalive()
+        await received.ack()
         logger.info("attempt given back before it started", extra={**fields, "reason": reason})
 
     # -- stopping ------------------------------------------------------------------------------------------

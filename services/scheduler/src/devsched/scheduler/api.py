@@ -128,8 +128,11 @@ def _action_specs(offers: Sequence[m.ActionOffer]) -> list[ActionSpec]:
 
 
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
-    """The register and heartbeat reply: the interval, and that a claim may carry the first step's progress."""
-    return m.RegisterReply(heartbeat_interval_s=heartbeat_interval_s, claim_progress=True)
+    """The register and heartbeat reply: the interval and what this scheduler takes.
+
+    A claim may carry the first step's progress, and a report may take the device's next attempt (`take_next`).
+    """
+    return m.RegisterReply(heartbeat_interval_s=heartbeat_interval_s, claim_progress=True, take_next=True)
 
 
 class Api:
@@ -320,11 +323,17 @@ class Api:
         ref = self._lease(subject, req)
         with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
             result = req.result.model_dump(mode="json") if req.result is not None else None
-            receipt = await self._store.report(ref, req.outcome, reason=req.reason, result=result)
+            receipt = await self._store.report(
+                ref, req.outcome, reason=req.reason, result=result, take_next=req.take_next
+            )
             if not receipt.duplicate:
                 self._relay.set()
-                self._assign.set()  # the device is free again
+                if receipt.next is None:
+                    self._assign.set()  # the device is free again
             log.info("reported", extra={"outcome": req.outcome.value, "duplicate": receipt.duplicate})
+            if receipt.next is not None:
+                nxt = receipt.next
+                log.info("handed over", extra={"next_task_id": nxt.task_id, "next_attempt": nxt.attempt})
             return m.ReportReply.from_value(receipt)
 
     async def release(self, req: m.ReleaseRequest, subject: str) -> m.ReleaseReply:

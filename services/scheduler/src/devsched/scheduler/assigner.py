@@ -17,7 +17,8 @@ from __future__ import annotations
 import logging
 import time
 
-from devsched.core.events import AttemptAssigned
+from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.status import EventKind
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.spans import TRACER
 from devsched.service import bind
@@ -51,8 +52,9 @@ class Assigner:
         """Hear of a commit of this process (the store's `on_commit`): log its new attempts, and hint."""
         for message in committed.messages:
             m = message.event
-            if isinstance(m, AttemptAssigned):
-                self.assigned += 1
+            if isinstance(m, TaskEvent) and m.kind is EventKind.ASSIGNED:
+                self.assigned += 1  # every new attempt, also one a report handed to its host (no `AttemptAssigned`)
+            elif isinstance(m, AttemptAssigned):
                 with bind(task_id=m.task_id, attempt=m.attempt, lease_id=m.lease_id, host_id=m.host_id):
                     log.info("assigned", extra={"device_id": m.device_id, "ttl_s": m.ttl_s})
         if committed.assignable:
