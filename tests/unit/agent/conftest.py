@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from devsched.agent.runner import PlanRunner, PlanStep, RenewHook
 from devsched.agent.stop import StopSignal
 
 from .helpers import IDENTITY
+
+#: Test modules that run each test on both loops: asyncio's, and uvloop's (the services' loop, `lifecycle.run`).
+BOTH_LOOPS = {"test_shell"}
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> Mapping[str, Any]:
+    """The shell action's tests run on asyncio's loop and on uvloop's (they start processes differently).
+
+    The other tests here run on asyncio's alone (a hook must name a loop for every test it sees).
+    """
+    del config
+    module = getattr(item, "module", None)
+    if module is not None and module.__name__.rsplit(".", 1)[-1] in BOTH_LOOPS:
+        return {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    return {"asyncio": asyncio.new_event_loop}
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -170,25 +171,54 @@ async def test_records_of_groups_that_are_gone_are_dropped_and_nothing_is_killed
 
 
 SCRIPT = """
-import asyncio, sys
+import asyncio, json, sys
 from devsched.agent.shell import shell
-from devsched.agent.steps import RunIdentity, StepContext
+from devsched.agent.steps import RunIdentity, StepContext, StepUser
+from devsched.service import run_loop
 
 async def main() -> None:
+    user = json.loads(sys.argv[2])
     ctx = StepContext(
         args={"command": sys.argv[1]}, device_env={}, identity=RunIdentity("t", 1, "l", "d"),
-        interrupt=asyncio.Event(), timeout_s=600, stop_grace_s=0.5,
+        interrupt=asyncio.Event(), timeout_s=600, stop_grace_s=0.5, tmpdir=sys.argv[3],
+        user=None if user is None else StepUser(*user),
     )
     await shell(ctx)
 
-asyncio.run(main())
+run_loop(main())  # the loop DEVSCHED_EVENT_LOOP names, as the agent's
 """
 
+NOBODY = pwd.getpwnam("nobody")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="running a step as another user needs root")
+#: The agent's loops: uvloop's (the default) and asyncio's.
+LOOPS = pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+#: As the agent's own user, and as a step user (the parent-death signal must outlive the switch to it).
+USERS = pytest.mark.parametrize(
+    "step_user", [pytest.param(False, id="agent-user"), pytest.param(True, id="step-user", marks=as_root)]
+)
 
-async def test_a_step_dies_with_the_process_that_started_it_but_not_its_own_children(tmp_path: Path) -> None:
+
+@LOOPS
+@USERS
+async def test_a_step_dies_with_the_process_that_started_it_but_not_its_own_children(
+    passable: Path, event_loop: str, step_user: bool
+) -> None:
+    tmp_path = passable
+    user = None
+    if step_user:
+        os.chown(passable, NOBODY.pw_uid, NOBODY.pw_gid)
+        user = [NOBODY.pw_name, NOBODY.pw_uid, NOBODY.pw_gid, None]
     leader_file, child_file = tmp_path / "leader.pid", tmp_path / "child.pid"
     command = f"echo $$ > {leader_file}; sleep 60 & echo $! > {child_file}; wait"
-    agent = await asyncio.create_subprocess_exec(sys.executable, "-c", SCRIPT, command)
+    agent = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SCRIPT,
+        command,
+        json.dumps(user),
+        str(passable),
+        env={**os.environ, "DEVSCHED_EVENT_LOOP": event_loop},
+    )
     child = None
     try:
         step = await eventually(lambda: read_pid(leader_file), timeout=20, message="step started")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from devsched.agent.orphans import StepGroups
 from devsched.agent.shell import OutputTail, shell
@@ -281,3 +282,22 @@ async def test_the_command_runs_only_once_its_process_group_is_recorded(tmp_path
     [name] = listing.read_text().split()
     assert name.startswith(f"{pid}.")  # the step's own group, there before its first command
     assert list(recorded.iterdir()) == []  # forgotten once the group is stopped
+
+
+@as_root
+async def test_on_uvloop_a_step_user_enters_its_cwd_as_itself(passable: Path) -> None:
+    # uvloop's child becomes the step user (in `preexec_fn`) before it enters the working directory;
+    # asyncio's enters it first, as the agent.
+    os.chown(passable, NOBODY.pw_uid, NOBODY.pw_gid)
+    closed = passable / "root-only"
+    closed.mkdir(mode=0o700)
+    user = StepUser(NOBODY.pw_name, NOBODY.pw_uid, NOBODY.pw_gid, None)
+    result = await shell(context({"command": "pwd", "cwd": str(closed)}, tmpdir=str(passable), user=user))
+    if isinstance(asyncio.get_running_loop(), uvloop.Loop):
+        assert result.status is StepStatus.FAILED
+        assert result.exit_code is None
+        assert "cannot start the shell step" in result.output_tail
+        assert str(closed) in result.output_tail
+    else:
+        assert result.status is StepStatus.DONE, result.output_tail
+        assert result.output_tail == f"{closed}\n"

@@ -52,6 +52,9 @@ SERVICES = {
 HEARTBEAT_INTERVAL_S = 2.0
 #: Seconds the services get to start, register and answer.
 READY_TIMEOUT_S = 90.0
+#: The user's `DEVSCHED_*` variables the services still get (every other one is the stack's to set): the
+#: event loop (`devsched.service.lifecycle`), a choice of the process rather than of the deployment.
+_PASSED = frozenset({"DEVSCHED_EVENT_LOOP"})
 #: The dashboard's module (optional: `up` runs without it when devsched-web is not installed).
 WEB_MODULE = "devsched.web"
 #: Restarts of a child that died on its own before `up` gives up.
@@ -274,7 +277,7 @@ class Up:
     # -- the services --------------------------------------------------------------------------------------
 
     def _env(self, e: Endpoints, *, database: bool) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_") or k in _PASSED}
         env.update(
             {
                 "DEVSCHED_NATS_URL": e.nats_url,

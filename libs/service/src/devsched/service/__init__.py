@@ -3,13 +3,15 @@
 from devsched.service.connection import Stopped, close_nats, connect_nats, flush_subscriptions, wake_subject
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
 from devsched.service.heap import settle_heap
-from devsched.service.lifecycle import Backoff, run, sleep_or_stop
+from devsched.service.lifecycle import EVENT_LOOP_ENV, Backoff, EventLoopError, event_loop, run, run_loop, sleep_or_stop
 from devsched.service.logs import bind, configure_logging
 from devsched.service.settings import ServiceSettings, SettingsError, parse_settings, settings_from
 from devsched.service.tracing import exporting_spans, setup_tracing, shutdown_tracing
 
 __all__ = [
+    "EVENT_LOOP_ENV",
     "Backoff",
+    "EventLoopError",
     "HealthServer",
     "NotReady",
     "ServiceSettings",
@@ -20,10 +22,12 @@ __all__ = [
     "close_nats",
     "configure_logging",
     "connect_nats",
+    "event_loop",
     "exporting_spans",
     "flush_subscriptions",
     "parse_settings",
     "run",
+    "run_loop",
     "serving_health",
     "settings_from",
     "settle_heap",

@@ -3,6 +3,10 @@
 A service is `async def main(stop: asyncio.Event) -> int`, built on an `AsyncExitStack` (nats.py's
 `examples/micro/service.py`): SIGTERM or SIGINT sets `stop`, main winds down in order and returns
 its exit code. A second signal cancels main outright.
+
+The loop is uvloop's where it imports (a dependency of this package on Linux and macOS: asyncpg and
+nats-py spend much less per message on it), else asyncio's own; `DEVSCHED_EVENT_LOOP=asyncio` picks
+asyncio's anyway, `uvloop` insists on uvloop (`event_loop`).
 """
 
 from __future__ import annotations
@@ -10,20 +14,76 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, TypeVar
 
 from devsched.core.backoff import backoff_delay
 
 log = logging.getLogger("devsched.service")
 
+T = TypeVar("T")
 Main = Callable[[asyncio.Event], Awaitable[int]]
+LoopFactory = Callable[[], asyncio.AbstractEventLoop]
+
+#: The environment variable that picks the event loop: `auto` (the default), `uvloop` or `asyncio`.
+EVENT_LOOP_ENV = "DEVSCHED_EVENT_LOOP"
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+class EventLoopError(RuntimeError):
+    """`DEVSCHED_EVENT_LOOP` names no loop, or one that cannot be had here."""
+
+
+def event_loop(environ: Mapping[str, str] = os.environ) -> tuple[str, LoopFactory | None]:
+    """The services' event loop, named, as `DEVSCHED_EVENT_LOOP` asks, and its factory for `asyncio.Runner`.
+
+    `auto` (or unset): uvloop's where it imports, else asyncio's; `asyncio`: asyncio's; `uvloop`:
+    uvloop's or an error. asyncio's factory is None: the runner's own default, as `asyncio.run`.
+
+    Raises:
+        EventLoopError: an unknown name, or `uvloop` where it does not import.
+    """
+    choice = environ.get(EVENT_LOOP_ENV, "").strip().lower() or "auto"
+    if choice not in EVENT_LOOPS:
+        raise EventLoopError(f"{EVENT_LOOP_ENV}={choice!r}: expected one of {', '.join(EVENT_LOOPS)}")
+    if choice == "asyncio":
+        return "asyncio", None
+    try:
+        import uvloop  # optional: where it is missing, asyncio's loop serves
+    except ImportError as exc:
+        if choice == "uvloop":
+            raise EventLoopError(f"{EVENT_LOOP_ENV}=uvloop, but uvloop does not import: {exc}") from exc
+        return "asyncio", None
+    factory: LoopFactory = uvloop.new_event_loop
+    return "uvloop", factory
+
+
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` to its end on a new loop of `event_loop()`, as `asyncio.run` does on asyncio's.
+
+    Raises:
+        EventLoopError: `DEVSCHED_EVENT_LOOP` cannot be honoured.
+    """
+    _, factory = event_loop()
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
 
 
 def run(main: Main) -> int:
-    """Run `main` in a new event loop with SIGTERM/SIGINT wired to its stop event; return its exit code."""
+    """Run `main` in a new event loop with SIGTERM/SIGINT wired to its stop event; return its exit code.
+
+    Returns 2 (logged) when `DEVSCHED_EVENT_LOOP` cannot be honoured.
+    """
+    try:
+        name, factory = event_loop()
+    except EventLoopError as exc:
+        log.error("%s", exc)
+        return 2
 
     async def runner() -> int:
+        log.info("event loop", extra={"event_loop": name})
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
@@ -46,7 +106,8 @@ def run(main: Main) -> int:
                 loop.remove_signal_handler(signum)
 
     try:
-        return asyncio.run(runner())
+        with asyncio.Runner(loop_factory=factory) as loop_runner:
+            return loop_runner.run(runner())
     except asyncio.CancelledError:
         return 130
 

@@ -18,6 +18,14 @@ and to the step's output sink (the attempt's log stream), which never makes the 
 The step's environment is built by `step_env.step_environment` (never the agent's own), and with a step
 user its processes run as that user and its primary group (no supplementary groups). The agent stays
 able to signal them: it keeps CAP_KILL (root has it), which `workspace.resolve_step_user` checks at start.
+
+The child becomes the step user in its `preexec_fn` (`_step_child`: the groups, the group, then the user,
+then the parent-death signal, which a change of credentials would clear), not through
+`create_subprocess_exec`'s `user`/`group`/`extra_groups`: uvloop's loop (the services' loop,
+`devsched.service.lifecycle`) has none of those, and runs `preexec_fn` first thing after the fork,
+where asyncio's runs it last before the exec. So the two loops start a step the same way, except that
+uvloop enters the working directory after the switch, as the step user, where asyncio enters it before
+(as the agent).
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import tempfile
-from typing import Any
+from collections.abc import Callable
 
 from devsched.agent.orphans import die_with_agent
 from devsched.agent.procfs import has_proc, processes
@@ -38,6 +47,7 @@ from devsched.agent.steps import (
     ActionResult,
     OutputSink,
     StepContext,
+    StepUser,
     parse_args,
     tail_text,
 )
@@ -138,6 +148,34 @@ async def _open_reader(read_fd: int) -> tuple[asyncio.StreamReader, asyncio.Base
     return reader, transport
 
 
+def _step_child(user: StepUser | None) -> Callable[[], None]:
+    """The `preexec_fn` of a step's shell: become `user` (if any), then arm the parent-death signal."""
+    arm = die_with_agent()
+    if user is None:
+        return arm
+    uid, gid = user.uid, user.gid
+
+    def become_user_then_arm() -> None:
+        # The order of subprocess's own `extra_groups=[]`, `group=`, `user=`: groups while still root.
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+        arm()  # after the switch: the kernel clears a parent-death signal when the credentials change
+
+    return become_user_then_arm
+
+
+def _start_failure(exc: OSError | subprocess.SubprocessError, cwd: str | None) -> str:
+    """Why the shell did not start, naming the working directory where the error does not."""
+    if isinstance(exc, subprocess.SubprocessError):  # raised by `_step_child`, its own error as the cause
+        why = f"{exc} {exc.__cause__!r}" if exc.__cause__ is not None else str(exc)
+    else:
+        why = str(exc)
+    if cwd is not None and (not isinstance(exc, OSError) or exc.filename is None):
+        why += f" (cwd {cwd!r})"  # uvloop's errors name no file: the directory is the likely cause
+    return f"cannot start the shell step: {why}"
+
+
 async def _supervise(process: asyncio.subprocess.Process, ctx: StepContext) -> StepStatus:
     """Wait for the exit, the timeout or the interrupt, whichever comes first; stop the group if not exit."""
     exited = asyncio.ensure_future(process.wait())
@@ -169,9 +207,7 @@ async def shell(ctx: StepContext) -> ActionResult:
         )
     except StepEnvError as exc:
         return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")
-    as_user: dict[str, Any] = {}
-    if ctx.user is not None:
-        as_user = {"user": ctx.user.uid, "group": ctx.user.gid, "extra_groups": []}
+    cwd = args.cwd if args.cwd is not None else ctx.tmpdir
     gate_read, gate_write = os.pipe()
     out_read, out_write = os.pipe()
     err_read, err_write = os.pipe()
@@ -187,16 +223,15 @@ async def shell(ctx: StepContext) -> ActionResult:
             stdout=out_write,
             stderr=err_write,
             env=env,
-            cwd=args.cwd if args.cwd is not None else ctx.tmpdir,
+            cwd=cwd,
             start_new_session=True,
-            preexec_fn=die_with_agent(),
-            **as_user,
+            preexec_fn=_step_child(ctx.user),
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         os.close(out_read)
         os.close(err_read)
         os.close(gate_write)
-        return ActionResult(StepStatus.FAILED, None, f"cannot start the shell step: {exc}")
+        return ActionResult(StepStatus.FAILED, None, _start_failure(exc, cwd))
     finally:
         os.close(out_write)
         os.close(err_write)

@@ -204,7 +204,7 @@ async def start_service(
         queue_group=subjects.queue_group,
     )
     for spec in endpoint_specs(api, subjects):
-        host_of = subjects.host_id_of if spec.host else None
+        host_of = api.host_id_of if spec.host else None
         await add_typed_endpoint(
             service,
             name=spec.name,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from devsched.service import configure_logging, parse_settings
+from devsched.service import EventLoopError, configure_logging, parse_settings, run_loop
 from devsched.web.app import create_app
 from devsched.web.settings import WebSettings
 
@@ -58,4 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return server.started
 
     # uvicorn stops on SIGTERM/SIGINT; a lifespan that failed (NATS unreachable) never started serving
-    return 0 if asyncio.run(serve()) else 1
+    try:
+        return 0 if run_loop(serve()) else 1
+    except EventLoopError as exc:
+        log.error("%s", exc)
+        return 2

@@ -141,7 +141,8 @@ class BenchStack:
     # -- services ---------------------------------------------------------------------------------------
 
     def _env(self, extra: Mapping[str, str]) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_")}
+        # DEVSCHED_EVENT_LOOP passes (as in `devsched up`): the loop is the process's, not a setting of the run.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DEVSCHED_") or k == "DEVSCHED_EVENT_LOOP"}
         env.update(
             {
                 "DEVSCHED_NATS_URL": self.nats_url,
