@@ -35,13 +35,18 @@ from devsched.store.views import ExpiredLease
 #: Any `limit` of the expired leases, not the oldest first: the expiry is not indexed (renewals are HOT
 #: updates, migration 0013), so an order would read and sort every active attempt for each batch, where
 #: this stops at the `limit`-th it finds; a pass ends every expired lease anyway, batch after batch.
+#: Each task is looked up (and locked) by its id, one at a time (the `OFFSET 0` keeps the lookup its own
+#: step): joined, the planner merged the active attempts with every task in id order, so that each batch
+#: read again all the tasks the earlier batches had ended (9,000 rows to lock the last 500 of 10,000).
 _CANDIDATES = text(
     """
     SELECT t.task_id
-    FROM attempts a JOIN tasks t ON t.task_id = a.task_id AND t.attempt_count = a.attempt
+    FROM attempts a
+    CROSS JOIN LATERAL (SELECT t.task_id FROM tasks t
+                        WHERE t.task_id = a.task_id AND t.attempt_count = a.attempt
+                        OFFSET 0 FOR UPDATE SKIP LOCKED) AS t
     WHERE a.status = 'active' AND a.expires_at <= :now
     LIMIT :limit
-    FOR UPDATE OF t SKIP LOCKED
     """
 )
 
