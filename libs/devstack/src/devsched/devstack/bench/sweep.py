@@ -7,14 +7,6 @@ ends them all, batch after batch, and it then publishes `P.internal.wake` with h
 floor copies the same attempt rows into a table of their own and ends them with batched
 `UPDATE ... FOR UPDATE SKIP LOCKED` statements of the sweeper's batch size, each its own transaction.
 
-Beside the floor, and not a figure: a lower bound of the sweep's own writes. The same rows are ended by
-one raw statement per batch (of the same size, naming its tasks) that does all that a sweep batch writes:
-the tasks locked with SKIP LOCKED, their attempts ended (which cascades to the reservations), the tasks
-failed, the devices' failures counted with their grace, a task event per lease in the outbox. All batches
-run in one transaction rolled back at the end (the writes are done, none is kept: the relay never sees
-those events), then the tables are vacuumed. The sweeper's cost above the floor is this statement's work
-plus its own.
-
 Then the same again while the 64 renewal requesters run: their p99 while the sweeper works (from its
 resume to its wake-up), beside their p99 just before, idle. The N `failed` events the scheduler publishes
 next are waited for after the load, so that the next phase does not start under that backlog.
@@ -69,36 +61,6 @@ WITH picked AS (
 UPDATE bench_sweep_floor f SET status = 'expired', end_reason = 'lease_expired', ended_at = now()
 FROM picked WHERE f.task_id = picked.task_id AND f.attempt = picked.attempt
 """
-
-#: The lower bound: all the writes of a sweep batch (see the module's docstring), in one statement.
-_LOWER_BOUND = f"""
-WITH picked AS (
-    SELECT t.task_id FROM tasks t WHERE t.task_id = ANY($1::uuid[]) FOR UPDATE SKIP LOCKED
-), ended AS (
-    UPDATE attempts a SET status = 'expired', end_reason = 'lease_expired', ended_at = now()
-    FROM picked p JOIN tasks t ON t.task_id = p.task_id
-    WHERE a.task_id = t.task_id AND a.attempt = t.attempt_count AND a.status = 'active' AND a.expires_at <= now()
-    RETURNING a.task_id, a.attempt, a.host_id, a.device_id
-), failed AS (
-    UPDATE tasks t SET status = 'failed', reason = 'lease_expired', updated_at = now(), event_seq = t.event_seq + 1
-    FROM ended e WHERE t.task_id = e.task_id
-    RETURNING t.task_id, t.event_seq, t.trace_headers
-), counted AS (
-    UPDATE devices d SET infra_failures = d.infra_failures + 1,
-                         available_after = GREATEST(COALESCE(d.available_after, now()), now()) + interval '{TTL_S} s'
-    FROM ended e WHERE d.device_id = e.device_id
-), event AS (
-    INSERT INTO outbox (kind, data, headers, created_at)
-    SELECT 'task_event',
-           jsonb_build_object('event', 'failed', 'kind', 'failed', 'task_id', f.task_id, 'seq', f.event_seq,
-                              'status', 'failed', 'attempt', e.attempt, 'host_id', e.host_id, 'device_id', e.device_id,
-                              'reason', 'lease_expired', 'at', now()),
-           f.trace_headers, now()
-    FROM failed f JOIN ended e ON e.task_id = f.task_id
-)
-SELECT count(*) FROM ended
-"""
-_VACUUM = "VACUUM ANALYZE attempts, tasks, reservations, devices, outbox"
 
 
 class Sweeps:
@@ -212,37 +174,6 @@ async def floor_sweep(ctx: Context, ids: list[str]) -> tuple[float, dict[str, fl
     return seconds, cpu
 
 
-async def lower_bound(ctx: Context, ids: list[str]) -> tuple[float, dict[str, float]]:
-    """All the sweep's writes of the expired leases in raw batches, rolled back; returns (seconds, CPU).
-
-    The batches name their tasks (the sweeper's batch size): in one transaction, a search of the active
-    attempts would read again, batch after batch, the index entries of those it ended before (they die
-    with the transaction's end only), which a sweep's own transactions do not.
-    """
-    import asyncpg
-
-    conn = await asyncpg.connect(ctx.stack.admin_dsn(DATABASE), timeout=15)
-    try:
-        meter = ctx.meter("postgres")
-        meter.start()
-        started = time.perf_counter()
-        async with conn.transaction():
-            for at in range(0, len(ids), BATCH):
-                await conn.fetchval(_LOWER_BOUND, ids[at : at + BATCH])
-            seconds = time.perf_counter() - started
-            cpu = meter.stop()
-            raise _RolledBack
-    except _RolledBack:
-        await conn.execute(_VACUUM)
-    finally:
-        await conn.close()
-    return seconds, cpu
-
-
-class _RolledBack(Exception):
-    """Rolls the lower bound's transaction back."""
-
-
 async def sweep_phase(ctx: Context, rig: Rig) -> None:
     """Adds the sweep figures."""
     n = ctx.sizes.leases
@@ -252,13 +183,9 @@ async def sweep_phase(ctx: Context, rig: Rig) -> None:
     try:
         ids = await sweeps.expired_leases()
         floor_s, floor_cpu = await floor_sweep(ctx, ids)
-        lower_s, lower_cpu = await lower_bound(ctx, ids)
         swept_s, cpu, watch = await sweeps.resume(ids)
         published_s = await sweeps.published(watch)
-        ctx.say(
-            f"  sweeper {swept_s:.2f} s (events out after {published_s:.2f} s), raw UPDATE {floor_s:.2f} s,"
-            f" its writes in raw statements (the lower bound) {lower_s:.2f} s = {lower_s / floor_s:.1f}x the floor"
-        )
+        ctx.say(f"  sweeper {swept_s:.2f} s (events out after {published_s:.2f} s), raw UPDATE {floor_s:.2f} s")
 
         ctx.say(f"sweep: again, with the {REQUESTERS} renewal requesters running")
         ids = await sweeps.expired_leases()
@@ -293,8 +220,6 @@ async def sweep_phase(ctx: Context, rig: Rig) -> None:
         "cpu_ms_per_lease": per_lease,
         "floor_s": round(floor_s, 4),
         "floor_cpu_ms_per_lease": {k: round(1000 * v / n, 4) for k, v in floor_cpu.items()},
-        "lower_bound_s": round(lower_s, 4),
-        "lower_bound_cpu_ms_per_lease": {k: round(1000 * v / n, 4) for k, v in lower_cpu.items()},
         "under_load": {
             "sweeper_s": round(loaded_s, 4),
             "events_published_s_renewals_stopped_at_sweep_end": round(loaded_published_s, 4),
