@@ -112,6 +112,31 @@ async def wait_line(process: ServiceProcess, msg: str, *, timeout: float = 20.0,
     return line
 
 
+async def wait_expired(
+    process: ServiceProcess,
+    task_id: object,
+    *,
+    attempt: int | None = None,
+    timeout: float = 20.0,  # noqa: ASYNC109
+) -> dict[str, Any]:
+    """Wait for the sweeper's `leases expired` line listing this task's lease (`attempt`: that attempt's)."""
+
+    def listed(line: dict[str, Any]) -> bool:
+        return any(
+            t == str(task_id) and (attempt is None or a == str(attempt))
+            for t, _, a in (lease.partition("/") for lease in str(line.get("leases", "")).split())
+        )
+
+    def found() -> dict[str, Any] | None:
+        hits = [line for line in matching(process.log_lines(), "leases expired") if listed(line)]
+        return hits[0] if hits else None
+
+    what = f"the expiry of {task_id}/{attempt or '*'} logged by {process.module}"
+    line = await eventually(found, timeout=timeout, message=what)
+    assert line is not None
+    return line
+
+
 # -- the control plane -------------------------------------------------------------------------------
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support.agent_e2e import AgentLab, matching, noop, shell, touch, wait_line
+from support.agent_e2e import AgentLab, matching, noop, shell, touch, wait_expired, wait_line
 from support.polling import eventually
 from support.servers import NatsHandle
 
@@ -66,7 +66,7 @@ async def test_a_killed_agent_restarted_after_its_lease_expired_has_its_stale_re
     lab, plane = own_lab, own_lab.plane
     task_id, _ = await _report_stuck_in_the_spool(lab, lease_ttl_s=3, max_attempts=1)
     (agent,) = lab.agents
-    await wait_line(plane.sweeper, "lease expired", task_id=task_id, timeout=15)
+    await wait_expired(plane.sweeper, task_id, timeout=15)
     await plane.start_scheduler().wait_logged("serving")
     failed = await lab.wait_status(task_id, "failed")
     assert failed["reason"] == "lease_expired"
@@ -127,7 +127,7 @@ async def test_a_report_retried_through_a_long_outage_does_not_keep_the_device_f
     await eventually(lab.path("started-1").exists, timeout=20, message="attempt 1 running")
     with plane.scheduler.paused():
         await agent.wait_line("lease lost", task_id=task_id, timeout=10)
-        await wait_line(plane.sweeper, "lease expired", task_id=task_id, attempt=1, timeout=10)
+        await wait_expired(plane.sweeper, task_id, attempt=1, timeout=10)
         # The outage lasts until the agent's report of attempt 1 has backed off past a lease: after the
         # 6th failure it waits 3.2-6.4 s before trying again.
         await agent.wait_line("report not answered, will retry", spool_key=f"{task_id}.1", failures=6, timeout=30)

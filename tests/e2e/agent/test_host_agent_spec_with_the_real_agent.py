@@ -21,7 +21,7 @@ from support.agent_e2e import (
     shell,
     step_statuses,
     touch,
-    wait_line,
+    wait_expired,
 )
 from support.polling import eventually
 from support.scheduler_harness import ErrorReply, TestHost
@@ -110,7 +110,7 @@ async def test_lease_is_stale_or_foreign_with_the_real_agent(own_lab: AgentLab) 
     # meanwhile, and the scheduler answers those renewals only after that.
     with plane.scheduler.paused():
         await agent.wait_line("lease lost", task_id=task_id, timeout=TTL_S + 10)
-        await wait_line(plane.sweeper, "lease expired", task_id=task_id, attempt=1, timeout=TTL_S + 10)
+        await wait_expired(plane.sweeper, task_id, attempt=1, timeout=TTL_S + 10)
 
     # This plane serves only this test, whose one agent has one attempt: every refused renewal is its.
     def late_renewals() -> list[dict[str, object]]:
@@ -204,7 +204,7 @@ async def test_stop_triggered_by_lease_loss_with_the_real_agent(own_lab: AgentLa
     with plane.scheduler.paused():
         await agent.wait_line("lease lost", task_id=task_id, timeout=15)
         report = await eventually(lambda: agent.spooled_report(task_id, 1), timeout=10, message="report spooled")
-        await wait_line(plane.sweeper, "lease expired", task_id=task_id, attempt=1, timeout=15)
+        await wait_expired(plane.sweeper, task_id, attempt=1, timeout=15)
     assert report is not None
     assert report["outcome"] == "failed"
     assert report["reason"].startswith("lease_lost")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -32,20 +33,6 @@ _READ = text(
     """
     SELECT device_id, host_id, infra_failures, quarantined_at IS NOT NULL AS quarantined, quarantine_reason
     FROM devices WHERE device_id = ANY(CAST(:device_ids AS text[])) ORDER BY device_id FOR UPDATE
-    """
-)
-
-_COUNT = text(
-    """
-    UPDATE devices d
-    SET infra_failures = u.count,
-        quarantined_at = CASE WHEN u.quarantine THEN CAST(:now AS timestamptz) ELSE d.quarantined_at END,
-        quarantine_reason = CASE WHEN u.quarantine THEN u.reason ELSE d.quarantine_reason END,
-        available_after = CASE WHEN u.grace IS NULL THEN d.available_after
-                               ELSE GREATEST(COALESCE(d.available_after, u.grace), u.grace) END
-    FROM unnest(CAST(:device_ids AS text[]), CAST(:counts AS int[]), CAST(:quarantines AS boolean[]),
-                CAST(:reasons AS text[]), CAST(:grace AS timestamptz[])) AS u(id, count, quarantine, reason, grace)
-    WHERE d.device_id = u.id
     """
 )
 
@@ -112,6 +99,87 @@ async def record(
     return bool(await record_failures(conn, now, outbox, [device_id], last, threshold=threshold))
 
 
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """The devices' new failure counts, as core's rule tallied them: what to write, whom it quarantined."""
+
+    #: The devices read, in id order, with what to write to each (the parameters of `COUNTED`).
+    device_ids: list[str]
+    counts: list[int]
+    quarantines: list[bool]
+    reasons: list[str]
+    grace: list[datetime | None]
+    #: The rows read (for the events).
+    rows: Sequence[Any]
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of `COUNTED` (with `now`)."""
+        return {
+            "device_ids": self.device_ids, "counts": self.counts, "quarantines": self.quarantines,
+            "qreasons": self.reasons, "until": self.grace,
+        }  # fmt: skip
+
+    def queue(self, now: datetime, outbox: Outbox) -> list[str]:
+        """Queue a `device_quarantined` event of each device quarantined now; returns them."""
+        quarantined_now = []
+        for row, count, quarantine, reason in zip(self.rows, self.counts, self.quarantines, self.reasons, strict=True):
+            if quarantine:
+                quarantined_now.append(row.device_id)
+                log.warning("device quarantined", extra={"device_id": row.device_id, "reason": reason})
+                event = _event(DeviceEventKind.QUARANTINED, row, now, DeviceEventCause.INFRA_FAILURES, count, reason)
+                outbox.add(event)
+        return quarantined_now
+
+
+#: SQL: the devices' counts written (`Failures.params`, and `now`), as a statement or a CTE of one.
+COUNTED = """
+    UPDATE devices d
+    SET infra_failures = f.count,
+        quarantined_at = CASE WHEN f.quarantine THEN CAST(:now AS timestamptz) ELSE d.quarantined_at END,
+        quarantine_reason = CASE WHEN f.quarantine THEN f.reason ELSE d.quarantine_reason END,
+        available_after = CASE WHEN f.grace IS NULL THEN d.available_after
+                               ELSE GREATEST(COALESCE(d.available_after, f.grace), f.grace) END
+    FROM unnest(CAST(:device_ids AS text[]), CAST(:counts AS int[]), CAST(:quarantines AS boolean[]),
+                CAST(:qreasons AS text[]), CAST(:until AS timestamptz[])) AS f(id, count, quarantine, reason, grace)
+    WHERE d.device_id = f.id
+"""
+_COUNT = text(COUNTED)
+
+
+async def lock(conn: AsyncConnection, device_ids: Sequence[str]) -> Sequence[Any]:
+    """Lock and read the devices named (in id order)."""
+    return (await conn.execute(_READ, {"device_ids": sorted(set(device_ids))})).all()
+
+
+def tally_failures(
+    rows: Sequence[Any],
+    device_ids: Sequence[str],
+    last: str,
+    *,
+    threshold: int,
+    grace: Mapping[str, datetime] | None = None,
+) -> Failures:
+    """Count one infrastructure failure (cause `last`) per entry of `device_ids` by core's rule.
+
+    Repeats count again; `rows`: the devices, locked and read (`lock`); `grace`: when each may be used
+    again at the earliest.
+    """
+    occurrences = Counter(device_ids)
+    ids, counts, quarantines, reasons = [], [], [], []
+    for row in rows:
+        count, quarantined, quarantine = row.infra_failures, row.quarantined, False
+        for _ in range(occurrences[row.device_id]):
+            counted = tally(count, DeviceOutcome.INFRA_FAILURE, threshold, quarantined=quarantined)
+            count, quarantine = counted.infra_failures, quarantine or counted.quarantine
+            quarantined = quarantined or counted.quarantine
+        ids.append(row.device_id)
+        counts.append(count)
+        quarantines.append(quarantine)
+        reasons.append(quarantine_reason(count, last))
+    until: list[datetime | None] = [grace.get(i) for i in ids] if grace else [None] * len(ids)
+    return Failures(ids, counts, quarantines, reasons, until, rows)
+
+
 async def record_failures(
     conn: AsyncConnection,
     now: datetime,
@@ -124,39 +192,16 @@ async def record_failures(
 ) -> list[str]:
     """Count one infrastructure failure (cause `last`) per entry of `device_ids` (repeats count again).
 
-    Two statements whatever the number of devices (a sweep of thousands of expired leases stays a batch):
-    the devices are read and locked in id order, counted by core's rule, and written at once. Returns the
-    devices these failures quarantined; a `device_quarantined` event of each is queued in `outbox`.
-    `grace`: when each device may be used again at the earliest (the sweep's post-expiry grace), written
-    with the count, so that a device row is written once per batch.
+    Two statements whatever the number of devices: the devices are read and locked in id order, counted by
+    core's rule, and written at once. Returns the devices these failures quarantined; a `device_quarantined`
+    event of each is queued in `outbox`. `grace`: when each device may be used again at the earliest, written
+    with the count, so that a device row is written once. (A sweep writes the counts with its tasks' statement:
+    `lock`, `tally_failures`, `COUNTED`.)
     """
-    occurrences = Counter(device_ids)
-    rows = (await conn.execute(_READ, {"device_ids": sorted(occurrences)})).all()
-    ids, counts, quarantines, reasons = [], [], [], []
-    for row in rows:
-        count, quarantined, quarantine = row.infra_failures, row.quarantined, False
-        for _ in range(occurrences[row.device_id]):
-            counted = tally(count, DeviceOutcome.INFRA_FAILURE, threshold, quarantined=quarantined)
-            count, quarantine = counted.infra_failures, quarantine or counted.quarantine
-            quarantined = quarantined or counted.quarantine
-        ids.append(row.device_id)
-        counts.append(count)
-        quarantines.append(quarantine)
-        reasons.append(quarantine_reason(count, last))
-    if ids:
-        until = [grace.get(i) for i in ids] if grace else [None] * len(ids)
-        params = {
-            "device_ids": ids, "counts": counts, "quarantines": quarantines, "reasons": reasons, "grace": until,
-            "now": now,
-        }  # fmt: skip
-        await conn.execute(_COUNT, params)
-    quarantined_now = []
-    for row, count, quarantine, reason in zip(rows, counts, quarantines, reasons, strict=True):
-        if quarantine:
-            quarantined_now.append(row.device_id)
-            log.warning("device quarantined", extra={"device_id": row.device_id, "reason": reason})
-            outbox.add(_event(DeviceEventKind.QUARANTINED, row, now, DeviceEventCause.INFRA_FAILURES, count, reason))
-    return quarantined_now
+    failures = tally_failures(await lock(conn, device_ids), device_ids, last, threshold=threshold, grace=grace)
+    if failures.device_ids:
+        await conn.execute(_COUNT, {**failures.params(), "now": now})
+    return failures.queue(now, outbox)
 
 
 async def quarantine(conn: AsyncConnection, now: datetime, outbox: Outbox, device_id: str, reason: str) -> bool:

@@ -4,10 +4,10 @@ Safe with several sweepers and with racing reports: tasks are locked with SKIP L
 the lock, and the attempt is ended by a compare-and-set that re-checks, at write time, that it is still
 active and expired (River's issue 1302: a sweeper that trusted its earlier read overwrote a report).
 
-A batch is five statements whatever its size: the candidates locked; their attempts ended with their tasks
-re-read (one statement, after the locks); the decisions (core's `decide_expiry`, per task) applied with
-the events (rendered by SQL from a template event); the devices' failures counted with their grace
-(`devsched.store.quarantine`, two).
+A batch is four statements whatever its size: the candidates locked; their attempts ended with their tasks
+re-read (one statement, after the locks); their devices locked and read (`devsched.store.quarantine`), whose
+failures core's rule counts; the decisions (core's `decide_expiry`, per task) applied with the events
+(rendered by SQL from a template event) and the devices' counts and grace, in one statement.
 """
 
 from __future__ import annotations
@@ -35,13 +35,18 @@ from devsched.store.views import ExpiredLease
 #: Any `limit` of the expired leases, not the oldest first: the expiry is not indexed (renewals are HOT
 #: updates, migration 0013), so an order would read and sort every active attempt for each batch, where
 #: this stops at the `limit`-th it finds; a pass ends every expired lease anyway, batch after batch.
+#: Each task is looked up (and locked) by its id, one at a time (the `OFFSET 0` keeps the lookup its own
+#: step): joined, the planner merged the active attempts with every task in id order, so that each batch
+#: read again all the tasks the earlier batches had ended (9,000 rows to lock the last 500 of 10,000).
 _CANDIDATES = text(
     """
     SELECT t.task_id
-    FROM attempts a JOIN tasks t ON t.task_id = a.task_id AND t.attempt_count = a.attempt
+    FROM attempts a
+    CROSS JOIN LATERAL (SELECT t.task_id FROM tasks t
+                        WHERE t.task_id = a.task_id AND t.attempt_count = a.attempt
+                        OFFSET 0 FOR UPDATE SKIP LOCKED) AS t
     WHERE a.status = 'active' AND a.expires_at <= :now
     LIMIT :limit
-    FOR UPDATE OF t SKIP LOCKED
     """
 )
 
@@ -71,13 +76,15 @@ _GRACE = """
 """
 
 
-def _end(*, returning: bool, grace: bool) -> str:
+def _end(*, returning: bool, devices: str) -> str:
     """SQL: each task's decision applied, its device kept out of use for its grace, its event written.
 
     The event is the outbox row of a template event (`event_row`) with each task's fields filled in, in the
     order given. `returning`: the rows written are read back (the sweeper's role may not read the outbox);
-    `grace`: the devices' grace is written here (else by the caller, with their failure counts).
+    `devices`: what is written to the devices here: `grace` (their grace, from each task's), or `counted`
+    (their failure counts with their grace, `quarantine.Failures`).
     """
+    written = {"grace": _GRACE, "counted": f"counted AS ({quarantine.COUNTED}),"}[devices]
     back = "RETURNING id, kind, data, headers" if returning else ""
     return f"""
     WITH u AS (
@@ -95,7 +102,7 @@ def _end(*, returning: bool, grace: bool) -> str:
         WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
         RETURNING t.task_id, t.event_seq, t.trace_headers
     ),
-    {_GRACE if grace else ""}
+    {written}
     event AS (
         INSERT INTO outbox (kind, data, headers, created_at)
         SELECT :event_kind,
@@ -111,9 +118,9 @@ def _end(*, returning: bool, grace: bool) -> str:
     """
 
 
-#: By (returning, grace); returning: with the events written (`INSERTED`), for an outbox that hands them
+#: By (returning, devices); returning: with the events written (`INSERTED`), for an outbox that hands them
 #: over after the commit.
-_END = {(r, g): text(_end(returning=r, grace=g)) for r in (False, True) for g in (False, True)}
+_END = {(r, d): text(_end(returning=r, devices=d)) for r in (False, True) for d in ("grace", "counted")}
 
 
 async def sweep_expired(
@@ -140,13 +147,17 @@ async def sweep_expired(
     expired = [task_record(r) for r in rows]
     point("sweep.after_expire")
     decisions = {t.task_id: decide_expiry(t, now) for t in expired}
-    # the devices' failures first: their rows are written once, with their grace (the events' order is
-    # unchanged: the task events go in with the tasks' statement, the devices' when the outbox is written)
+    # the devices locked and their failures counted (core's rule), then written once with their grace by
+    # the tasks' statement (the events' order is unchanged: the task events go in with the tasks'
+    # statement, the devices' when the outbox is written)
     devices = [t.current.device_id for t in expired if t.current is not None]
-    last = EndReason.LEASE_EXPIRED.value
     grace = grace_until(now, expired, device_grace_s)
-    await quarantine.record_failures(conn, now, outbox, devices, last, threshold=quarantine_after, grace=grace)
-    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s, grace=False)
+    failures = quarantine.tally_failures(
+        await quarantine.lock(conn, devices), devices, EndReason.LEASE_EXPIRED.value, threshold=quarantine_after,
+        grace=grace,
+    )  # fmt: skip
+    failures.queue(now, outbox)
+    out = await end_tasks(conn, now, outbox, expired, decisions, device_grace_s=device_grace_s, failures=failures)
     await outbox.flush(conn, now)
     return out
 
@@ -160,14 +171,14 @@ async def end_tasks(
     *,
     device_grace_s: float | None,
     stops: Mapping[uuid.UUID, str] | None = None,
-    grace: bool = True,
+    failures: quarantine.Failures | None = None,
 ) -> list[ExpiredLease]:
     """Apply each decision to its task whose attempt the sweeper just ended, with its event and device grace.
 
     The tail of both sweeps: an expiry (`sweep_expired`) and a time limit (`timeouts.end_overdue`, whose
     `stops` name each task's limit, the event's reason when the decision gives none). The device of each
-    ended attempt gets its grace (the host may still be running a step on it), unless `grace` is False:
-    the caller wrote it (`grace_until`).
+    ended attempt gets its grace (the host may still be running a step on it): from each task, or with the
+    devices' `failures` (`quarantine.tally_failures`, given the grace of `grace_until`), written here.
     """
     attempts = [t.current for t in ended]
     chosen = [decisions[t.task_id] for t in ended]
@@ -191,8 +202,9 @@ async def end_tasks(
         "grace": [float(t.lease_ttl_s) if device_grace_s is None else device_grace_s for t in ended],
         "now": now,
         **event_params(template),
+        **(failures.params() if failures is not None else {}),
     }
-    row = (await conn.execute(_END[outbox.returning, grace], params)).one()
+    row = (await conn.execute(_END[outbox.returning, "grace" if failures is None else "counted"], params)).one()
     if outbox.returning:
         outbox.took(inserted(row.inserted))
     done = set(row.ids or ())

@@ -20,6 +20,7 @@ import contextlib
 import json
 import logging
 import time
+from collections import Counter
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
@@ -82,19 +83,45 @@ class SweeperSettings(ServiceSettings):
 
 
 def _log_expired(expired: list[ExpiredLease], message: str = "lease expired") -> None:
+    """One line per ended lease, with its attempt, host, device and outcome (time limits: few)."""
     for lease in expired:
-        log.info(
-            message,
-            extra={
-                "task_id": lease.task_id,
-                "attempt": lease.attempt,
-                "lease_id": lease.lease_id,
-                "host_id": lease.host_id,
-                "device_id": lease.device_id,
-                "task_status": lease.task_status.value,
-                "reason": lease.reason,
-            },
-        )
+        log.info(message, extra=_lease_fields(lease))
+
+
+def _lease_fields(lease: ExpiredLease) -> dict[str, object]:
+    return {
+        "task_id": lease.task_id,
+        "attempt": lease.attempt,
+        "lease_id": lease.lease_id,
+        "host_id": lease.host_id,
+        "device_id": lease.device_id,
+        "task_status": lease.task_status.value,
+        "reason": lease.reason,
+    }
+
+
+def _log_batch(expired: list[ExpiredLease]) -> None:
+    """One INFO line per sweep batch: `leases expired`, its `count`, the tasks' outcomes, and `leases`.
+
+    `leases` lists each ended lease as `<task_id>/<attempt>`, space-separated (grep a task id to find its
+    expiry); each task's event (`P.events.task.<id>`) carries its host, device and reason. A line per lease
+    with those (`lease expired`) is DEBUG: at ten thousand expired leases, formatting a line per lease cost
+    the sweeper as much as a third of its own time.
+    """
+    if not expired:
+        return
+    if log.isEnabledFor(logging.DEBUG):
+        for lease in expired:
+            log.debug("lease expired", extra=_lease_fields(lease))
+    outcomes = Counter(lease.task_status.value for lease in expired)
+    log.info(
+        "leases expired",
+        extra={
+            "count": len(expired),
+            **{status: outcomes[status] for status in sorted(outcomes)},
+            "leases": " ".join(f"{lease.task_id}/{lease.attempt}" for lease in expired),
+        },
+    )
 
 
 class Sweeper:
@@ -147,7 +174,7 @@ class Sweeper:
                 with _TRACER.start_as_current_span("sweep batch", attributes={"devsched.batch.limit": limit}) as span:
                     expired = await store.sweep_expired(limit=limit)
                     span.set_attribute("devsched.batch.count", len(expired))
-                _log_expired(expired)
+                _log_batch(expired)
                 count_expired(expired)
                 ended += len(expired)
                 if len(expired) < limit:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 
 from prometheus_client import Counter
@@ -29,8 +30,8 @@ for _outcome in OUTCOMES.values():
 
 def count_expired(expired: Sequence[ExpiredLease]) -> None:
     """Count a sweep batch's expirations by outcome."""
-    for lease in expired:
-        EXPIRATIONS.labels(OUTCOMES.get(lease.task_status, lease.task_status.value)).inc()
+    for status, count in collections.Counter(lease.task_status for lease in expired).items():
+        EXPIRATIONS.labels(OUTCOMES.get(status, status.value)).inc(count)
 
 
 def observe_store(store: Store) -> None:
