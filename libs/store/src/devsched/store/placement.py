@@ -117,10 +117,11 @@ class NothingFree:
     costs the next submit of that selector one more commit.
     """
 
-    __slots__ = ("_keys",)
+    __slots__ = ("_keys", "_limit")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = _REMEMBERED) -> None:
         self._keys: set[tuple[str, str | None]] = set()
+        self._limit = limit
 
     @staticmethod
     def key(selector: Selector) -> tuple[str, str | None]:
@@ -135,6 +136,6 @@ class NothingFree:
         if free:
             self._keys.discard(key)
             return
-        if len(self._keys) >= _REMEMBERED:
+        if len(self._keys) >= self._limit:
             self._keys.clear()
         self._keys.add(key)
