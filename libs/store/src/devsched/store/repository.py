@@ -253,7 +253,7 @@ class Store:
                 return outcome.settled
 
             try:
-                assignable = not await self._tx.statements(place, name="submit")
+                assignable = not await self._tx.statements(place, name="place")
             except Exception:  # the task is committed and queued: the loop places it
                 log.warning("placement after submit failed", exc_info=True, extra={"task_id": str(task_id)})
                 placed.clear()  # what a failed try wrote is not committed, or is the table's to publish
