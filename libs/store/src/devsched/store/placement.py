@@ -107,6 +107,10 @@ async def place(
     return Outcome(assigned, settled=row["placed"] == task_id or left == 0), row["free"]
 
 
+#: A selector as `NothingFree` keeps it: its labels, sorted, and its device.
+SelectorKey = tuple[tuple[tuple[str, str], ...], str | None]
+
+
 class NothingFree:
     """The selectors whose last placement (or counting submit) found no free device they could use.
 
@@ -120,18 +124,18 @@ class NothingFree:
     __slots__ = ("_keys", "_limit")
 
     def __init__(self, limit: int = _REMEMBERED) -> None:
-        self._keys: set[tuple[str, str | None]] = set()
+        self._keys: set[SelectorKey] = set()
         self._limit = limit
 
     @staticmethod
-    def key(selector: Selector) -> tuple[str, str | None]:
+    def key(selector: Selector) -> SelectorKey:
         """The selector's key: its labels (sorted) and its device."""
-        return json.dumps(dict(selector.labels), sort_keys=True), selector.device_id
+        return tuple(sorted(selector.labels.items())), selector.device_id
 
-    def __contains__(self, key: tuple[str, str | None]) -> bool:
+    def __contains__(self, key: SelectorKey) -> bool:
         return key in self._keys
 
-    def saw(self, key: tuple[str, str | None], free: int) -> None:
+    def saw(self, key: SelectorKey, free: int) -> None:
         """A look at the selector's free devices found `free` of them."""
         if free:
             self._keys.discard(key)

@@ -226,7 +226,7 @@ class Store:
         self._committed("submit", written, assignable=assignable)
         return done
 
-    async def _submit_looking(self, new: NewTask, task_id: uuid.UUID, key: tuple[str, str | None]) -> Submitted:
+    async def _submit_looking(self, new: NewTask, task_id: uuid.UUID, key: placement.SelectorKey) -> Submitted:
         """The submit of a selector that found no free device last time: one statement, which counts them.
 
         When it finds some after all, the placement runs in a transaction of its own once the task is
