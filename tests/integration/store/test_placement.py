@@ -1,6 +1,8 @@
 """A submit places its task in one statement after its own (`devsched.store.placement`).
 
-What it costs (BEGIN, the submit, the placement, COMMIT; a repeated key: no placement), that it chooses
+What it costs (BEGIN, the submit, the placement, COMMIT; a repeated key: no placement; a selector that
+found no free device last time: the submit alone, counting them, and the placement in a transaction of its
+own only when it finds some, with the same outcome as in one transaction), that it chooses
 as core's greedy plan over the head of the queue and the free devices the new task could use does, and
 writes what the loop writes for the same pair, what it leaves to the loop (held rows, a task ahead that
 took one of several devices), and that many concurrent submits assign each task at most once and never
@@ -27,7 +29,7 @@ from devsched.core.events import AttemptAssigned
 from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import TaskStatus
-from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store, assignment, placement, tasks
+from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store, assignment, candidates, placement, tasks
 from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
 from devsched.store.views import OutboxMessage
@@ -45,17 +47,53 @@ def placed(c: Committed) -> list[tuple[uuid.UUID, str]]:
 # -- cost -------------------------------------------------------------------------------------------------
 
 
-async def test_a_submit_without_a_free_device_is_four_statements_too(inline: tuple[Lab, list[Committed]]) -> None:
+async def test_a_submit_without_a_free_device_is_four_statements_then_one(inline: tuple[Lab, list[Committed]]) -> None:
     lab, heard = inline
     await lab.host("h1", "d1", platform="ios")
     heard.clear()
     with statements(lab.store) as sent:
-        task_id = await lab.submit(labels={"platform": "android"})
+        first = await lab.submit(labels={"platform": "android"})
         await logged()
     assert len(sent) == 4, sent
     (c,) = heard
     assert (kinds(c), c.assignable) == (["submitted"], False)
-    assert (await lab.store.get_task(task_id)).status is TaskStatus.QUEUED
+    heard.clear()
+    with statements(lab.store) as sent:
+        second = await lab.submit(labels={"platform": "android"})  # its selector found nothing free last time
+        await logged()
+    assert len(sent) == 1, sent  # the submit, counting the free devices itself: none, so no placement
+    (c,) = heard
+    assert (kinds(c), c.assignable) == (["submitted"], False)
+    for task_id in (first, second):
+        assert (await lab.store.get_task(task_id)).status is TaskStatus.QUEUED
+    with statements(lab.store) as sent:
+        await lab.submit(labels={"platform": "ios"})  # another selector: looked at on its own
+        await logged()
+    assert len(sent) == 4, sent
+
+
+async def test_a_selector_that_finds_a_device_after_all_places_in_a_transaction_of_its_own(
+    inline: tuple[Lab, list[Committed]],
+) -> None:
+    lab, heard = inline
+    await lab.host("h1", "d1")
+    await lab.store.drain_device("d1", True, "held")
+    first = await lab.submit()  # nothing free: the selector is remembered
+    await lab.store.drain_device("d1", False)  # free again; no pass runs here
+    lab.clock.advance(1)
+    heard.clear()
+    with statements(lab.store) as sent:
+        second = await lab.submit()
+        await logged()
+    assert len(sent) == 2, sent  # the counting submit (one free device), then the placement on its own
+    (c,) = heard
+    assert "submitted" in kinds(c)
+    assert (placed(c), c.assignable) == ([(first, "d1")], False), "the task ahead first, as in one transaction"
+    assert (await lab.store.get_task(second)).status is TaskStatus.QUEUED
+    with statements(lab.store) as sent:
+        await lab.submit()  # forgotten: it found a device
+        await logged()
+    assert len(sent) == 4, sent
 
 
 async def test_a_repeated_key_returns_the_first_task_and_places_nothing(inline: tuple[Lab, list[Committed]]) -> None:
@@ -67,7 +105,7 @@ async def test_a_repeated_key_returns_the_first_task_and_places_nothing(inline: 
         again = await lab.store.submit(NewTask(plan=PLAN, idempotency_key="k"))
         await logged()
     assert (again.task_id, again.created) == (first.task_id, False)
-    assert len(sent) == 3, sent  # BEGIN, the submit, COMMIT
+    assert len(sent) == 1, sent  # the counting submit: the first of its selector found nothing free
     assert heard == [], "a repeat writes nothing and asks for nothing"
     assert (await lab.store.get_task(first.task_id)).status is TaskStatus.QUEUED, "the loop's, not the repeat's"
 
@@ -249,19 +287,26 @@ class Agreement:
         queue = [(uuid.uuid4(), q) for q in case.queue]
         new_id = uuid.uuid4()
         answers: list[Any] = []
-        for path in ("loop", "placement"):
+        for path in ("loop", "placement", "looking"):
             async with self.store.engine.connect() as conn:
                 tx = await conn.begin()
                 await _seed(conn, case, queue)
                 db = await in_transaction(conn)
                 written: list[OutboxMessage] = []
-                await tasks.submit(db, self.clock, _new_task(case), new_id, written)
+                counted: int | None = None
+                if path == "looking":  # the submit of a selector that found nothing free last time
+                    _, counted = await tasks.submit_looking(db, self.clock, _new_task(case), new_id, written)
+                else:
+                    await tasks.submit(db, self.clock, _new_task(case), new_id, written)
                 if path == "loop":
                     done = await assignment.assign(conn, NOW, Outbox(), limit=200, device_limit=2000, clock=self.clock)
-                else:
-                    done = await placement.place(db, self.clock, new_id, _new_task(case).selector, written)
+                elif path == "placement" or counted:
+                    done, found = await placement.place(db, self.clock, new_id, _new_task(case).selector, written)
+                    counted = found if counted is None else counted
+                else:  # the count said none: no placement
+                    done = assignment.Outcome([], settled=True)
                 pairs = [(m.task_id, m.device_id) for m in done.assigned]
-                answers.append((pairs, done.settled, await _rows_of(conn, [t for t, _ in pairs])))
+                answers.append((pairs, done.settled, await _rows_of(conn, [t for t, _ in pairs]), counted))
                 await tx.rollback()
         return answers, queue, new_id
 
@@ -285,7 +330,9 @@ def agreement(database_url: str) -> Any:
 def test_the_placement_chooses_as_the_plan_and_writes_as_the_loop_does(agreement: Any, case: Case) -> None:
     loop, check = agreement
     answers, queue, new_id = loop.run_until_complete(check.both(case))
-    (by_loop, _, loop_rows), (by_placement, settled, placed_rows) = answers
+    (by_loop, _, loop_rows, _), (by_placement, settled, placed_rows, counted), looking = answers
+    # a counting submit finds the free devices the placement finds, and then places as it does
+    assert looking == (by_placement, settled, placed_rows, counted)
     # core's greedy plan over the queue (the new task the newest of its priority) and the free devices the
     # new task could use, in the loop's order: the placement takes its first pair
     records = [DeviceRecord(d, f"h{n + 1}", case.devices[n].labels) for n, d in enumerate(DEVICES)]
@@ -297,6 +344,7 @@ def test_the_placement_chooses_as_the_plan_and_writes_as_the_loop_does(agreement
     expected = [(t.task_id, d.device_id) for t, d in plan[:1]]
     event(f"placed {'nothing' if not expected else 'the new task' if expected[0][0] == new_id else 'one ahead'}")
     assert by_placement == expected
+    assert counted == min(len(usable), candidates.SUBMIT_DEVICES)
     left = len(usable) - len(expected)
     assert settled == (left == 0 or expected[0][0] == new_id)
     if len(usable) == len(free):  # the loop's first pair is then the same (it goes on to the others)

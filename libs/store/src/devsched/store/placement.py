@@ -13,6 +13,13 @@ One pair at most: a free device and a task it could take both queued is the loop
 arises while a pass is on its way. Locking a pair locks its task first: when the task is free but the
 device is held, the task stays locked (unused) until the commit, and assigners that meet it skip it and
 leave it to a pass. The partial unique indexes stay the last word, as in `assignment`.
+
+A submit whose selector found no free device the last time it looked needs no placement at all: its
+statement counts the free devices the new task could use itself (`tasks.submit_looking`) and commits on
+its own; only when it finds some does this statement run, in a transaction of its own right after (the
+task is committed and queued by then, so it is one of the head's like any other). `Store.submit` keeps
+those selectors (`NothingFree`); a count that was right is what this statement would have found, so the
+outcome is the same (tests/integration/store/test_placement.py compares both paths on generated states).
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ from devsched.store.hosts import device_busy
 from devsched.store.inline import INSERTED
 from devsched.store.outbox import inserted
 from devsched.store.views import OutboxMessage
+
+#: Selectors remembered by `NothingFree` before it starts over (a forgotten one costs one placement).
+_REMEMBERED = 4096
 
 #: Matching tasks of the head the statement may pair in turn when other transactions hold the first ones.
 _CANDIDATES = 4 * candidates.SUBMIT_DEVICES
@@ -68,13 +78,14 @@ _PLACE = Sql(
 
 async def place(
     db: Driver, clock: Clock, task_id: uuid.UUID, selector: Selector, written: list[OutboxMessage]
-) -> Outcome:
-    """The submitted `task_id` (queued in this transaction), or a task ahead of it, onto a free device.
+) -> tuple[Outcome, int]:
+    """The submitted `task_id` (queued in this transaction or just committed), or a task ahead, onto a free device.
 
     `written` receives the two outbox messages of an assignment. Settled when the new task was placed, or
     no device it could use is left free (there was none, or a task ahead took the only one); otherwise (a
     task ahead took one of several, others held them, the new task is past the head) the loop's pass may
-    place it.
+    place it. Second, the free devices the new task could use that the statement found (at most
+    `candidates.SUBMIT_DEVICES`).
     """
     params = {
         "labels": json.dumps(dict(selector.labels)),
@@ -93,4 +104,42 @@ async def place(
     written += messages
     assigned = [m.event for m in messages if isinstance(m.event, AttemptAssigned)]
     left = row["free"] - len(assigned)
-    return Outcome(assigned, settled=row["placed"] == task_id or left == 0)
+    return Outcome(assigned, settled=row["placed"] == task_id or left == 0), row["free"]
+
+
+#: A selector as `NothingFree` keeps it: its labels, sorted, and its device.
+SelectorKey = tuple[tuple[tuple[str, str], ...], str | None]
+
+
+class NothingFree:
+    """The selectors whose last placement (or counting submit) found no free device they could use.
+
+    A hint, never a rule: a submit with one of them counts the free devices in its own statement and places
+    its task after all when it finds some (and the selector is forgotten); one without it places in the
+    submit's transaction. Either way the task is placed where a placement would have put it then, or left
+    to the loop's pass when none is free. Per process: another replica's submits only make it stale, which
+    costs the next submit of that selector one more commit.
+    """
+
+    __slots__ = ("_keys", "_limit")
+
+    def __init__(self, limit: int = _REMEMBERED) -> None:
+        self._keys: set[SelectorKey] = set()
+        self._limit = limit
+
+    @staticmethod
+    def key(selector: Selector) -> SelectorKey:
+        """The selector's key: its labels (sorted) and its device."""
+        return tuple(sorted(selector.labels.items())), selector.device_id
+
+    def __contains__(self, key: SelectorKey) -> bool:
+        return key in self._keys
+
+    def saw(self, key: SelectorKey, free: int) -> None:
+        """A look at the selector's free devices found `free` of them."""
+        if free:
+            self._keys.discard(key)
+            return
+        if len(self._keys) >= self._limit:
+            self._keys.clear()
+        self._keys.add(key)

@@ -139,6 +139,7 @@ class Store:
         self.quarantine_after = quarantine_after
         self.on_commit: CommitHook | None = None
         self._tx = Transactor(engine, self.clock)
+        self._nothing_free = placement.NothingFree()
 
     @classmethod
     def connect(cls, url: str, *, timeouts: DatabaseTimeouts | None = None, **kwargs: Any) -> Store:
@@ -196,16 +197,21 @@ class Store:
         """Queue a task (or return the existing one for a repeated idempotency key).
 
         One statement; with `assign_inline`, it and the placement of the new task (`placement`) are one
-        transaction of two statements, run through the driver.
+        transaction of two statements, run through the driver; but a selector whose last look found no free
+        device is submitted in one statement that counts them, and placed in a second transaction only
+        when it finds some (`placement.NothingFree`).
         """
         task_id = new_task_id()
         written: list[OutboxMessage] = []
         assignable = False
+        key = placement.NothingFree.key(new.selector) if self.assign_inline else None
+        if key is not None and key in self._nothing_free:
+            return await self._submit_looking(new, task_id, key)
 
         async def run(db: Driver) -> Submitted:
             nonlocal assignable
             written.clear()  # a statement run again starts over
-            if not self.assign_inline:
+            if key is None:
                 done = await tasks.submit(db, self.clock, new, task_id, written)
                 assignable = done.created
                 return done
@@ -213,11 +219,50 @@ class Store:
                 done = await tasks.submit(db, self.clock, new, task_id, written)
                 assignable = False  # a repeated key adds nothing to assign
                 if done.created:
-                    placed = await placement.place(db, self.clock, task_id, new.selector, written)
+                    placed, free = await placement.place(db, self.clock, task_id, new.selector, written)
                     assignable = not placed.settled
+                    self._nothing_free.saw(key, free)
             return done
 
         done = await self._tx.statements(run, name="submit")
+        self._committed("submit", written, assignable=assignable)
+        return done
+
+    async def _submit_looking(self, new: NewTask, task_id: uuid.UUID, key: placement.SelectorKey) -> Submitted:
+        """The submit of a selector that found no free device last time: one statement, which counts them.
+
+        When it finds some after all, the placement runs in a transaction of its own once the task is
+        committed; if that fails, the task is queued all the same and left to the loop's pass.
+        """
+        written: list[OutboxMessage] = []
+        free: int | None = None
+
+        async def run(db: Driver) -> Submitted:
+            nonlocal free
+            written.clear()
+            done, free = await tasks.submit_looking(db, self.clock, new, task_id, written)
+            return done
+
+        done = await self._tx.statements(run, name="submit")
+        assignable = done.created and free is None  # its own repeat: whether it was placed is not known
+        if done.created and free:
+            placed: list[OutboxMessage] = []
+
+            async def place(db: Driver) -> bool:
+                placed.clear()
+                outcome, found = await placement.place(db, self.clock, task_id, new.selector, placed)
+                self._nothing_free.saw(key, found)
+                return outcome.settled
+
+            try:
+                assignable = not await self._tx.statements(place, name="place")
+            except Exception:  # the task is committed and queued: the loop places it
+                log.warning("placement after submit failed", exc_info=True, extra={"task_id": str(task_id)})
+                placed.clear()  # what a failed try wrote is not committed, or is the table's to publish
+                assignable = True
+            written += placed
+        elif free is not None:
+            self._nothing_free.saw(key, free)
         self._committed("submit", written, assignable=assignable)
         return done
 

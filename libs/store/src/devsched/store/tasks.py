@@ -13,6 +13,7 @@ from devsched.core.cancellation import CancelKind, decide_cancel
 from devsched.core.events import TaskEvent
 from devsched.core.lifecycle import Trigger
 from devsched.core.status import EventKind, TaskReason, TaskStatus
+from devsched.store import candidates
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
 from devsched.store.inline import INSERTED, PLACEHOLDER_TIME, event_params, insert_event
@@ -21,10 +22,20 @@ from devsched.store.rows import bump_seq, lock_task
 from devsched.store.statuses import entering, leaving
 from devsched.store.views import CancelReceipt, NewTask, OutboxMessage, Submitted
 
-#: One statement: the task, its `submitted` event, and on a repeated idempotency key (or a repeat of this
-#: very statement whose answer was lost: the same task id) the task that exists instead.
-_SUBMIT = Sql(
-    f"""
+
+def _submit_sql(*, looking: bool) -> Sql:
+    """The submit's one statement: the task, its `submitted` event, or the task that exists instead.
+
+    The existing task is the one of a repeated idempotency key, or of a repeat of this very statement
+    whose answer was lost (the same task id). `looking`: the new task's row also counts the free devices
+    it could use (`candidates.SUBMITTED_FREE`, at most `:devices`, in the statement's snapshot), so that a
+    submit that finds none needs no placement (`Store.submit`); the existing task's row has no count.
+    """
+    free_cte = f",{candidates.SUBMITTED_FREE}" if looking else ""
+    free = ", (SELECT count(*) FROM f) AS free" if looking else ""
+    no_free = ", NULL" if looking else ""
+    return Sql(
+        f"""
     WITH c AS MATERIALIZED (SELECT {NOW} AS now),
     ins AS (
         INSERT INTO tasks (task_id, name, status, priority, max_attempts, lease_ttl_s, selector_labels,
@@ -38,13 +49,17 @@ _SUBMIT = Sql(
         ON CONFLICT DO NOTHING
         RETURNING task_id, status, created_at
     ),
-    event AS ({insert_event("ins", at="ins.created_at")})
-    SELECT task_id, status, {INSERTED} AS inserted FROM ins
+    event AS ({insert_event("ins", at="ins.created_at")}){free_cte}
+    SELECT task_id, status, {INSERTED} AS inserted{free} FROM ins
     UNION ALL
-    SELECT task_id, status, NULL FROM tasks
+    SELECT task_id, status, NULL{no_free} FROM tasks
     WHERE (idempotency_key = :key OR task_id = :task_id) AND NOT EXISTS (SELECT FROM ins)
     """
-)
+    )
+
+
+_SUBMIT = _submit_sql(looking=False)
+_SUBMIT_LOOKING = _submit_sql(looking=True)
 #: The task of a key whose first submit committed after `_SUBMIT`'s snapshot was taken (it waited for it).
 _BY_KEY = Sql("SELECT task_id, status FROM tasks WHERE idempotency_key = :key")
 
@@ -58,6 +73,24 @@ async def submit(
     transaction that also assigns (`Store.assign_inline`). `written` receives the `submitted` event's
     outbox message, to publish it once committed.
     """
+    done, _ = await _submit(db, clock, new, task_id, written, _SUBMIT)
+    return done
+
+
+async def submit_looking(
+    db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID, written: list[OutboxMessage] | None = None
+) -> tuple[Submitted, int | None]:
+    """`submit`, and how many free devices the new task could use (at most `candidates.SUBMIT_DEVICES`).
+
+    The count is None when no task was created (a repeated key) or the statement is a repeat of itself
+    whose first answer was lost (the task exists: whether it still waits is not known here).
+    """
+    return await _submit(db, clock, new, task_id, written, _SUBMIT_LOOKING)
+
+
+async def _submit(
+    db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID, written: list[OutboxMessage] | None, sql: Sql
+) -> tuple[Submitted, int | None]:
     event = TaskEvent(kind=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME)
     params = {
         "task_id": task_id,
@@ -68,22 +101,25 @@ async def submit(
         "labels": json.dumps(dict(new.selector.labels)),
         "device_id": new.selector.device_id,
         "plan": json.dumps(dict(new.plan)),
-        "metadata": json.dumps(dict(new.metadata)),
+        "metadata": json.dumps(dict(new.metadata)) if new.metadata else "{}",
         "key": new.idempotency_key,
-        "trace": json.dumps(dict(current_trace())),
+        "trace": json.dumps(dict(trace)) if (trace := current_trace()) else "{}",
         "retry": json.dumps(new.retry.to_json()) if new.retry is not None else None,
         "queue_timeout_s": new.queue_timeout_s,
         "attempt_timeout_s": new.attempt_timeout_s,
         "deadline": new.deadline,
+        "devices": candidates.SUBMIT_DEVICES,
         CLOCK_PARAM: clock.bound(),
         **event_params(event),
     }
-    row = await db.row(_SUBMIT, params) or await db.row(_BY_KEY, {"key": new.idempotency_key})
+    row = await db.row(sql, params) or await db.row(_BY_KEY, {"key": new.idempotency_key})
     if row is None:
         raise AssertionError(f"submit of {task_id} found neither its task nor the one of its key")
+    inserted_rows = row.get("inserted")
     if written is not None:
-        written += inserted(row.get("inserted"))
-    return Submitted(row["task_id"], TaskStatus(row["status"]), created=row["task_id"] == task_id)
+        written += inserted(inserted_rows)
+    free = row.get("free") if inserted_rows is not None else None
+    return Submitted(row["task_id"], TaskStatus(row["status"]), created=row["task_id"] == task_id), free
 
 
 _CANCEL_QUEUED = text(
