@@ -5,8 +5,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from devsched.core.status import Outcome, TaskStatus
-from devsched.protocol.base import Id, Lax, ReplyModel, RequestModel, Timestamp, Token
-from devsched.protocol.plans import Plan, Progress, RunResult
+from devsched.protocol.base import Id, Lax, ReplyModel, RequestModel, Timestamp
+from devsched.protocol.events import Assignment
+from devsched.protocol.plans import Progress, RunResult
 
 
 class LeaseRequest(RequestModel):
@@ -66,27 +67,14 @@ class ReportRequest(LeaseRequest):
     scheduler takes."""
 
 
-class HandedAttempt(ReplyModel):
+class HandedAttempt(Assignment):
     """The next attempt on the reported attempt's device (an addition), handed to the host already dispatched.
 
-    What its assignment and the grant of its claim (with the first step's progress) would have said: the
-    host runs it as if it had claimed it; no assignment of it comes through JetStream.
+    Its assignment's fields (no claim is needed: `ttl_s` runs from the report's answer) and what the grant
+    of its claim, with the first step's progress, would have said: the host runs it as if it had claimed
+    it; no assignment of it comes through JetStream.
     """
 
-    task_id: Id
-    """The task."""
-    attempt: int = Field(ge=1)
-    """The new attempt's number; name it in renew and report."""
-    lease_id: Id
-    """The new lease; name it in renew and report."""
-    device_id: Token
-    """The device, the reported attempt's."""
-    plan: Plan
-    """The steps to run."""
-    ttl_s: int = Field(ge=1)
-    """Lease length in seconds, running from the report's answer."""
-    expires_at: Timestamp
-    """When the lease runs out (database clock); for display only, as in `LeaseReply`."""
     cancel_requested: bool = False
     """As in `LeaseReply`."""
     stop: str | None = Field(default=None, exclude_if=lambda v: v is None)
