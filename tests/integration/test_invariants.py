@@ -96,7 +96,8 @@ async def test_the_checker_passes_a_real_history_and_catches_each_kind_of_damage
                 await inv.check()
             inv.acknowledged.discard(lost)
 
-            await _sql(database_url, "UPDATE tasks SET status = 'queued' WHERE task_id = $1", uuid.UUID(done))
+            # another terminal state, not `queued`: the live scheduler would assign a queued task again
+            await _sql(database_url, "UPDATE tasks SET status = 'cancelled' WHERE task_id = $1", uuid.UUID(done))
             with pytest.raises(AssertionError, match="a terminal state changed"):
                 await inv.check()
             await _sql(database_url, "UPDATE tasks SET status = 'done' WHERE task_id = $1", uuid.UUID(done))
