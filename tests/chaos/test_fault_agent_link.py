@@ -55,7 +55,9 @@ async def test_replies_lost_on_the_way_to_the_agent_are_retried_and_counted_once
         views = await lab.run_all(tasks, within=60)
         nats_proxy.heal()
 
-    assert {v["status"] for v in views.values()} == {"done"}
+    assert {v["status"] for v in views.values()} == {"done"}, {
+        t: (v["status"], v.get("reason")) for t, v in views.items()
+    }
     # a report whose reply was lost is sent again and answered with what was recorded: one outcome per attempt
     reports = lab.plane.scheduler_lines("reported")
     assert {(r["task_id"], r["attempt"]) for r in reports if not r["duplicate"]} == {
