@@ -22,9 +22,14 @@ def loop_type(choice: str) -> type[asyncio.AbstractEventLoop]:
     return uvloop.Loop if choice == "uvloop" else asyncio.SelectorEventLoop
 
 
-@pytest.mark.parametrize(("environ", "name"), [({}, "uvloop"), ({EVENT_LOOP_ENV: ""}, "uvloop")])
-def test_uvloop_is_the_default_where_it_imports(environ: dict[str, str], name: str) -> None:
+@pytest.mark.parametrize(("environ", "name"), [({}, "asyncio"), ({EVENT_LOOP_ENV: ""}, "asyncio")])
+def test_asyncio_is_the_default(environ: dict[str, str], name: str) -> None:
     assert event_loop(environ)[0] == name
+
+
+@pytest.mark.parametrize("value", ["auto", "uvloop", " UVLoop "])
+def test_the_setting_turns_uvloop_on_where_it_imports(value: str) -> None:
+    assert event_loop({EVENT_LOOP_ENV: value})[0] == "uvloop"
 
 
 @pytest.mark.parametrize("value", ["asyncio", " AsyncIO "])

@@ -4,9 +4,11 @@ A service is `async def main(stop: asyncio.Event) -> int`, built on an `AsyncExi
 `examples/micro/service.py`): SIGTERM or SIGINT sets `stop`, main winds down in order and returns
 its exit code. A second signal cancels main outright.
 
-The loop is uvloop's where it imports (a dependency of this package on Linux and macOS: asyncpg and
-nats-py spend much less per message on it), else asyncio's own; `DEVSCHED_EVENT_LOOP=asyncio` picks
-asyncio's anyway, `uvloop` insists on uvloop (`event_loop`).
+The loop is asyncio's own unless `DEVSCHED_EVENT_LOOP` says `uvloop` (insists on it) or `auto` (uvloop's
+where it imports: a dependency of this package on Linux and macOS). uvloop is cheaper per message in
+micro-benchmarks of asyncpg and nats-py, but `devsched bench --only renewals` measured the scheduler's
+renewals dearer on it (0.78 against 0.67 ms of scheduler and Postgres CPU each, two interleaved pairs), so
+it is not the default (`event_loop`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ T = TypeVar("T")
 Main = Callable[[asyncio.Event], Awaitable[int]]
 LoopFactory = Callable[[], asyncio.AbstractEventLoop]
 
-#: The environment variable that picks the event loop: `auto` (the default), `uvloop` or `asyncio`.
+#: The environment variable that picks the event loop: `asyncio` (the default), `auto` or `uvloop`.
 EVENT_LOOP_ENV = "DEVSCHED_EVENT_LOOP"
 EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
@@ -39,13 +41,13 @@ class EventLoopError(RuntimeError):
 def event_loop(environ: Mapping[str, str] = os.environ) -> tuple[str, LoopFactory | None]:
     """The services' event loop, named, as `DEVSCHED_EVENT_LOOP` asks, and its factory for `asyncio.Runner`.
 
-    `auto` (or unset): uvloop's where it imports, else asyncio's; `asyncio`: asyncio's; `uvloop`:
+    `asyncio` (or unset): asyncio's; `auto`: uvloop's where it imports, else asyncio's; `uvloop`:
     uvloop's or an error. asyncio's factory is None: the runner's own default, as `asyncio.run`.
 
     Raises:
         EventLoopError: an unknown name, or `uvloop` where it does not import.
     """
-    choice = environ.get(EVENT_LOOP_ENV, "").strip().lower() or "auto"
+    choice = environ.get(EVENT_LOOP_ENV, "").strip().lower() or "asyncio"
     if choice not in EVENT_LOOPS:
         raise EventLoopError(f"{EVENT_LOOP_ENV}={choice!r}: expected one of {', '.join(EVENT_LOOPS)}")
     if choice == "asyncio":
