@@ -4,8 +4,10 @@
 at most once a second while busy and within 10 s once idle: a phase's count is read after a settle, and
 the idle system's commits over that settle (the services' periodic passes, heartbeats) are taken out.
 The transaction-id counter (`pg_current_snapshot()`'s xmax) moves at once, by one per transaction that
-wrote something: the commits that cost an fsync. `pg_stat_wal.wal_bytes` (the whole cluster, reported like
-the commits) is the volume every write cost, a figure that CPU noise on a shared machine does not move.
+wrote something: the commits that cost an fsync. The WAL insert position (`pg_current_wal_insert_lsn()`, the
+whole cluster) also moves at once: its advance is the volume every write cost, a figure that CPU noise on a
+shared machine does not move (`pg_stat_wal.wal_bytes` is reported like the commits, and a short phase read
+before its backends reported could show none).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ class Counters:
     rollbacks: int
     next_xid: int
     wal_bytes: int
-    """WAL written by the whole cluster so far."""
+    """The cluster's WAL insert position, in bytes: WAL written so far."""
     at: float
     """`time.monotonic()` of the reading."""
 
@@ -81,7 +83,8 @@ class PgStats:
         """The counters of `database` now (as last reported by its backends)."""
         row = await self._conn.fetchrow(
             "SELECT xact_commit, xact_rollback, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid,"
-            " (SELECT wal_bytes FROM pg_stat_wal)::bigint AS wal FROM pg_stat_database WHERE datname = $1",
+            " pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS wal"
+            " FROM pg_stat_database WHERE datname = $1",
             database,
         )
         return Counters(
