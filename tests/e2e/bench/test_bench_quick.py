@@ -138,13 +138,15 @@ def test_the_plot_is_a_png(quick_run: tuple[subprocess.CompletedProcess[str], Pa
     assert len(png) > 10_000
 
 
-def test_the_profiles_hold_the_schedulers_python_and_sql(
+def test_the_profiles_hold_the_schedulers_and_the_agents_python_and_sql(
     quick_run: tuple[subprocess.CompletedProcess[str], Path],
 ) -> None:
     _, out = quick_run
     summary = (out / "profile" / "summary.md").read_text()
     assert "## scheduler-lifecycle-c16: the scheduler's Python" in summary
     assert "## scheduler-renewals: the scheduler's Python" in summary
+    assert "## agent-lifecycle-c16: the agent's Python" in summary
+    assert "--pid <agent>" in summary
     assert "samples at 100 Hz" in summary
     assert "--gil" in summary
     assert "## renewals: SQL" in summary

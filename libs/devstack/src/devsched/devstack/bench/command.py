@@ -42,8 +42,8 @@ def bench(
         Path | None,
         typer.Option(
             "--profile",
-            help="Profile the scheduler into this directory: py-spy during the lifecycle at the highest c and "
-            "the renewals, and the SQL of each load (summary.md).",
+            help="Profile into this directory: py-spy of the scheduler and the agent during the lifecycle at the "
+            "highest c, of the scheduler during the renewals, and the SQL of each load (summary.md).",
         ),
     ] = None,
     data_dir: Annotated[

@@ -21,6 +21,7 @@ from devsched.devstack.bench.pgstats import PgStats, Statement
 from devsched.devstack.bench.probes import CpuMeter
 from devsched.devstack.bench.profiling import PySpy
 from devsched.devstack.bench.servers import PREFIX, BenchStack
+from devsched.devstack.processes import Child
 from devsched.protocol.subjects import Subjects
 
 #: A no-op plan: one step of the agent's built-in `noop` action.
@@ -154,12 +155,15 @@ class Context:
         pids = self.stack.pids()
         return CpuMeter({name: pids.get(name) for name in trees} if trees else pids)
 
-    def spy(self, name: str) -> PySpy | None:
-        """py-spy on the scheduler into `<profile dir>/<name>.raw`, when profiles are asked for and py-spy works."""
-        scheduler = self.stack.scheduler
-        if self.profile_dir is None or scheduler is None or scheduler.pid is None:
+    def spy(self, name: str, process: Child | None = None) -> PySpy | None:
+        """py-spy on `process` (the scheduler by default) into `<profile dir>/<name>.raw`.
+
+        None when profiles are not asked for or py-spy does not work.
+        """
+        target = self.stack.scheduler if process is None else process
+        if self.profile_dir is None or target is None or target.pid is None:
             return None
-        spy = PySpy(scheduler.pid, self.profile_dir / f"{name}.raw")
+        spy = PySpy(target.pid, self.profile_dir / f"{name}.raw")
         if not spy.start():
             self.say(f"  profile {name}: {spy.error}")
             return None

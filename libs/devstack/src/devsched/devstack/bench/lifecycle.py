@@ -82,7 +82,7 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
     """One lifecycle run of `tasks` tasks on a fresh agent with `concurrency` devices."""
     stack, client, pg, settle = ctx.stack, ctx.client, ctx.pg, ctx.sizes.settle_s
     host_id, labels = f"bench-c{concurrency}", {"bench": f"lifecycle-c{concurrency}"}
-    stack.start_agent(host_id, concurrency, labels)
+    agent = stack.start_agent(host_id, concurrency, labels)
     try:
         devices = await ctx.wait_host(host_id, concurrency)
         for device in devices:
@@ -105,14 +105,16 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
         await pg.reset_statements()
         watch = ctx.events.watch(ids)
         spy = ctx.spy(f"scheduler-lifecycle-c{concurrency}") if profile else None
+        agent_spy = ctx.spy(f"agent-lifecycle-c{concurrency}", agent) if profile else None
         meter.start()
         started = time.perf_counter()
         await asyncio.gather(*(client.drain(d, drained=False) for d in devices))
         await watch.wait(60 + tasks * 0.5, f"lifecycle c={concurrency}")
         run_s = time.perf_counter() - started
         run_cpu = meter.stop()
-        if spy is not None:
-            ctx.stop_spy(spy)
+        for spying in (spy, agent_spy):
+            if spying is not None:
+                ctx.stop_spy(spying)
         ctx.events.forget(watch)
         run_statements = await pg.statements(DATABASE)
         run_counted, _ = await pg.settled(DATABASE, mid, settle)
@@ -125,6 +127,8 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
     ctx.sql_profiles[f"lifecycle c={concurrency}: run"] = (run_statements, tasks, "task")
     if spy is not None:
         ctx.spied[spy.output.stem] = (tasks, "task", run_cpu.get("scheduler", 0.0))
+    if agent_spy is not None:
+        ctx.spied[agent_spy.output.stem] = (tasks, "task", run_cpu.get(f"agent {host_id}", 0.0))
     return DevschedRun(
         concurrency, tasks, submit_s, submit_cpu, submit_counted, submit_statements,
         run_s, run_cpu, run_counted, run_statements, outcomes,

@@ -64,7 +64,7 @@ class BenchOptions:
     json_path: Path | None = None
     plot_path: Path | None = None
     profile_dir: Path | None = None
-    """py-spy and pg_stat_statements profiles of the scheduler go here (none when unset)."""
+    """py-spy profiles of the scheduler and the agent, and pg_stat_statements', go here (none when unset)."""
     data_dir: Path | None = None
     """Where the servers keep their data; a fresh directory under /var/tmp (on disk) by default."""
     keep_data: bool = False

@@ -6,7 +6,7 @@ a summary: the functions by total (inclusive) and self time, and the statements 
 calls per task or per renewal. `--nonblocking` does not pause the process (the load is not slowed by the
 sampling); `--gil` keeps only the samples where the scheduler holds the GIL, i.e. runs Python: time in
 system calls (socket writes, which hand the data to the receiving process) and waiting for a CPU on a
-busy machine are left out, and the scheduler's CPU time from /proc is printed beside for the whole.
+busy machine are left out, and the process's CPU time from /proc is printed beside for the whole.
 """
 
 from __future__ import annotations
@@ -122,16 +122,16 @@ def top_functions(stacks: Counter[tuple[str, ...]], limit: int) -> tuple[int, li
 
 
 def python_table(path: Path, *, per: int, what: str, cpu_s: float, limit: int = 15) -> str:
-    """A Markdown summary of a raw profile: the scheduler's time per `what` and the top functions.
+    """A Markdown summary of a raw profile: the process's time per `what` and the top functions.
 
-    `cpu_s` is the scheduler's CPU time over the same load, from /proc (Python, the C libraries and the
-    kernel's work on its behalf): the samples only count the time the scheduler held the GIL.
+    `cpu_s` is the process's CPU time over the same load, from /proc (Python, the C libraries and the
+    kernel's work on its behalf): the samples only count the time it held the GIL.
     """
     samples, by_total, by_own = top_functions(read_stacks(path), limit)
     seconds = samples / RATE_HZ
     lines = [
         f"{samples} samples at {RATE_HZ} Hz = {seconds:.2f} s holding the GIL = {1000 * seconds / max(per, 1):.3f}"
-        f" ms per {what} ({per} {what}s); the scheduler's CPU time (/proc) was {1000 * cpu_s / max(per, 1):.3f} ms"
+        f" ms per {what} ({per} {what}s); its CPU time (/proc) was {1000 * cpu_s / max(per, 1):.3f} ms"
         f" per {what}",
         "",
         f"| by total (inclusive) | total % | self % | total ms/{what} |",

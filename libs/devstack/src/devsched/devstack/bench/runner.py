@@ -188,22 +188,25 @@ async def _wait_logged(stack: BenchStack, message: str, timeout: float = 60.0) -
 
 
 def _write_profiles(ctx: Context, results: Results) -> None:
-    """`<profile dir>/summary.md`: the scheduler's Python (py-spy) and the SQL (pg_stat_statements)."""
+    """`<profile dir>/summary.md`: the scheduler's and the agent's Python (py-spy), the SQL (pg_stat_statements).
+
+    Each profile is named for its process first (`scheduler-renewals`, `agent-lifecycle-c16`).
+    """
     directory = ctx.profile_dir
     assert directory is not None
     directory.mkdir(parents=True, exist_ok=True)
     parts = [
-        "# devsched bench: profiles of the scheduler",
+        "# devsched bench: profiles of the scheduler and the agent",
         "",
         render_conditions(results.conditions, results.options).replace("\n", "  \n"),
     ]
     for name, (per, what, cpu_s) in ctx.spied.items():
-        raw = directory / f"{name}.raw"
+        raw, whose = directory / f"{name}.raw", name.split("-", 1)[0]
         parts += [
             "",
-            f"## {name}: the scheduler's Python",
+            f"## {name}: the {whose}'s Python",
             "",
-            f"`py-spy record {' '.join(PY_SPY_FLAGS)} --pid <scheduler> --output {raw.name}` over the measured load",
+            f"`py-spy record {' '.join(PY_SPY_FLAGS)} --pid <{whose}> --output {raw.name}` over the measured load",
             "",
             python_table(raw, per=per, what=what, cpu_s=cpu_s),
         ]
