@@ -158,6 +158,31 @@ async def test_cancel_from_the_task_page_cancels(page: Page, client: Client) -> 
     assert (await client.get(reply.task_id)).status == "cancelled"
 
 
+async def test_a_live_update_keeps_what_the_operator_typed(page: Page, client: Client, stack: Stack) -> None:
+    """The device page's region is swapped whole on each change; the reason being typed survives it."""
+    p = page
+    device = stack.device_ids[1]
+    await p.goto(f"/devices/{device}")
+    await p.locator("#live-status").filter(has_text="updated").wait_for()  # the stream's first swap is done
+    await p.evaluate(
+        """() => { window.__swaps = 0; new MutationObserver(() => { window.__swaps += 1; })
+             .observe(document.getElementById("device-state").closest("[data-live]"), {childList: true}); }"""
+    )
+    await p.locator("#drain-reason").fill("flashing")
+    reply = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="swap-trigger", device_id=device)
+    await eventually(lambda: _done(client, reply.task_id), timeout=30, message="the task on the device ends")
+    await eventually(lambda: _swapped(p), timeout=15, message="the device's region is swapped")
+    assert await p.locator("#drain-reason").input_value() == "flashing"
+
+
+async def _swapped(p: Page) -> bool:
+    return bool(await p.evaluate("() => window.__swaps > 0"))
+
+
+async def _done(client: Client, task_id: object) -> bool:
+    return (await client.get(str(task_id))).status == "done"
+
+
 async def test_drain_from_the_device_page_drains(page: Page, client: Client, stack: Stack) -> None:
     p = page
     device = stack.device_ids[0]

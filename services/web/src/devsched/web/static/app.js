@@ -9,12 +9,36 @@
     if (status) { status.textContent = text; }
   }
 
+  // What the operator has typed into a region's fields (a drain reason, say), keyed by form and name, so
+  // that a swap, even the first one right after the page loads, does not throw it away.
+  function fieldKey(field) {
+    var form = field.form;
+    return (form ? form.getAttribute("action") : "") + "#" + field.name;
+  }
+
+  function keep(region) {
+    var typed = {};
+    region.querySelectorAll("input[name], textarea[name]").forEach(function (field) {
+      if (field.type !== "hidden" && field.value !== field.defaultValue) { typed[fieldKey(field)] = field.value; }
+    });
+    return typed;
+  }
+
+  function restore(region, typed) {
+    region.querySelectorAll("input[name], textarea[name]").forEach(function (field) {
+      var key = fieldKey(field);
+      if (field.type !== "hidden" && Object.prototype.hasOwnProperty.call(typed, key)) { field.value = typed[key]; }
+    });
+  }
+
   function start() {
   document.querySelectorAll("[data-live]").forEach(function (region) {
     var source = new EventSource(region.getAttribute("data-live"));
     source.addEventListener("fragment", function (e) {
       var focused = document.activeElement && document.activeElement.id;
+      var typed = keep(region);
       region.innerHTML = e.data;
+      restore(region, typed);
       if (focused) {
         var again = document.getElementById(focused);
         if (again) { again.focus(); }
