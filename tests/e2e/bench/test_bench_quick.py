@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from support.devsched_stack import run_devsched
 pytestmark = pytest.mark.e2e
 
 CONCURRENCY = (1, 4, 16)
+#: Lifecycle rounds at each c (a full run's default is 3; quick's 1).
+ROUNDS = 2
 #: Every figure of a full run of every phase, and what it is measured beside (None: nothing).
 FIGURES: dict[str, str | None] = {
     **{
@@ -58,9 +61,9 @@ MAY_BE_ZERO = re.compile(r"commits|cpu_ms")
 def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path_factory.mktemp("bench")
     result = run_devsched(
-        "bench", "--quick",
+        "bench", "--quick", "--rounds", str(ROUNDS),
         "--json", str(out / "bench.json"), "--plot", str(out / "bench.png"), "--profile", str(out / "profile"),
-        timeout=240,
+        timeout=360,
     )  # fmt: skip
     return result, out
 
@@ -90,6 +93,25 @@ def test_every_figure_is_measured_beside_what_it_is_compared_with(document: dict
         assert figure["beside"] >= 0 if MAY_BE_ZERO.search(key) else figure["beside"] > 0, figure
         if figure["beside"] > 0:  # the ratio is the quotient of the two figures of this run
             assert figure["ratio"] == pytest.approx(value / figure["beside"], rel=1e-3, abs=1e-4), figure
+
+
+def test_the_lifecycle_figures_are_the_medians_of_their_rounds(document: dict[str, Any]) -> None:
+    lifecycle = document["details"]["lifecycle"]
+    assert lifecycle["rounds"] == ROUNDS
+    figures = {f["key"]: f for f in document["figures"]}
+    for c in CONCURRENCY:
+        at_c = [r for r in lifecycle["runs"] if r["devsched"]["concurrency"] == c]
+        assert sorted(r["round"] for r in at_c) == list(range(1, ROUNDS + 1))
+        assert len({r["devsched"]["tasks"] for r in at_c}) == 1
+        figure = figures[f"lifecycle.c{c}.tasks_per_s"]
+        # each round's rate is rounded to 0.1 in the details
+        assert figure["value"] == pytest.approx(statistics.median(r["devsched"]["tasks_per_s"] for r in at_c), abs=0.1)
+        assert figure["beside"] == pytest.approx(statistics.median(r["peer"]["jobs_per_s"] for r in at_c), abs=0.1)
+        assert f"medians of {ROUNDS} rounds" in figure["note"]
+        cpu = figures[f"lifecycle.c{c}.cpu_ms_per_task"]
+        assert cpu["value"] == pytest.approx(
+            statistics.median(r["devsched"]["cpu_ms_per_task"] for r in at_c), abs=1e-3
+        )
 
 
 def test_goals_are_judged_from_the_figures(document: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,16 @@ def bench(
     tasks: Annotated[
         int | None,
         typer.Option("-n", "--tasks", min=1, help=f"Tasks per lifecycle run [{FULL.tasks}; quick {QUICK.tasks}]."),
+    ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--rounds",
+            min=1,
+            max=9,
+            help=f"Lifecycle rounds at each c, devsched and the peer in turn; figures are medians "
+            f"[{FULL.rounds}; quick {QUICK.rounds}].",
+        ),
     ] = None,
     profile: Annotated[
         Path | None,
@@ -83,9 +94,9 @@ def bench(
         raise typer.BadParameter("each concurrency must be 1 to 256")
     sizes = QUICK if quick else FULL
     if tasks is not None:
-        from dataclasses import replace
-
         sizes = replace(sizes, tasks=tasks)
+    if rounds is not None:
+        sizes = replace(sizes, rounds=rounds)
     options = BenchOptions(
         sizes=sizes,
         quick=quick,

@@ -6,12 +6,18 @@ submit rate, with the scheduler's CPU per submit); then the devices are returned
 clock runs until every task's terminal event has arrived (tasks/s, CPU per task over the scheduler,
 sweeper, agent, Postgres and nats-server, commits per task). Procrastinate does the same work at the
 same c right after, on the same Postgres (peer.py).
+
+On a shared machine two identical runs can differ by half: each c is run `rounds` times, devsched and
+the peer in turn (a slow minute slows both), a fresh agent (`bench-c<c>-r<round>` after the first) each
+time, and each figure is the median of its rounds, with the rounds' values in its note.
 """
 
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,10 +84,11 @@ class DevschedRun:
         }
 
 
-async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: bool) -> DevschedRun:
-    """One lifecycle run of `tasks` tasks on a fresh agent with `concurrency` devices."""
+async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: bool, round_: int = 1) -> DevschedRun:
+    """One lifecycle run of `tasks` tasks on a fresh agent with `concurrency` devices (its own host and labels)."""
     stack, client, pg, settle = ctx.stack, ctx.client, ctx.pg, ctx.sizes.settle_s
-    host_id, labels = f"bench-c{concurrency}", {"bench": f"lifecycle-c{concurrency}"}
+    name = f"c{concurrency}" if round_ == 1 else f"c{concurrency}-r{round_}"
+    host_id, labels = f"bench-{name}", {"bench": f"lifecycle-{name}"}
     agent = stack.start_agent(host_id, concurrency, labels)
     try:
         devices = await ctx.wait_host(host_id, concurrency)
@@ -123,8 +130,9 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
             outcomes[str(event.get("status"))] = outcomes.get(str(event.get("status")), 0) + 1
     finally:
         stack.stop_agent(host_id)
-    ctx.sql_profiles[f"lifecycle c={concurrency}: submit"] = (submit_statements, tasks, "submit")
-    ctx.sql_profiles[f"lifecycle c={concurrency}: run"] = (run_statements, tasks, "task")
+    if round_ == 1:
+        ctx.sql_profiles[f"lifecycle c={concurrency}: submit"] = (submit_statements, tasks, "submit")
+        ctx.sql_profiles[f"lifecycle c={concurrency}: run"] = (run_statements, tasks, "task")
     if spy is not None:
         ctx.spied[spy.output.stem] = (tasks, "task", run_cpu.get("scheduler", 0.0))
     if agent_spy is not None:
@@ -135,9 +143,25 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
     )  # fmt: skip
 
 
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _rounds_note(values: Sequence[float], peer: Sequence[float] = ()) -> str:
+    """The rounds' values behind a median (the peer's too), for its note ("" for a single round)."""
+    if len(values) < 2:
+        return ""
+    note = f"medians of {len(values)} rounds: " + " / ".join(map(_num, values))
+    return note + (", peer " + " / ".join(map(_num, peer)) if peer else "")
+
+
 async def lifecycle_phase(ctx: Context) -> None:
-    """Devsched and (when installed) Procrastinate at each concurrency; adds the lifecycle figures."""
-    tasks = ctx.sizes.tasks
+    """Devsched and (when installed) Procrastinate at each concurrency, in rounds; adds the lifecycle figures."""
+    tasks, rounds = ctx.sizes.tasks, ctx.sizes.rounds
     peer_version = version() if ctx.options.peer else None
     peer: Peer | None = None
     if peer_version is not None:
@@ -148,78 +172,103 @@ async def lifecycle_phase(ctx: Context) -> None:
     if peer_version and not ctx.options.peer:
         not_installed = "peer skipped (--no-peer)"
     runs: list[dict[str, Any]] = []
-    ours: list[DevschedRun] = []
-    theirs: list[PeerRun] = []
+    ours: dict[int, list[DevschedRun]] = {}
+    theirs: dict[int, list[PeerRun]] = {}
     for c in ctx.options.concurrency:
         ctx.say(f"lifecycle c={c}: {tasks} tasks submitted one by one, then one agent with {c} devices")
-        run = await run_devsched(ctx, c, tasks, profile=c == max(ctx.options.concurrency))
-        ours.append(run)
-        ctx.say(
-            f"  devsched: {run.submits_per_s:.0f} submits/s, {run.tasks_per_s:.1f} tasks/s,"
-            f" {run.cpu_ms_per_task():.2f} CPU ms/task, {run.run_counted.commits / tasks:.2f} commits/task"
-        )
-        peer_run = None
-        if peer is not None:
-            peer_run = await peer.run(tasks, c)
-            theirs.append(peer_run)
+        for r in range(1, rounds + 1):
+            prefix = f"  round {r}/{rounds}, " if rounds > 1 else "  "
+            profile = c == max(ctx.options.concurrency) and r == 1
+            run = await run_devsched(ctx, c, tasks, profile=profile, round_=r)
+            ours.setdefault(r, []).append(run)
             ctx.say(
-                f"  {peer_name}: {peer_run.defer_rate:.0f} defers/s, {peer_run.jobs_per_s:.1f} jobs/s,"
-                f" {peer_run.cpu_ms_per_job():.2f} CPU ms/job"
+                f"{prefix}devsched: {run.submits_per_s:.0f} submits/s, {run.tasks_per_s:.1f} tasks/s,"
+                f" {run.cpu_ms_per_task():.2f} CPU ms/task, {run.run_counted.commits / tasks:.2f} commits/task"
             )
-        runs.append({"devsched": run.as_dict(), "peer": None if peer_run is None else peer_run.as_dict()})
-        _figures_at(ctx, run, peer_run, peer_name, not_installed)
-    _submit_figures(ctx, ours, theirs, peer_name, not_installed)
-    ctx.details["lifecycle"] = {"peer": peer_name or not_installed, "runs": runs}
+            peer_run = None
+            if peer is not None:
+                peer_run = await peer.run(tasks, c)
+                theirs.setdefault(r, []).append(peer_run)
+                ctx.say(
+                    f"{prefix}{peer_name}: {peer_run.defer_rate:.0f} defers/s, {peer_run.jobs_per_s:.1f} jobs/s,"
+                    f" {peer_run.cpu_ms_per_job():.2f} CPU ms/job"
+                )
+            runs.append({
+                "round": r, "devsched": run.as_dict(), "peer": None if peer_run is None else peer_run.as_dict(),
+            })  # fmt: skip
+        at_c = [rs[-1] for rs in ours.values() if rs[-1].concurrency == c]
+        peers_at_c = [ps[-1] for ps in theirs.values() if ps[-1].concurrency == c]
+        _figures_at(ctx, at_c, peers_at_c, peer_name, not_installed)
+    _submit_figures(ctx, list(ours.values()), list(theirs.values()), peer_name, not_installed)
+    ctx.details["lifecycle"] = {"peer": peer_name or not_installed, "rounds": rounds, "runs": runs}
 
 
-def _figures_at(ctx: Context, run: DevschedRun, peer: PeerRun | None, peer_name: str | None, note: str) -> None:
-    c, n = run.concurrency, run.tasks
+def _figures_at(ctx: Context, runs: list[DevschedRun], peers: list[PeerRun], peer_name: str | None, note: str) -> None:
+    """The figures at one c: each the median of its rounds (devsched's and the peer's apart)."""
+    c, n = runs[0].concurrency, runs[0].tasks
     goal = {16: at_least(2.0), 1: at_least(1.0)}.get(c)
+    # which processes were busy: in the round of the median throughput
+    middle = sorted(runs, key=lambda r: r.tasks_per_s)[(len(runs) - 1) // 2]
     busy = ", ".join(
-        f"{tree.split(' ')[0]} {seconds / run.run_s:.0%}" for tree, seconds in run.run_cpu_s.items() if seconds
+        f"{tree.split(' ')[0]} {seconds / middle.run_s:.0%}" for tree, seconds in middle.run_cpu_s.items() if seconds
     )
-    busy_note = "; ".join(filter(None, [note, f"of one core: {busy}"]))
+
+    def median_of(
+        ours: Callable[[DevschedRun], float], theirs: Callable[[PeerRun], float], *, noted: bool = False
+    ) -> tuple[float, float | None, str]:
+        values, peer_values = [ours(r) for r in runs], [theirs(p) for p in peers]
+        spread = _rounds_note(values, peer_values) if noted else ""
+        return _median(values), _median(peer_values) if peers else None, "; ".join(filter(None, [note, spread]))
+
+    rate, peer_rate, rate_note = median_of(lambda r: r.tasks_per_s, lambda p: p.jobs_per_s, noted=True)
+    cpu, peer_cpu, cpu_note = median_of(lambda r: r.cpu_ms_per_task(), lambda p: p.cpu_ms_per_job(), noted=True)
+    commits, peer_commits, _ = median_of(lambda r: r.run_counted.commits / n, lambda p: p.run_counted.commits / n)
+    wal, peer_wal, _ = median_of(lambda r: r.run_counted.wal_bytes / n, lambda p: p.run_counted.wal_bytes / n)
     ctx.figures += [
-        Figure(
-            f"lifecycle.c{c}.tasks_per_s", f"tasks/s, c={c}", "tasks/s", run.tasks_per_s,
-            None if peer is None else peer.jobs_per_s, peer_name, goal, busy_note,
-        ),
-        Figure(
-            f"lifecycle.c{c}.cpu_ms_per_task", f"CPU ms/task, c={c} (all processes)", "ms", run.cpu_ms_per_task(),
-            None if peer is None else peer.cpu_ms_per_job(), peer_name, at_most(1.0), note,
-        ),
-        Figure(
-            f"lifecycle.c{c}.commits_per_task", f"commits/task, c={c}", "commits", run.run_counted.commits / n,
-            None if peer is None else peer.run_counted.commits / n, peer_name, value_at_most(4.0), note,
-        ),
-        Figure(
-            f"lifecycle.c{c}.wal_bytes_per_task", f"WAL bytes/task, c={c}", "B", run.run_counted.wal_bytes / n,
-            None if peer is None else peer.run_counted.wal_bytes / n, peer_name, note=note,
-        ),
+        Figure(f"lifecycle.c{c}.tasks_per_s", f"tasks/s, c={c}", "tasks/s", rate, peer_rate, peer_name,
+               goal, "; ".join(filter(None, [rate_note, f"of one core: {busy}"]))),
+        Figure(f"lifecycle.c{c}.cpu_ms_per_task", f"CPU ms/task, c={c} (all processes)", "ms", cpu, peer_cpu,
+               peer_name, at_most(1.0), cpu_note),
+        Figure(f"lifecycle.c{c}.commits_per_task", f"commits/task, c={c}", "commits", commits, peer_commits,
+               peer_name, value_at_most(4.0), note),
+        Figure(f"lifecycle.c{c}.wal_bytes_per_task", f"WAL bytes/task, c={c}", "B", wal, peer_wal, peer_name,
+               note=note),
     ]  # fmt: skip
 
 
 def _submit_figures(
-    ctx: Context, ours: list[DevschedRun], theirs: list[PeerRun], peer_name: str | None, note: str
+    ctx: Context, ours: list[list[DevschedRun]], theirs: list[list[PeerRun]], peer_name: str | None, note: str
 ) -> None:
+    """The submit figures: each round's over all its c, then the median of the rounds."""
     if not ours:
         return
-    tasks = sum(r.tasks for r in ours)
-    rate = tasks / sum(r.submit_s for r in ours)
-    scheduler_ms = 1000 * sum(r.submit_cpu_s.get("scheduler", 0.0) for r in ours) / tasks
-    server_ms = 1000 * sum(r.submit_cpu_s.get(t, 0.0) for r in ours for t in ("scheduler", "postgres", "nats")) / tasks
-    commits = sum(r.submit_counted.commits for r in ours) / tasks
+    rates, scheduler_ms, server_ms, commits = [], [], [], []
+    for runs in ours:
+        tasks = sum(r.tasks for r in runs)
+        rates.append(tasks / sum(r.submit_s for r in runs))
+        scheduler_ms.append(1000 * sum(r.submit_cpu_s.get("scheduler", 0.0) for r in runs) / tasks)
+        server_ms.append(
+            1000 * sum(r.submit_cpu_s.get(t, 0.0) for r in runs for t in ("scheduler", "postgres", "nats")) / tasks
+        )
+        commits.append(sum(r.submit_counted.commits for r in runs) / tasks)
+    peer_rates: list[float] = []
     peer_rate = peer_ms = peer_commits = None
     if theirs:
-        jobs = sum(r.jobs for r in theirs)
-        peer_rate = jobs / sum(r.defer_s for r in theirs)
-        peer_ms = 1000 * sum(r.defer_cpu_s.get("postgres", 0.0) for r in theirs) / jobs
-        peer_commits = sum(r.defer_counted.commits for r in theirs) / jobs
+        peer_rates = [sum(p.jobs for p in ps) / sum(p.defer_s for p in ps) for ps in theirs]
+        peer_rate = _median(peer_rates)
+        peer_ms = _median([
+            1000 * sum(p.defer_cpu_s.get("postgres", 0.0) for p in ps) / sum(p.jobs for p in ps) for ps in theirs
+        ])  # fmt: skip
+        peer_commits = _median([sum(p.defer_counted.commits for p in ps) / sum(p.jobs for p in ps) for ps in theirs])
+    rates_note = "; ".join(filter(None, [note, _rounds_note(rates, peer_rates)]))
     ctx.figures += [
-        Figure("lifecycle.submit.per_s", "submits/s, one by one", "submits/s", rate, peer_rate, peer_name,
-               at_least(1.0), note),
-        Figure("lifecycle.submit.scheduler_cpu_ms", "scheduler CPU ms/submit", "ms", scheduler_ms),
-        Figure("lifecycle.submit.server_cpu_ms", "server CPU ms/submit (scheduler+Postgres+NATS)", "ms", server_ms,
-               peer_ms, None if peer_ms is None else f"{peer_name} (Postgres)", note=note),
-        Figure("lifecycle.submit.commits", "commits/submit", "commits", commits, peer_commits, peer_name, note=note),
+        Figure("lifecycle.submit.per_s", "submits/s, one by one", "submits/s", _median(rates), peer_rate, peer_name,
+               at_least(1.0), rates_note),
+        Figure("lifecycle.submit.scheduler_cpu_ms", "scheduler CPU ms/submit", "ms", _median(scheduler_ms),
+               note=_rounds_note(scheduler_ms)),
+        Figure("lifecycle.submit.server_cpu_ms", "server CPU ms/submit (scheduler+Postgres+NATS)", "ms",
+               _median(server_ms), peer_ms, None if peer_ms is None else f"{peer_name} (Postgres)",
+               note=note),
+        Figure("lifecycle.submit.commits", "commits/submit", "commits", _median(commits), peer_commits, peer_name,
+               note=note),
     ]  # fmt: skip

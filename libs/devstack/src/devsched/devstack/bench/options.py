@@ -27,6 +27,8 @@ class Sizes:
     """Queue depths at which the scheduler's memory is read."""
     settle_s: float
     """Wait after a phase before reading pg_stat_database: an idle backend reports its counts within 10 s."""
+    rounds: int
+    """Lifecycle runs at each concurrency, devsched's and the peer's in turn; each figure is their median."""
 
 
 FULL = Sizes(
@@ -37,6 +39,7 @@ FULL = Sizes(
     leases=10_000,
     queued=(1_000, 100_000),
     settle_s=10.5,
+    rounds=3,
 )
 QUICK = Sizes(
     tasks=30,
@@ -46,6 +49,7 @@ QUICK = Sizes(
     leases=200,
     queued=(100, 1_000),
     settle_s=0.5,
+    rounds=1,
 )
 
 #: The renewal load: concurrent requesters, over hosts of this many devices each (one connection per host).

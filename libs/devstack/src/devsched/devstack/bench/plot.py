@@ -7,6 +7,7 @@ the renewals beside their floors, during a sweep, and of the single task.
 from __future__ import annotations
 
 import importlib.util
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,14 @@ def available() -> bool:
 
 
 def _series(runs: Sequence[Mapping[str, Any]], side: str, key: str) -> tuple[list[int], list[float]]:
-    xs: list[int] = []
-    ys: list[float] = []
+    """`key` of `side` against concurrency: the median of the rounds at each c, as the figures are."""
+    at: dict[int, list[float]] = {}
     for run in runs:
         part = run.get(side)
         if part:
-            xs.append(int(part["concurrency"]))
-            ys.append(float(part[key]))
-    return xs, ys
+            at.setdefault(int(part["concurrency"]), []).append(float(part[key]))
+    xs = sorted(at)
+    return xs, [float(statistics.median(at[x])) for x in xs]
 
 
 def draw(path: Path, details: Mapping[str, Any], samples: Mapping[str, Sequence[float]], title: str) -> None:
