@@ -183,7 +183,10 @@ async def sweep_phase(ctx: Context, rig: Rig) -> None:
     try:
         ids = await sweeps.expired_leases()
         floor_s, floor_cpu = await floor_sweep(ctx, ids)
+        await ctx.pg.reset_statements()
         swept_s, cpu, watch = await sweeps.resume(ids)
+        # every process's SQL while the sweeper worked: its own, and the scheduler's relaying its events
+        ctx.sql_profiles["sweep"] = (await ctx.pg.statements(DATABASE), n, "lease")
         published_s = await sweeps.published(watch)
         ctx.say(f"  sweeper {swept_s:.2f} s (events out after {published_s:.2f} s), raw UPDATE {floor_s:.2f} s")
 
