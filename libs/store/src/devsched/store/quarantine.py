@@ -141,7 +141,7 @@ COUNTED = """
                                ELSE GREATEST(COALESCE(d.available_after, f.grace), f.grace) END
     FROM unnest(CAST(:device_ids AS text[]), CAST(:counts AS int[]), CAST(:quarantines AS boolean[]),
                 CAST(:qreasons AS text[]), CAST(:until AS timestamptz[])) AS f(id, count, quarantine, reason, grace)
-    WHERE d.device_id = ANY(CAST(:device_ids AS text[])) AND d.device_id = f.id
+    WHERE d.device_id = f.id
 """
 _COUNT = text(COUNTED)
 

@@ -52,15 +52,13 @@ _CANDIDATES = text(
 
 #: After the locks, in a statement of its own (a fresh snapshot: see `devsched.store.rows`): read the clock once,
 #: end the attempts still active and expired at it (the compare-and-set: a renewal or report that committed
-#: first wins, its row re-checked after the wait) and return their tasks as they were read. The ids are put
-#: on both tables' keys, so that neither is read whole for a hash join (as in `_end`).
+#: first wins, its row re-checked after the wait) and return their tasks as they were read.
 _EXPIRE = text(
     f"""
     WITH c AS MATERIALIZED (SELECT {NOW} AS now)
     UPDATE attempts a SET status = 'expired', end_reason = 'lease_expired', ended_at = c.now
     FROM c, tasks t
-    WHERE t.task_id = ANY(CAST(:ids AS uuid[])) AND a.task_id = ANY(CAST(:ids AS uuid[]))
-      AND a.task_id = t.task_id AND a.attempt = t.attempt_count
+    WHERE t.task_id = ANY(CAST(:ids AS uuid[])) AND a.task_id = t.task_id AND a.attempt = t.attempt_count
       AND a.status = '{AttemptStatus.ACTIVE.value}' AND a.expires_at <= c.now
     RETURNING c.now, {task_columns(f"'{AttemptStatus.ACTIVE.value}'")}
     """
@@ -73,7 +71,7 @@ _GRACE = """
         UPDATE devices d SET available_after = GREATEST(COALESCE(d.available_after, g.until), g.until)
         FROM (SELECT device, max(CAST(:now AS timestamptz) + make_interval(secs => grace)) AS until
               FROM u GROUP BY device) AS g
-        WHERE d.device_id = ANY(CAST(:devices AS text[])) AND d.device_id = g.device
+        WHERE d.device_id = g.device
     ),
 """
 
@@ -85,10 +83,6 @@ def _end(*, returning: bool, devices: str) -> str:
     order given. `returning`: the rows written are read back (the sweeper's role may not read the outbox);
     `devices`: what is written to the devices here: `grace` (their grace, from each task's), or `counted`
     (their failure counts with their grace, `quarantine.Failures`).
-
-    Each updated table is also given the batch's ids as `key = ANY(...)`: joined with the unnest alone, the
-    planner read the tasks and devices whole to hash them where their keys find the batch's rows (with
-    10,000 of each, the statement took 22 ms a batch of 500 instead of 30: `devsched bench --profile`).
     """
     written = {"grace": _GRACE, "counted": f"counted AS ({quarantine.COUNTED}),"}[devices]
     back = "RETURNING id, kind, data, headers" if returning else ""
@@ -105,7 +99,7 @@ def _end(*, returning: bool, devices: str) -> str:
                            not_before = COALESCE(u.nb, t.not_before),
                            avoid_device_id = COALESCE(u.av, t.avoid_device_id)
         FROM u
-        WHERE t.task_id = ANY(CAST(:task_ids AS uuid[])) AND t.task_id = u.id AND t.status IN {IN_FLIGHT}
+        WHERE t.task_id = u.id AND t.status IN {IN_FLIGHT}
         RETURNING t.task_id, t.event_seq, t.trace_headers
     ),
     {written}
