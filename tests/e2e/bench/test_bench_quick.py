@@ -174,4 +174,5 @@ def test_the_profiles_hold_the_schedulers_and_the_agents_python_and_sql(
     assert "## renewals: SQL" in summary
     assert "## lifecycle c=16: run: SQL" in summary
     assert "## sweep: SQL" in summary
+    assert "## sweep, renewals running: SQL" in summary
     assert "| by total (inclusive) |" in summary

@@ -199,7 +199,9 @@ async def sweep_phase(ctx: Context, rig: Rig) -> None:
             idle_from = time.perf_counter()
             await asyncio.sleep(ctx.sizes.window_s)
             idle_to = time.perf_counter()
+            await ctx.pg.reset_statements()
             loaded_s, _, watch = await sweeps.resume(ids)
+            ctx.sql_profiles["sweep, renewals running"] = (await ctx.pg.statements(DATABASE), n, "lease")
             during_to = time.perf_counter()
         finally:
             await load.stop()
