@@ -77,7 +77,7 @@ def bench(
 
     Each figure is printed beside its floor (bare NATS echo, one-row UPDATE, an UPDATE-per-request renewal
     responder) or its peer (Procrastinate at the same concurrency, with the optional `bench` dependency
-    group), measured in the same run, with the goal it is held to. A full run takes about 5 to 10 minutes.
+    group), measured in the same run, with the goal it is held to. A full run takes about 11 to 15 minutes.
     The pytest micro-benchmarks of a source checkout are separate: `./dev test -m bench tests/bench`.
     """
     from devsched.devstack.bench.runner import run_bench  # `--help` does not need it
