@@ -3,11 +3,13 @@
 A step boundary (progress the attempt does not hold yet) is one statement that extends the lease, keeps
 the step and writes its `progress` event; a periodic renewal (no progress) one that only extends; the
 progress of an older agent repeated on its periodic renewals one too (the locked one), writing nothing.
+A periodic renewal records the host's sign of life only when it is due (`liveness.RecentSigns`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from devsched.core.events import TaskEvent
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind
 from devsched.store import Committed
+from devsched.store.liveness import RECENT_S
 from support.sql_log import logged, statements
 from support.store_lab import Lab
 
@@ -72,3 +75,25 @@ async def test_an_older_agents_repeated_progress_is_one_statement_and_no_event(l
     after = await lab.store.get_task(lease.task_id)
     assert after.attempts[-1].expires_at > before.attempts[-1].expires_at
     assert after.attempts[-1].progress == before.attempts[-1].progress
+
+
+async def _renew_now(lab: Lab, lease: LeaseRef, after_s: float) -> str:
+    """The one statement of a periodic renewal `after_s` seconds on."""
+    lab.clock.advance(after_s)
+    with statements(lab.store) as sent:
+        await lab.store.renew(lease)
+        await logged()
+    assert len(sent) == 1, sent
+    return sent[0]
+
+
+async def test_a_renewal_right_after_one_that_recorded_the_sign_of_life_leaves_it_out(lab: Lab) -> None:
+    lease = await _dispatched(lab)
+    assert "UPDATE hosts" in await _renew_now(lab, lease, 2), "the first renewal records the host's sign of life"
+    assert "UPDATE hosts" not in await _renew_now(lab, lease, RECENT_S / 2), "recorded a moment ago"
+    assert "UPDATE hosts" in await _renew_now(lab, lease, RECENT_S / 2), "due again"
+    (host,) = await lab.store.list_hosts()
+    assert host.last_seen_at == lab.clock.current - timedelta(seconds=RECENT_S), "written at most once a second"
+    await _renew_now(lab, lease, 1)
+    (host,) = await lab.store.list_hosts()
+    assert host.last_seen_at == lab.clock.current

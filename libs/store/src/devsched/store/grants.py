@@ -2,8 +2,9 @@
 
 Nearly every lease request is granted: a live lease renewed by its own host. Each function here runs one
 statement that applies the request only where core would grant it (`devsched.core.leases`, whose
-conditions `_granted` renders from core's constants), records the host's sign of life and writes the
-request's event, and returns what was granted; None when the statement matched nothing. The caller then
+conditions `_granted` renders from core's constants), records the host's sign of life (a lock-free
+renewal only when `liveness.RecentSigns` says it is due) and writes the request's event, and returns what
+was granted; None when the statement matched nothing. The caller then
 runs the locked path (`devsched.store.leasing`), where core's `decide_*` name the conflict. One statement
 is one round trip, where the locked path takes eight to ten; `tests/integration/store/test_grants.py`
 checks that the two agree on generated states.
@@ -87,16 +88,23 @@ _AFTER_TOUCH = "(SELECT count(*) FROM touched) >= 0"
 
 _EXTEND = f"{NOW} + make_interval(secs => t.lease_ttl_s)"
 
-_RENEW = Sql(
-    f"""
-    WITH touched AS ({TOUCH} RETURNING 1)
+
+def _renew_sql(*, touch: bool) -> str:
+    """The lock-free renewal; `touch`: it records the host's sign of life too (`liveness.RecentSigns`)."""
+    touched = f"WITH touched AS ({TOUCH} RETURNING 1)" if touch else ""
+    after_touch = f"AND {_AFTER_TOUCH}" if touch else ""
+    return f"""
+    {touched}
     UPDATE attempts a SET expires_at = {_EXTEND}
     FROM tasks t
-    WHERE a.task_id = :task_id AND a.attempt = :attempt AND t.task_id = a.task_id AND {_AFTER_TOUCH}
+    WHERE a.task_id = :task_id AND a.attempt = :attempt AND t.task_id = a.task_id {after_touch}
       AND {_granted()}
     RETURNING a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested, {_STOP} AS stop
     """
-)
+
+
+#: By whether the statement records the host's sign of life.
+_RENEW = {touch: Sql(_renew_sql(touch=touch)) for touch in (True, False)}
 
 #: The task row locked first, and `seen`, its version in the statement's snapshot (see the module doc).
 _LOCKED = f"""
@@ -249,17 +257,20 @@ async def renew(
     ref: LeaseRef,
     progress: Mapping[str, Any] | None,
     written: list[OutboxMessage] | None = None,
+    *,
+    touch: bool = True,
 ) -> Extension | None:
     """Extend a live lease by its ttl from the clock, if core grants it; None if not.
 
-    One statement. Without `progress` (a periodic renewal), the lock-free one. With it (a step boundary,
+    One statement. Without `progress` (a periodic renewal), the lock-free one, which leaves the host's
+    sign of life out unless `touch` (`liveness.RecentSigns` says when it may). With it (a step boundary,
     the retry of one whose reply was lost, or an older agent that repeats the progress it sent), the
     locked advance: the attempt keeps `progress`, and a new step is a `progress` event under the task's
     lock; unchanged progress only extends. `written`, here and below, receives the outbox messages the
     statement inserted (to publish them).
     """
     if progress is None:
-        row = await db.row(_RENEW, _params(ref, clock))
+        row = await db.row(_RENEW[touch], _params(ref, clock))
     else:
         row = await db.row(_PROGRESS, _params(ref, clock, **_progress_params(ref, progress, _encoded(progress))))
     return _extension(row, written)

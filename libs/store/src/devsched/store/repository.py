@@ -140,6 +140,7 @@ class Store:
         self.on_commit: CommitHook | None = None
         self._tx = Transactor(engine, self.clock)
         self._nothing_free = placement.NothingFree()
+        self._signs = liveness.RecentSigns(self.clock)
 
     @classmethod
     def connect(cls, url: str, *, timeouts: DatabaseTimeouts | None = None, **kwargs: Any) -> Store:
@@ -390,10 +391,11 @@ class Store:
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
         written: list[OutboxMessage] = []
+        touch = progress is not None or self._signs.due(ref.host_id)  # with progress it always touches
 
         async def granted(db: Driver) -> Extension | None:
             written.clear()  # a statement run again starts over
-            return await grants.renew(db, self.clock, ref, progress, written)
+            return await grants.renew(db, self.clock, ref, progress, written, touch=touch)
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
             return await leasing.extend(
@@ -401,6 +403,8 @@ class Store:
             )
 
         if (grant := await self._tx.statements(granted, name="renew")) is not None:
+            if touch:
+                self._signs.recorded(ref.host_id)
             self._committed("renew", written, assignable=False)
             return grant
         return _unwrap(await self._write("renew", op, assignable=False))
