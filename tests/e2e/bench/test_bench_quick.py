@@ -21,7 +21,7 @@ from support.devsched_stack import run_devsched
 pytestmark = pytest.mark.e2e
 
 CONCURRENCY = (1, 4, 16)
-#: Lifecycle rounds at each c (a full run's default is 3; quick's 1).
+#: Lifecycle rounds at each c, and renewal rounds (a full run's default is 3; quick's 1).
 ROUNDS = 2
 #: Every figure of a full run of every phase, and what it is measured beside (None: nothing).
 FIGURES: dict[str, str | None] = {
@@ -112,6 +112,21 @@ def test_the_lifecycle_figures_are_the_medians_of_their_rounds(document: dict[st
         assert cpu["value"] == pytest.approx(
             statistics.median(r["devsched"]["cpu_ms_per_task"] for r in at_c), abs=1e-3
         )
+
+
+def test_the_renewal_figures_are_the_medians_of_their_rounds(document: dict[str, Any]) -> None:
+    renewals = document["details"]["renewals"]
+    assert renewals["rounds"] == ROUNDS
+    rounds = renewals["round_windows"]
+    assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
+    figures = {f["key"]: f for f in document["figures"]}
+    rate = figures["renewals.per_s"]
+    # each round's rate is rounded to 0.1 in the details
+    assert rate["value"] == pytest.approx(statistics.median(r["renew"]["rate_per_s"] for r in rounds), abs=0.1)
+    assert rate["beside"] == pytest.approx(statistics.median(r["floor"]["rate_per_s"] for r in rounds), abs=0.1)
+    assert f"medians of {ROUNDS} rounds" in rate["note"]
+    p99 = figures["renewals.p99_ms"]
+    assert p99["value"] == pytest.approx(statistics.median(r["renew"]["latency"]["p99_ms"] for r in rounds), rel=0.01)
 
 
 def test_goals_are_judged_from_the_figures(document: dict[str, Any]) -> None:

@@ -45,8 +45,8 @@ def bench(
             "--rounds",
             min=1,
             max=9,
-            help=f"Lifecycle rounds at each c, devsched and the peer in turn; figures are medians "
-            f"[{FULL.rounds}; quick {QUICK.rounds}].",
+            help=f"Lifecycle rounds at each c, devsched and the peer in turn, and renewal rounds, devsched and "
+            f"the floor in turn; figures are medians [{FULL.rounds}; quick {QUICK.rounds}].",
         ),
     ] = None,
     profile: Annotated[

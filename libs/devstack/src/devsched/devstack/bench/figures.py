@@ -6,6 +6,8 @@ the same on a laptop and on a loaded CI machine; absolute numbers are printed fo
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -98,3 +100,20 @@ def _round(value: float | None) -> float | None:
     if value is None:
         return None
     return round(value, 6) if abs(value) < 1 else round(value, 3)
+
+
+def median(values: Sequence[float]) -> float:
+    """The median of a figure's rounds."""
+    return float(statistics.median(values))
+
+
+def _num(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def rounds_note(values: Sequence[float], beside: Sequence[float] = (), whose: str = "peer") -> str:
+    """The rounds' values behind a median (and those of what it is beside), for its note ("" for one round)."""
+    if len(values) < 2:
+        return ""
+    note = f"medians of {len(values)} rounds: " + " / ".join(map(_num, values))
+    return note + (f", {whose} " + " / ".join(map(_num, beside)) if beside else "")

@@ -15,14 +15,13 @@ time, and each figure is the median of its rounds, with the rounds' values in it
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from devsched.devstack.bench.context import NOOP_PLAN, Context
-from devsched.devstack.bench.figures import Figure, at_least, at_most, value_at_most
+from devsched.devstack.bench.figures import Figure, at_least, at_most, median, rounds_note, value_at_most
 from devsched.devstack.bench.peer import Peer, PeerRun, version
 from devsched.devstack.bench.pgstats import Counted, Statement, commits_in
 from devsched.devstack.bench.profiling import statement_summary
@@ -143,22 +142,6 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
     )  # fmt: skip
 
 
-def _median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def _num(value: float) -> str:
-    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def _rounds_note(values: Sequence[float], peer: Sequence[float] = ()) -> str:
-    """The rounds' values behind a median (the peer's too), for its note ("" for a single round)."""
-    if len(values) < 2:
-        return ""
-    note = f"medians of {len(values)} rounds: " + " / ".join(map(_num, values))
-    return note + (", peer " + " / ".join(map(_num, peer)) if peer else "")
-
-
 async def lifecycle_phase(ctx: Context) -> None:
     """Devsched and (when installed) Procrastinate at each concurrency, in rounds; adds the lifecycle figures."""
     tasks, rounds = ctx.sizes.tasks, ctx.sizes.rounds
@@ -217,8 +200,8 @@ def _figures_at(ctx: Context, runs: list[DevschedRun], peers: list[PeerRun], pee
         ours: Callable[[DevschedRun], float], theirs: Callable[[PeerRun], float], *, noted: bool = False
     ) -> tuple[float, float | None, str]:
         values, peer_values = [ours(r) for r in runs], [theirs(p) for p in peers]
-        spread = _rounds_note(values, peer_values) if noted else ""
-        return _median(values), _median(peer_values) if peers else None, "; ".join(filter(None, [note, spread]))
+        spread = rounds_note(values, peer_values) if noted else ""
+        return median(values), median(peer_values) if peers else None, "; ".join(filter(None, [note, spread]))
 
     rate, peer_rate, rate_note = median_of(lambda r: r.tasks_per_s, lambda p: p.jobs_per_s, noted=True)
     cpu, peer_cpu, cpu_note = median_of(lambda r: r.cpu_ms_per_task(), lambda p: p.cpu_ms_per_job(), noted=True)
@@ -255,20 +238,20 @@ def _submit_figures(
     peer_rate = peer_ms = peer_commits = None
     if theirs:
         peer_rates = [sum(p.jobs for p in ps) / sum(p.defer_s for p in ps) for ps in theirs]
-        peer_rate = _median(peer_rates)
-        peer_ms = _median([
+        peer_rate = median(peer_rates)
+        peer_ms = median([
             1000 * sum(p.defer_cpu_s.get("postgres", 0.0) for p in ps) / sum(p.jobs for p in ps) for ps in theirs
         ])  # fmt: skip
-        peer_commits = _median([sum(p.defer_counted.commits for p in ps) / sum(p.jobs for p in ps) for ps in theirs])
-    rates_note = "; ".join(filter(None, [note, _rounds_note(rates, peer_rates)]))
+        peer_commits = median([sum(p.defer_counted.commits for p in ps) / sum(p.jobs for p in ps) for ps in theirs])
+    rates_note = "; ".join(filter(None, [note, rounds_note(rates, peer_rates)]))
     ctx.figures += [
-        Figure("lifecycle.submit.per_s", "submits/s, one by one", "submits/s", _median(rates), peer_rate, peer_name,
+        Figure("lifecycle.submit.per_s", "submits/s, one by one", "submits/s", median(rates), peer_rate, peer_name,
                at_least(1.0), rates_note),
-        Figure("lifecycle.submit.scheduler_cpu_ms", "scheduler CPU ms/submit", "ms", _median(scheduler_ms),
-               note=_rounds_note(scheduler_ms)),
+        Figure("lifecycle.submit.scheduler_cpu_ms", "scheduler CPU ms/submit", "ms", median(scheduler_ms),
+               note=rounds_note(scheduler_ms)),
         Figure("lifecycle.submit.server_cpu_ms", "server CPU ms/submit (scheduler+Postgres+NATS)", "ms",
-               _median(server_ms), peer_ms, None if peer_ms is None else f"{peer_name} (Postgres)",
+               median(server_ms), peer_ms, None if peer_ms is None else f"{peer_name} (Postgres)",
                note=note),
-        Figure("lifecycle.submit.commits", "commits/submit", "commits", _median(commits), peer_commits, peer_name,
+        Figure("lifecycle.submit.commits", "commits/submit", "commits", median(commits), peer_commits, peer_name,
                note=note),
     ]  # fmt: skip

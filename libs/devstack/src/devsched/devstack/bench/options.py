@@ -28,7 +28,8 @@ class Sizes:
     settle_s: float
     """Wait after a phase before reading pg_stat_database: an idle backend reports its counts within 10 s."""
     rounds: int
-    """Lifecycle runs at each concurrency, devsched's and the peer's in turn; each figure is their median."""
+    """Lifecycle runs at each concurrency, devsched's and the peer's in turn, and renewal windows, devsched's
+    and the floor's in turn; each of their figures is the median of its rounds."""
 
 
 FULL = Sizes(
