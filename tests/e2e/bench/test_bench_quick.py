@@ -114,19 +114,19 @@ def test_the_lifecycle_figures_are_the_medians_of_their_rounds(document: dict[st
         )
 
 
-def test_the_renewal_figures_are_the_medians_of_their_rounds(document: dict[str, Any]) -> None:
+def test_each_renewal_figure_is_the_round_of_the_median_ratio(document: dict[str, Any]) -> None:
     renewals = document["details"]["renewals"]
     assert renewals["rounds"] == ROUNDS
     rounds = renewals["round_windows"]
     assert [r["round"] for r in rounds] == list(range(1, ROUNDS + 1))
     figures = {f["key"]: f for f in document["figures"]}
     rate = figures["renewals.per_s"]
-    # each round's rate is rounded to 0.1 in the details
-    assert rate["value"] == pytest.approx(statistics.median(r["renew"]["rate_per_s"] for r in rounds), abs=0.1)
-    assert rate["beside"] == pytest.approx(statistics.median(r["floor"]["rate_per_s"] for r in rounds), abs=0.1)
-    assert f"medians of {ROUNDS} rounds" in rate["note"]
-    p99 = figures["renewals.p99_ms"]
-    assert p99["value"] == pytest.approx(statistics.median(r["renew"]["latency"]["p99_ms"] for r in rounds), rel=0.01)
+    # each round's rate is rounded to 0.1 in the details; of two rounds, the lower ratio is the median's
+    pairs = [(r["renew"]["rate_per_s"], r["floor"]["rate_per_s"]) for r in rounds]
+    median_pair = min(pairs, key=lambda p: p[0] / p[1])
+    assert rate["value"] == pytest.approx(median_pair[0], abs=0.1)
+    assert rate["beside"] == pytest.approx(median_pair[1], abs=0.1)
+    assert f"the median ratio of {ROUNDS} rounds" in rate["note"]
 
 
 def test_goals_are_judged_from_the_figures(document: dict[str, Any]) -> None:

@@ -8,8 +8,8 @@ asyncpg `UPDATE ... RETURNING` per request on the same Postgres. Server-side CPU
 scheduler's (or the responder's) and Postgres's.
 
 The renewal floor and devsched's renewals take turns in `rounds` (the floor first in odd rounds): on a
-shared machine one 8 s window of either can differ from the next by half, so each renewal figure is the
-median of its rounds, with the rounds' values in its note.
+shared machine one 8 s window of either can differ from the next by half, so each renewal figure is that
+of the round whose ratio of devsched to the floor is the median, with every round's values in its note.
 """
 
 from __future__ import annotations
@@ -225,23 +225,38 @@ async def _measure(
 
 
 def _figures(ctx: Context, renews: Sequence[Window], floors: Sequence[Window], *, echo: Window, update: Window) -> None:
-    """The renewal figures: each devsched's and the floor's medians of their rounds, the rounds in its note."""
+    """The renewal figures, each from the round whose ratio of devsched to the floor is the median.
+
+    A round's two windows are adjacent in time, so its ratio cancels most of what a shared machine's slow
+    minute does to both (every process's CPU per request, the load generator's too, moved by half between
+    rounds); the median of the rounds' ratios is that round's pair of values. The note lists each round's.
+    """
     floor_name = "floor: nats-py responder, one UPDATE ... RETURNING"
     server = ("scheduler", "postgres")
     floor_server = ("responder", "postgres")
     typical = _median_window(renews)
     busy = ", ".join(f"{t} {typical.cpu_s.get(t, 0.0) / typical.seconds:.0%}" for t in ("scheduler", "postgres"))
 
-    def medians(
+    def paired(
         of: Callable[[Window], float], floor_of: Callable[[Window], float] | None = None
     ) -> tuple[float, float, str]:
-        values, beside = [of(w) for w in renews], [(floor_of or of)(w) for w in floors]
-        return median(values), median(beside), rounds_note(values, beside, "floor")
+        pairs = [(of(w), (floor_of or of)(f)) for w, f in zip(renews, floors, strict=True)]
+        ratios = [value / beside if beside else 0.0 for value, beside in pairs]
+        middle = sorted(range(len(pairs)), key=lambda i: ratios[i])[(len(pairs) - 1) // 2]
+        note = rounds_note([v for v, _ in pairs], [b for _, b in pairs], "floor")
+        if note:
+            note = (
+                note.replace("medians of", "the median ratio of")
+                + " (x "
+                + " / ".join(f"{r:.2f}" for r in ratios)
+                + ")"
+            )
+        return pairs[middle][0], pairs[middle][1], note
 
-    rate, floor_rate, rate_note = medians(lambda w: w.rate)
-    p50, floor_p50, _ = medians(lambda w: w.latency.p50_ms)
-    p99, floor_p99, p99_note = medians(lambda w: w.latency.p99_ms)
-    cpu, floor_cpu, cpu_note = medians(
+    rate, floor_rate, rate_note = paired(lambda w: w.rate)
+    p50, floor_p50, _ = paired(lambda w: w.latency.p50_ms)
+    p99, floor_p99, p99_note = paired(lambda w: w.latency.p99_ms)
+    cpu, floor_cpu, cpu_note = paired(
         lambda w: w.cpu_ms_per_request(*server), lambda w: w.cpu_ms_per_request(*floor_server)
     )
     pg_cpu = median([w.cpu_ms_per_request("postgres") for w in renews])
