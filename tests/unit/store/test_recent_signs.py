@@ -14,9 +14,11 @@ def test_a_host_is_due_until_recorded_and_again_once_recent_s_has_passed() -> No
     clock = ManualClock()
     signs = RecentSigns(clock)
     assert signs.due("h1")
-    signs.recorded("h1")
+    signs.committed("h1", touched=True)
     assert not signs.due("h1")
     assert signs.due("h2"), "each host on its own"
+    signs.committed("h2", touched=False)
+    assert signs.due("h2"), "a statement that left it out records nothing"
     clock.advance(RECENT_S * 0.99)
     assert not signs.due("h1")
     clock.advance(RECENT_S * 0.01)
@@ -27,10 +29,10 @@ def test_past_the_hosts_it_keeps_it_forgets_only_those_no_longer_recent() -> Non
     clock = ManualClock()
     signs = RecentSigns(clock)
     for n in range(RecentSigns.KEPT - 1):
-        signs.recorded(f"old{n}")
+        signs.committed(f"old{n}", touched=True)
     clock.advance(RECENT_S)
-    signs.recorded("fresh")
-    signs.recorded("newest")  # the KEPT-th and one more: the old ones go, the recent stay
+    signs.committed("fresh", touched=True)
+    signs.committed("newest", touched=True)  # the KEPT-th and one more: the old ones go, the recent stay
     assert not signs.due("fresh")
     assert not signs.due("newest")
     assert signs.due("old0")

@@ -2,12 +2,11 @@
 
 Nearly every lease request is granted: a live lease renewed by its own host. Each function here runs one
 statement that applies the request only where core would grant it (`devsched.core.leases`, whose
-conditions `_granted` renders from core's constants), records the host's sign of life (a lock-free
-renewal only when `liveness.RecentSigns` says it is due) and writes the request's event, and returns what
-was granted; None when the statement matched nothing. The caller then
-runs the locked path (`devsched.store.leasing`), where core's `decide_*` name the conflict. One statement
-is one round trip, where the locked path takes eight to ten; `tests/integration/store/test_grants.py`
-checks that the two agree on generated states.
+conditions `_granted` renders from core's constants), records the host's sign of life (when
+`liveness.RecentSigns` says it is due) and writes the request's event, and returns what was granted; None
+when the statement matched nothing. The caller then runs the locked path (`devsched.store.leasing`), where
+core's `decide_*` name the conflict. One statement is one round trip, where the locked path takes eight to
+ten; `tests/integration/store/test_grants.py` checks that the two agree on generated states.
 
 Concurrency. A renewal without progress takes no task lock: it changes only the attempt's expiry, with a
 compare-and-set on the attempt row, and every writer that ends a lease compares-and-sets that row too
@@ -17,7 +16,8 @@ conditions are evaluated again on the row it waited for, with the clock read aga
 renewal, which the cancellation's nudge makes immediate.
 
 A claim, a renewal with progress and a report may change the task row and write an event (a renewal
-only at a new step). They lock the task row first, in the locked path's order (host, task, attempt), and
+only at a new step). They lock the task row first, in the locked path's order (host, task, attempt; the
+host's row only when its sign of life is written, and only a statement that writes it waits for it), and
 apply only if the task row they locked is the version their snapshot holds (`xmin`). Every writer of a
 lease's state, of a cancellation request or of progress also updates the task row (it takes an event
 number), so an unchanged task row means nothing the statement read from its snapshot changed before it
@@ -89,8 +89,12 @@ _AFTER_TOUCH = "(SELECT count(*) FROM touched) >= 0"
 _EXTEND = f"{NOW} + make_interval(secs => t.lease_ttl_s)"
 
 
+#: Whether a statement records the host's sign of life (`TOUCH`), which `liveness.RecentSigns` decides.
+TOUCHING = (True, False)
+
+
 def _renew_sql(*, touch: bool) -> str:
-    """The lock-free renewal; `touch`: it records the host's sign of life too (`liveness.RecentSigns`)."""
+    """The lock-free renewal; `touch`: it records the host's sign of life too."""
     touched = f"WITH touched AS ({TOUCH} RETURNING 1)" if touch else ""
     after_touch = f"AND {_AFTER_TOUCH}" if touch else ""
     return f"""
@@ -103,22 +107,31 @@ def _renew_sql(*, touch: bool) -> str:
     """
 
 
-#: By whether the statement records the host's sign of life.
-_RENEW = {touch: Sql(_renew_sql(touch=touch)) for touch in (True, False)}
+#: By `touch`.
+_RENEW = {touch: Sql(_renew_sql(touch=touch)) for touch in TOUCHING}
 
-#: The task row locked first, and `seen`, its version in the statement's snapshot (see the module doc).
-_LOCKED = f"""
-    touched AS ({TOUCH} RETURNING 1),
+
+def _locked(*, touch: bool) -> str:
+    """CTEs: the task row locked first (after the host's, with `touch`), and `seen`, its version.
+
+    `seen` is the task row's version in the statement's snapshot (see the module doc).
+    """
+    touched = f"touched AS ({TOUCH} RETURNING 1)," if touch else ""
+    after_touch = f"AND {_AFTER_TOUCH}" if touch else ""
+    return f"""
+    {touched}
     seen AS (SELECT xmin AS version FROM tasks WHERE task_id = :task_id),
     t AS MATERIALIZED (
         SELECT task_id, status, attempt_count, lease_ttl_s, deadline, attempt_timeout_s, retry IS NULL AS no_retry,
                kind = 'user' AS user_task, NOT jsonb_path_exists(plan, '$.steps[*] ? (@.infra == true)') AS no_infra,
                xmin AS version
         FROM tasks
-        WHERE task_id = :task_id AND {_AFTER_TOUCH}
+        WHERE task_id = :task_id {after_touch}
         FOR UPDATE
     )
-"""
+    """
+
+
 _LOCKED_ATTEMPT = "a.task_id = t.task_id AND a.attempt = :attempt AND t.version = seen.version"
 
 #: The events a claim or a renewal may write, in this order: `dispatched` (a first claim), then `progress`
@@ -127,7 +140,7 @@ _DISPATCHED_SLOT = Slot("dispatched", wanted="ext.dispatch", seq="moved.event_se
 _PROGRESS_SLOT = Slot("progress", wanted="ext.progressed", seq="moved.event_seq")
 
 
-def _advance_sql(*, claim: bool) -> str:
+def _advance_sql(*, claim: bool, touch: bool) -> str:
     """A claim, or a renewal with progress, under the task's lock: what the locked path's `extend` does.
 
     The attempt's lease is extended and it keeps the progress sent (if any); a first claim moves the task
@@ -139,7 +152,7 @@ def _advance_sql(*, claim: bool) -> str:
     slots = [_DISPATCHED_SLOT, _PROGRESS_SLOT] if claim else [_PROGRESS_SLOT]
     events = insert_events("ext, moved", slots, at="moved.updated_at", device_id="ext.device_id", status="moved.status")
     return f"""
-    WITH {_LOCKED},
+    WITH {_locked(touch=touch)},
     held AS (SELECT progress FROM attempts WHERE task_id = :task_id AND attempt = :attempt),
     ext AS (
         UPDATE attempts a
@@ -166,8 +179,9 @@ def _advance_sql(*, claim: bool) -> str:
     """
 
 
-_CLAIM = Sql(_advance_sql(claim=True))
-_PROGRESS = Sql(_advance_sql(claim=False))
+#: By `touch`.
+_CLAIM = {touch: Sql(_advance_sql(claim=True, touch=touch)) for touch in TOUCHING}
+_PROGRESS = {touch: Sql(_advance_sql(claim=False, touch=touch)) for touch in TOUCHING}
 
 
 _REPORT_EVENT = insert_event(
@@ -175,7 +189,7 @@ _REPORT_EVENT = insert_event(
 )
 
 
-def _report_sql(outcome: Outcome) -> str:
+def _report_sql(outcome: Outcome, *, touch: bool) -> str:
     trigger = REPORT_TRIGGER[outcome]
     status = outcome.attempt_status.value
     needs_request = f"AND {_CANCEL_REQUESTED}" if outcome in NEEDS_CANCEL_REQUEST else ""
@@ -192,7 +206,7 @@ def _report_sql(outcome: Outcome) -> str:
         else ""
     )
     return f"""
-    WITH {_LOCKED},
+    WITH {_locked(touch=touch)},
     ended AS (
         UPDATE attempts a
         SET status = '{status}', end_reason = '{status}', ended_at = {NOW}, report_reason = :reason,
@@ -213,7 +227,8 @@ def _report_sql(outcome: Outcome) -> str:
     """
 
 
-_REPORT = {outcome: Sql(_report_sql(outcome)) for outcome in Outcome}
+#: By outcome and `touch`.
+_REPORT = {(outcome, touch): Sql(_report_sql(outcome, touch=touch)) for outcome in Outcome for touch in TOUCHING}
 
 
 def _params(ref: LeaseRef, clock: Clock, **extra: Any) -> dict[str, Any]:
@@ -262,17 +277,18 @@ async def renew(
 ) -> Extension | None:
     """Extend a live lease by its ttl from the clock, if core grants it; None if not.
 
-    One statement. Without `progress` (a periodic renewal), the lock-free one, which leaves the host's
-    sign of life out unless `touch` (`liveness.RecentSigns` says when it may). With it (a step boundary,
+    One statement. Without `progress` (a periodic renewal), the lock-free one. With it (a step boundary,
     the retry of one whose reply was lost, or an older agent that repeats the progress it sent), the
     locked advance: the attempt keeps `progress`, and a new step is a `progress` event under the task's
     lock; unchanged progress only extends. `written`, here and below, receives the outbox messages the
-    statement inserted (to publish them).
+    statement inserted (to publish them). `touch`, here and below: the statement records the host's sign
+    of life (`liveness.RecentSigns` says when it may leave it out).
     """
     if progress is None:
         row = await db.row(_RENEW[touch], _params(ref, clock))
     else:
-        row = await db.row(_PROGRESS, _params(ref, clock, **_progress_params(ref, progress, _encoded(progress))))
+        params = _params(ref, clock, **_progress_params(ref, progress, _encoded(progress)))
+        row = await db.row(_PROGRESS[touch], params)
     return _extension(row, written)
 
 
@@ -282,6 +298,8 @@ async def claim(
     ref: LeaseRef,
     progress: Mapping[str, Any] | None = None,
     written: list[OutboxMessage] | None = None,
+    *,
+    touch: bool = True,
 ) -> Extension | None:
     """Start an assigned attempt (a `dispatched` event), or extend a dispatched one, if core grants it.
 
@@ -292,7 +310,7 @@ async def claim(
     params = _params(
         ref, clock, **_progress_params(ref, progress, _encoded(progress)), **event_params(event, _DISPATCHED_SLOT.name)
     )
-    return _extension(await db.row(_CLAIM, params), written)
+    return _extension(await db.row(_CLAIM[touch], params), written)
 
 
 def _encoded(progress: Mapping[str, Any] | None) -> str | None:
@@ -317,6 +335,8 @@ async def report(
     reason: str | None,
     result: Mapping[str, Any] | None,
     written: list[OutboxMessage] | None = None,
+    *,
+    touch: bool = True,
 ) -> ReportReceipt | None:
     """Record the outcome of a live lease and end its task, if core grants it (a repeat never is)."""
     status = outcome.task_status
@@ -328,6 +348,6 @@ async def report(
         result=json.dumps(dict(result)) if result is not None else None,
         **event_params(event),
     )
-    row = await db.row(_REPORT[outcome], params)
+    row = await db.row(_REPORT[outcome, touch], params)
     _collect(row, written)
     return None if row is None else ReportReceipt(ref.task_id, ref.attempt, status, row["ended_at"], False)

@@ -34,8 +34,8 @@ TOUCH = f"""
     WHERE host_id = :host_id AND last_seen_at < {NOW} - interval '1 second'
 """
 
-#: How long after a statement of this process that recorded a host's sign of life (`TOUCH`) a lock-free
-#: renewal of that host leaves `TOUCH` out (`RecentSigns`).
+#: How long after a statement of this process that recorded a host's sign of life (`TOUCH`) a granted
+#: request of that host leaves `TOUCH` out (`RecentSigns`).
 RECENT_S = 0.25
 
 _TOUCH = text(
@@ -73,13 +73,16 @@ class RecentSigns:
     """The hosts whose sign of life a statement of this process recorded within the last `RECENT_S`.
 
     `TOUCH` writes a host's row at most once a second, but as a CTE it costs every statement that carries
-    it its own UPDATE of the hosts table, written or not: about a fifth of Postgres's CPU per renewal
-    (issue 10). A renewal of a host that a statement of this process touched less than `RECENT_S` ago
-    leaves it out. That statement left `last_seen_at` at most a second behind its clock, so the recorded
-    sign of life lags a renewal by less than `1 s + RECENT_S`, well inside the 3 heartbeat intervals (at
-    least 1.5 s) that make a host offline. Time is the store's clock when a test sets it (then every
-    renewal at least `RECENT_S` apart carries `TOUCH`, which writes only a second apart: the same rows as
-    always touching), else this process's monotonic clock.
+    it an UPDATE of the hosts table, written or not, on one row that every request of the host reads:
+    about a fifth of Postgres's CPU per renewal, and the renewals of 8 devices of a host queued on its page
+    (issue 10). A granted claim, renewal or report (`devsched.store.grants`) of a host that a statement of
+    this process touched less than `RECENT_S` ago leaves it out. That statement left `last_seen_at` at
+    most a second behind its clock, so the recorded sign of life lags a request by less than
+    `1 s + RECENT_S`, well inside the 3 heartbeat intervals (at least 1.5 s) that make a host offline.
+    A request the grant refuses goes on to the locked path, which always records it; so do heartbeats.
+    Time is the store's clock when a test sets it (then every request at least `RECENT_S` after the last
+    touching one carries `TOUCH`, which writes only a second apart: the rows are those of always
+    touching), else this process's monotonic clock.
     """
 
     __slots__ = ("_at", "_clock")
@@ -104,8 +107,10 @@ class RecentSigns:
         """How many hosts it remembers."""
         return len(self._at)
 
-    def recorded(self, host_id: str) -> None:
-        """A statement carrying `TOUCH` for `host_id` committed now."""
+    def committed(self, host_id: str, touched: bool) -> None:
+        """A statement for `host_id` committed; `touched`: it carried `TOUCH`."""
+        if not touched:
+            return
         now = self._now()
         if len(self._at) >= self.KEPT and host_id not in self._at:
             self._at = {h: at for h, at in self._at.items() if now - at < RECENT_S}

@@ -375,15 +375,17 @@ class Store:
         `progress` (the first step's) is kept as a renewal carrying it would keep it, in the same statement.
         """
         written: list[OutboxMessage] = []
+        touch = self._signs.due(ref.host_id)
 
         async def granted(db: Driver) -> Extension | None:
             written.clear()  # a statement run again starts over
-            return await grants.claim(db, self.clock, ref, progress, written)
+            return await grants.claim(db, self.clock, ref, progress, written, touch=touch)
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
             return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock, progress=progress)
 
         if (grant := await self._tx.statements(granted, name="claim")) is not None:
+            self._signs.committed(ref.host_id, touch)
             self._committed("claim", written, assignable=False)
             return grant
         return _unwrap(await self._write("claim", op, assignable=False))
@@ -391,7 +393,7 @@ class Store:
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
         written: list[OutboxMessage] = []
-        touch = progress is not None or self._signs.due(ref.host_id)  # with progress it always touches
+        touch = self._signs.due(ref.host_id)
 
         async def granted(db: Driver) -> Extension | None:
             written.clear()  # a statement run again starts over
@@ -403,8 +405,7 @@ class Store:
             )
 
         if (grant := await self._tx.statements(granted, name="renew")) is not None:
-            if touch:
-                self._signs.recorded(ref.host_id)
+            self._signs.committed(ref.host_id, touch)
             self._committed("renew", written, assignable=False)
             return grant
         return _unwrap(await self._write("renew", op, assignable=False))
@@ -430,15 +431,16 @@ class Store:
         assignable = True  # the device is free: a pass may give it work
         dispatch = take_next and self.assign_inline
         handed: Handed | None = None
+        touch = self._signs.due(ref.host_id)
 
         async def granted(db: Driver) -> ReportReceipt | None:
             nonlocal assignable, handed
             written.clear()  # a statement run again starts over
             assignable, handed = True, None
             if not self.assign_inline:
-                return await grants.report(db, self.clock, ref, outcome, reason, result, written)
+                return await grants.report(db, self.clock, ref, outcome, reason, result, written, touch=touch)
             async with db.transaction():
-                receipt = await grants.report(db, self.clock, ref, outcome, reason, result, written)
+                receipt = await grants.report(db, self.clock, ref, outcome, reason, result, written, touch=touch)
                 if receipt is not None:
                     placed, handed = await handover.hand_over(
                         db, self.clock, ref.task_id, ref.attempt, written, dispatch=dispatch
@@ -469,6 +471,7 @@ class Store:
             return receipt
 
         if (done := await self._tx.statements(granted, name="report")) is not None:
+            self._signs.committed(ref.host_id, touch)
             self._committed("report", written, assignable=assignable)
             return done if handed is None else replace(done, next=handed)
         return _unwrap(await self._write("report", op, assignable=False))
