@@ -98,23 +98,27 @@ class RecentSigns:
         bound = self._clock.bound()
         return time.monotonic() if bound is None else bound.timestamp()
 
-    def due(self, host_id: str) -> bool:
-        """Whether a statement for `host_id` should record its sign of life (`TOUCH`)."""
+    def due(self, host_id: str) -> float | None:
+        """Now, when a statement for `host_id` should record its sign of life (`TOUCH`); else None.
+
+        Read before the statement runs: `recorded` takes it once it committed, so a statement that waited
+        (for the pool, a lock) never makes the host look recent for longer than `RECENT_S` after it began.
+        """
+        now = self._now()
         at = self._at.get(host_id)
-        return at is None or self._now() - at >= RECENT_S
+        return now if at is None or now - at >= RECENT_S else None
 
     def __len__(self) -> int:
         """How many hosts it remembers."""
         return len(self._at)
 
-    def committed(self, host_id: str, touched: bool) -> None:
-        """A statement for `host_id` committed; `touched`: it carried `TOUCH`."""
-        if not touched:
+    def recorded(self, host_id: str, at: float | None) -> None:
+        """A statement for `host_id` committed; `at`: what `due` said before it (None: it left `TOUCH` out)."""
+        if at is None:
             return
-        now = self._now()
         if len(self._at) >= self.KEPT and host_id not in self._at:
-            self._at = {h: at for h, at in self._at.items() if now - at < RECENT_S}
-        self._at[host_id] = now
+            self._at = {h: t for h, t in self._at.items() if at - t < RECENT_S}
+        self._at[host_id] = at
 
 
 @dataclass(frozen=True, slots=True)

@@ -375,7 +375,8 @@ class Store:
         `progress` (the first step's) is kept as a renewal carrying it would keep it, in the same statement.
         """
         written: list[OutboxMessage] = []
-        touch = self._signs.due(ref.host_id)
+        signed = self._signs.due(ref.host_id)
+        touch = signed is not None
 
         async def granted(db: Driver) -> Extension | None:
             written.clear()  # a statement run again starts over
@@ -385,7 +386,7 @@ class Store:
             return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock, progress=progress)
 
         if (grant := await self._tx.statements(granted, name="claim")) is not None:
-            self._signs.committed(ref.host_id, touch)
+            self._signs.recorded(ref.host_id, signed)
             self._committed("claim", written, assignable=False)
             return grant
         return _unwrap(await self._write("claim", op, assignable=False))
@@ -393,7 +394,8 @@ class Store:
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
         written: list[OutboxMessage] = []
-        touch = self._signs.due(ref.host_id)
+        signed = self._signs.due(ref.host_id)
+        touch = signed is not None
 
         async def granted(db: Driver) -> Extension | None:
             written.clear()  # a statement run again starts over
@@ -405,7 +407,7 @@ class Store:
             )
 
         if (grant := await self._tx.statements(granted, name="renew")) is not None:
-            self._signs.committed(ref.host_id, touch)
+            self._signs.recorded(ref.host_id, signed)
             self._committed("renew", written, assignable=False)
             return grant
         return _unwrap(await self._write("renew", op, assignable=False))
@@ -431,7 +433,8 @@ class Store:
         assignable = True  # the device is free: a pass may give it work
         dispatch = take_next and self.assign_inline
         handed: Handed | None = None
-        touch = self._signs.due(ref.host_id)
+        signed = self._signs.due(ref.host_id)
+        touch = signed is not None
 
         async def granted(db: Driver) -> ReportReceipt | None:
             nonlocal assignable, handed
@@ -471,7 +474,7 @@ class Store:
             return receipt
 
         if (done := await self._tx.statements(granted, name="report")) is not None:
-            self._signs.committed(ref.host_id, touch)
+            self._signs.recorded(ref.host_id, signed)
             self._committed("report", written, assignable=assignable)
             return done if handed is None else replace(done, next=handed)
         return _unwrap(await self._write("report", op, assignable=False))
