@@ -111,9 +111,14 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
-def rounds_note(values: Sequence[float], beside: Sequence[float] = (), whose: str = "peer") -> str:
-    """The rounds' values behind a median (and those of what it is beside), for its note ("" for one round)."""
+def rounds_note(
+    values: Sequence[float], beside: Sequence[float] = (), whose: str = "peer", lead: str = "medians"
+) -> str:
+    """The rounds' values behind a median (and those of what it is beside), for its note ("" for one round).
+
+    `lead` names what was taken of them: `medians`, or `the median ratio` (one round's pair).
+    """
     if len(values) < 2:
         return ""
-    note = f"medians of {len(values)} rounds: " + " / ".join(map(_num, values))
+    note = f"{lead} of {len(values)} rounds: " + " / ".join(map(_num, values))
     return note + (f", {whose} " + " / ".join(map(_num, beside)) if beside else "")

@@ -243,14 +243,9 @@ def _figures(ctx: Context, renews: Sequence[Window], floors: Sequence[Window], *
         pairs = [(of(w), (floor_of or of)(f)) for w, f in zip(renews, floors, strict=True)]
         ratios = [value / beside if beside else 0.0 for value, beside in pairs]
         middle = sorted(range(len(pairs)), key=lambda i: ratios[i])[(len(pairs) - 1) // 2]
-        note = rounds_note([v for v, _ in pairs], [b for _, b in pairs], "floor")
+        note = rounds_note([v for v, _ in pairs], [b for _, b in pairs], "floor", "the median ratio")
         if note:
-            note = (
-                note.replace("medians of", "the median ratio of")
-                + " (x "
-                + " / ".join(f"{r:.2f}" for r in ratios)
-                + ")"
-            )
+            note += " (x " + " / ".join(f"{r:.2f}" for r in ratios) + ")"
         return pairs[middle][0], pairs[middle][1], note
 
     rate, floor_rate, rate_note = paired(lambda w: w.rate)
