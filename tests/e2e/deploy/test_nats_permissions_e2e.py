@@ -22,6 +22,7 @@ from support.secured_nats import AGENT_TOML, SCHEDULER_SETTINGS, SecuredNats, se
 
 pytestmark = pytest.mark.e2e
 
+
 @pytest.fixture
 def secured(tmp_path: Path) -> Iterator[SecuredNats]:
     """A nats-server with the deploy permissions on a free port."""
