@@ -8,6 +8,7 @@ A periodic renewal records the host's sign of life only when it is due (`livenes
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -95,5 +96,22 @@ async def test_a_renewal_right_after_one_that_recorded_the_sign_of_life_leaves_i
     (host,) = await lab.store.list_hosts()
     assert host.last_seen_at == lab.clock.current - timedelta(seconds=RECENT_S), "written at most once a second"
     await _renew_now(lab, lease, 1)
+    (host,) = await lab.store.list_hosts()
+    assert host.last_seen_at == lab.clock.current
+
+
+async def test_renewals_of_one_hosts_devices_at_once_record_its_sign_of_life_in_one_statement(lab: Lab) -> None:
+    await lab.host("h1", "d1", "d2", "d3", "d4")
+    leases = [await lab.assign_one(await lab.submit()) for _ in range(4)]
+    for lease in leases:
+        await lab.store.claim(lease, FIRST)
+    lab.clock.advance(2)
+    with statements(lab.store) as sent:
+        # real concurrency: each renewal on a connection of its own, all begun before any commits
+        await asyncio.gather(*(lab.store.renew(lease) for lease in leases))
+        await logged()
+    renewals = [s for s in sent if "UPDATE attempts" in s]
+    assert len(renewals) == 4, sent
+    assert sum("UPDATE hosts" in s for s in renewals) == 1, "the others leave it out, not waiting on its row lock"
     (host,) = await lab.store.list_hosts()
     assert host.last_seen_at == lab.clock.current

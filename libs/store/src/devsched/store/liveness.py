@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -70,19 +72,25 @@ async def touch_host(conn: AsyncConnection, host_id: str, now: datetime | None) 
 
 
 class RecentSigns:
-    """The hosts whose sign of life a statement of this process recorded within the last `RECENT_S`.
+    """The hosts whose sign of life a statement of this process began recording within the last `RECENT_S`.
 
     `TOUCH` writes a host's row at most once a second, but as a CTE it costs every statement that carries
     it an UPDATE of the hosts table, written or not, on one row that every request of the host reads:
     about a fifth of Postgres's CPU per renewal, and the renewals of 8 devices of a host queued on its page
-    (issue 10). A granted claim, renewal or report (`devsched.store.grants`) of a host that a statement of
-    this process touched less than `RECENT_S` ago leaves it out. That statement left `last_seen_at` at
-    most a second behind its clock, so the recorded sign of life lags a request by less than
-    `1 s + RECENT_S`, well inside the 3 heartbeat intervals (at least 1.5 s) that make a host offline.
-    A request the grant refuses goes on to the locked path, which always records it; so do heartbeats.
-    Time is the store's clock when a test sets it (then every request at least `RECENT_S` after the last
-    touching one carries `TOUCH`, which writes only a second apart: the rows are those of always
-    touching), else this process's monotonic clock.
+    (issue 10). A granted claim, renewal or report (`devsched.store.grants`) of a host for which a
+    statement of this process began carrying it less than `RECENT_S` ago leaves it out (`signing`).
+
+    The window opens when the touching statement begins, not when it commits: the requests of a host's
+    other devices that arrive while it runs leave `TOUCH` out too. Carrying it, each would wait for the
+    first one's row lock to re-check `last_seen_at` (a report holds it until its hand-over commits: 2.5 ms
+    on average for a tenth of the reports at c=16). A statement that fails (or is cancelled) closes the
+    window it opened, so the host's next request carries `TOUCH` again. The one that carried it left
+    `last_seen_at` at most a second behind its clock, read when it ran, so the recorded sign of life lags a
+    request by less than `1 s + RECENT_S`, well inside the 3 heartbeat intervals (at least 1.5 s) that
+    make a host offline. A request the grant refuses goes on to the locked path, which always records it;
+    so do heartbeats. Time is the store's clock when a test sets it (then every request at least
+    `RECENT_S` after the last touching one carries `TOUCH`, which writes only a second apart: the rows are
+    those of always touching), else this process's monotonic clock.
     """
 
     __slots__ = ("_at", "_clock")
@@ -98,27 +106,33 @@ class RecentSigns:
         bound = self._clock.bound()
         return time.monotonic() if bound is None else bound.timestamp()
 
-    def due(self, host_id: str) -> float | None:
-        """Now, when a statement for `host_id` should record its sign of life (`TOUCH`); else None.
+    @contextmanager
+    def signing(self, host_id: str) -> Iterator[bool]:
+        """Whether the statement run inside should carry `TOUCH` for `host_id`; if so, its window opens now.
 
-        Read before the statement runs: `recorded` takes it once it committed, so a statement that waited
-        (for the pool, a lock) never makes the host look recent for longer than `RECENT_S` after it began.
+        An exception out of the block (the statement failed, or was cancelled) closes that window again.
         """
+        at = self._open(host_id)
+        try:
+            yield at is not None
+        except BaseException:
+            if at is not None and self._at.get(host_id) == at:
+                del self._at[host_id]
+            raise
+
+    def _open(self, host_id: str) -> float | None:
         now = self._now()
         at = self._at.get(host_id)
-        return now if at is None or now - at >= RECENT_S else None
+        if at is not None and now - at < RECENT_S:
+            return None
+        if len(self._at) >= self.KEPT and at is None:
+            self._at = {h: t for h, t in self._at.items() if now - t < RECENT_S}
+        self._at[host_id] = now
+        return now
 
     def __len__(self) -> int:
         """How many hosts it remembers."""
         return len(self._at)
-
-    def recorded(self, host_id: str, at: float | None) -> None:
-        """A statement for `host_id` committed; `at`: what `due` said before it (None: it left `TOUCH` out)."""
-        if at is None:
-            return
-        if len(self._at) >= self.KEPT and host_id not in self._at:
-            self._at = {h: t for h, t in self._at.items() if at - t < RECENT_S}
-        self._at[host_id] = at
 
 
 @dataclass(frozen=True, slots=True)

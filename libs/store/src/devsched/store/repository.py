@@ -375,42 +375,40 @@ class Store:
         `progress` (the first step's) is kept as a renewal carrying it would keep it, in the same statement.
         """
         written: list[OutboxMessage] = []
-        signed = self._signs.due(ref.host_id)
-        touch = signed is not None
-
-        async def granted(db: Driver) -> Extension | None:
-            written.clear()  # a statement run again starts over
-            return await grants.claim(db, self.clock, ref, progress, written, touch=touch)
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
             return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock, progress=progress)
 
-        if (grant := await self._tx.statements(granted, name="claim")) is not None:
-            self._signs.recorded(ref.host_id, signed)
-            self._committed("claim", written, assignable=False)
-            return grant
-        return _unwrap(await self._write("claim", op, assignable=False))
+        with self._signs.signing(ref.host_id) as touch:
+
+            async def granted(db: Driver) -> Extension | None:
+                written.clear()  # a statement run again starts over
+                return await grants.claim(db, self.clock, ref, progress, written, touch=touch)
+
+            if (grant := await self._tx.statements(granted, name="claim")) is not None:
+                self._committed("claim", written, assignable=False)
+                return grant
+            return _unwrap(await self._write("claim", op, assignable=False))
 
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
         written: list[OutboxMessage] = []
-        signed = self._signs.due(ref.host_id)
-        touch = signed is not None
-
-        async def granted(db: Driver) -> Extension | None:
-            written.clear()  # a statement run again starts over
-            return await grants.renew(db, self.clock, ref, progress, written, touch=touch)
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
             return await leasing.extend(
                 conn, now, changes.outbox, ref, claim=False, clock=self.clock, progress=progress
             )
 
-        if (grant := await self._tx.statements(granted, name="renew")) is not None:
-            self._signs.recorded(ref.host_id, signed)
-            self._committed("renew", written, assignable=False)
-            return grant
-        return _unwrap(await self._write("renew", op, assignable=False))
+        with self._signs.signing(ref.host_id) as touch:
+
+            async def granted(db: Driver) -> Extension | None:
+                written.clear()  # a statement run again starts over
+                return await grants.renew(db, self.clock, ref, progress, written, touch=touch)
+
+            if (grant := await self._tx.statements(granted, name="renew")) is not None:
+                self._committed("renew", written, assignable=False)
+                return grant
+            return _unwrap(await self._write("renew", op, assignable=False))
 
     async def report(
         self,
@@ -433,23 +431,6 @@ class Store:
         assignable = True  # the device is free: a pass may give it work
         dispatch = take_next and self.assign_inline
         handed: Handed | None = None
-        signed = self._signs.due(ref.host_id)
-        touch = signed is not None
-
-        async def granted(db: Driver) -> ReportReceipt | None:
-            nonlocal assignable, handed
-            written.clear()  # a statement run again starts over
-            assignable, handed = True, None
-            if not self.assign_inline:
-                return await grants.report(db, self.clock, ref, outcome, reason, result, written, touch=touch)
-            async with db.transaction():
-                receipt = await grants.report(db, self.clock, ref, outcome, reason, result, written, touch=touch)
-                if receipt is not None:
-                    placed, handed = await handover.hand_over(
-                        db, self.clock, ref.task_id, ref.attempt, written, dispatch=dispatch
-                    )
-                    assignable = not placed.settled
-            return receipt
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ReportReceipt | Rejected:
             receipt = await leasing.report(
@@ -473,11 +454,27 @@ class Store:
                         return replace(receipt, next=next_)
             return receipt
 
-        if (done := await self._tx.statements(granted, name="report")) is not None:
-            self._signs.recorded(ref.host_id, signed)
-            self._committed("report", written, assignable=assignable)
-            return done if handed is None else replace(done, next=handed)
-        return _unwrap(await self._write("report", op, assignable=False))
+        with self._signs.signing(ref.host_id) as touch:
+
+            async def granted(db: Driver) -> ReportReceipt | None:
+                nonlocal assignable, handed
+                written.clear()  # a statement run again starts over
+                assignable, handed = True, None
+                if not self.assign_inline:
+                    return await grants.report(db, self.clock, ref, outcome, reason, result, written, touch=touch)
+                async with db.transaction():
+                    receipt = await grants.report(db, self.clock, ref, outcome, reason, result, written, touch=touch)
+                    if receipt is not None:
+                        placed, handed = await handover.hand_over(
+                            db, self.clock, ref.task_id, ref.attempt, written, dispatch=dispatch
+                        )
+                        assignable = not placed.settled
+                return receipt
+
+            if (done := await self._tx.statements(granted, name="report")) is not None:
+                self._committed("report", written, assignable=assignable)
+                return done if handed is None else replace(done, next=handed)
+            return _unwrap(await self._write("report", op, assignable=False))
 
     async def release(
         self,
