@@ -374,41 +374,32 @@ class Store:
 
         `progress` (the first step's) is kept as a renewal carrying it would keep it, in the same statement.
         """
-        written: list[OutboxMessage] = []
-
-        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
-            return await leasing.extend(conn, now, changes.outbox, ref, claim=True, clock=self.clock, progress=progress)
-
-        with self._signs.signing(ref.host_id) as touch:
-
-            async def granted(db: Driver) -> Extension | None:
-                written.clear()  # a statement run again starts over
-                return await grants.claim(db, self.clock, ref, progress, written, touch=touch)
-
-            if (grant := await self._tx.statements(granted, name="claim")) is not None:
-                self._committed("claim", written, assignable=False)
-                return grant
-            return _unwrap(await self._write("claim", op, assignable=False))
+        return await self._extend(ref, progress, claim=True)
 
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
+        return await self._extend(ref, progress, claim=False)
+
+    async def _extend(self, ref: LeaseRef, progress: Mapping[str, Any] | None, *, claim: bool) -> Extension:
+        """A claim or a renewal: the granted statement, else the locked path that names the conflict."""
+        name, grant_of = ("claim", grants.claim) if claim else ("renew", grants.renew)
         written: list[OutboxMessage] = []
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
             return await leasing.extend(
-                conn, now, changes.outbox, ref, claim=False, clock=self.clock, progress=progress
+                conn, now, changes.outbox, ref, claim=claim, clock=self.clock, progress=progress
             )
 
         with self._signs.signing(ref.host_id) as touch:
 
             async def granted(db: Driver) -> Extension | None:
                 written.clear()  # a statement run again starts over
-                return await grants.renew(db, self.clock, ref, progress, written, touch=touch)
+                return await grant_of(db, self.clock, ref, progress, written, touch=touch)
 
-            if (grant := await self._tx.statements(granted, name="renew")) is not None:
-                self._committed("renew", written, assignable=False)
+            if (grant := await self._tx.statements(granted, name=name)) is not None:
+                self._committed(name, written, assignable=False)
                 return grant
-            return _unwrap(await self._write("renew", op, assignable=False))
+            return _unwrap(await self._write(name, op, assignable=False))
 
     async def report(
         self,
