@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from devsched.client.cli.render import DEVICE_STYLE, status_text, tasks_table
+from devsched.client.cli.render import DEVICE_STYLE, literal, status_text, tasks_table, visible
 from devsched.core.status import DeviceState
 from devsched.devstack.demo import Demo
 from devsched.protocol.messages import HostView, TaskSummary
@@ -80,7 +80,7 @@ def demo_table(demo: Demo) -> Table:
         elif task.problem() is None:
             mark = Text("ok", style="green")
         else:
-            mark = Text(task.problem() or "", style="red")
+            mark = literal(task.problem() or "", style="red")
         table.add_row(f"demo-{task.key}", task.shows, status_text(task.expect), now, mark)
     return table
 
@@ -96,10 +96,10 @@ def hosts_line_table(hosts: Sequence[HostView]) -> Table:
         for i, device in enumerate(sorted(host.devices, key=lambda d: d.device_id)):
             if i:
                 devices.append("  ")
-            devices.append(f"{device.device_id} ")
+            devices.append(visible(f"{device.device_id} "))
             devices.append(str(device.state), style=DEVICE_STYLE.get(DeviceState(device.state), ""))
         online = Text("yes", style="green") if host.online else Text("no", style="red")
-        table.add_row(host.host_id, online, devices)
+        table.add_row(literal(host.host_id), online, devices)
     return table
 
 

@@ -31,6 +31,7 @@ from types import FrameType
 from rich.console import Console
 from rich.live import Live
 
+from devsched.client.cli.render import literal
 from devsched.client.client import Client
 from devsched.core.errors import DevschedError
 from devsched.devstack.dashboard import Endpoints, dashboard, demo_table, how_to_reach
@@ -177,11 +178,10 @@ class Up:
     # -- output ------------------------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
-        """One progress line (above the live view, when there is one)."""
+        """One progress line (above the live view, when there is one); the server's words in it shown literally."""
         console = self.live.console if self.live is not None else self.console
-        console.print(
-            f"[{time.monotonic() - self.started_at:6.1f}s] {message}", highlight=False, markup=False, soft_wrap=True
-        )
+        line = literal(f"[{time.monotonic() - self.started_at:6.1f}s] {message}")
+        console.print(line, highlight=False, soft_wrap=True)
 
     # -- the synchronous part: servers and database ----------------------------------------------------
 

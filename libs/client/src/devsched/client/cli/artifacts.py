@@ -14,17 +14,10 @@ from pathlib import Path, PurePosixPath
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from devsched.client.cli.common import ExitCode, check, fail, out, print_json, run, with_client
+from devsched.client.cli.render import artifacts_table, literal, visible
 from devsched.client.client import Client, task_uuid
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def artifacts(
@@ -56,12 +49,7 @@ def artifacts(
         if json_out:
             print_json(listing)
             return
-        table = Table(box=None, pad_edge=False)
-        for column in ("ATTEMPT", "NAME", "SIZE", "SHA256", "STEP"):
-            table.add_column(column)
-        for a in listing.artifacts:
-            table.add_row(str(a.attempt), a.name, _size(a.size), a.sha256, a.step)
-        out.print(table if listing.artifacts else f"task {tid} has no artifacts")
+        out.print(artifacts_table(listing.artifacts) if listing.artifacts else literal(f"task {tid} has no artifacts"))
 
     run(lambda: with_client(ctx, main))
 
@@ -80,6 +68,6 @@ def _get(ctx: typer.Context, task_id: str, name: str, attempt: int | None, outpu
             written = await client.download_artifact(tid, name, path, attempt=attempt, force=force)
         except FileExistsError as exc:
             fail(str(exc), ExitCode.CONFLICT)
-        print(f"{written}", file=sys.stderr)
+        print(visible(str(written)), file=sys.stderr)
 
     run(lambda: with_client(ctx, main))

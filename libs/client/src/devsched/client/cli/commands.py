@@ -26,7 +26,16 @@ from devsched.client.cli.common import (
     with_client,
 )
 from devsched.client.cli.logs import print_output_lines
-from devsched.client.cli.render import event_line, hosts_table, print_table, status_text, task_detail, tasks_table
+from devsched.client.cli.render import (
+    event_line,
+    hosts_table,
+    literal,
+    print_table,
+    status_text,
+    task_detail,
+    tasks_table,
+    visible,
+)
 from devsched.client.client import Client, task_uuid
 from devsched.client.plans import load_request, parse_labels
 from devsched.core.limits import LIST_LIMIT_MAX
@@ -44,7 +53,7 @@ def _summary(view: TaskView) -> Text:
     line.append_text(status_text(view.status))
     line.append(f" {(view.updated_at - view.created_at).total_seconds():.1f} s after submit")
     if view.reason:
-        line.append(f": {view.reason}")
+        line.append(visible(f": {view.reason}"))
     return line
 
 
@@ -76,7 +85,7 @@ async def follow(client: Client, task_id: Any, *, json_lines: bool, quiet: bool,
                         if (event.progress)
                         else ""
                     )
-                    status.update(f"{event.status}{step} · {time.monotonic() - started:.0f} s")
+                    status.update(literal(f"{event.status}{step} · {time.monotonic() - started:.0f} s"))
         if printing is not None:
             with contextlib.suppress(TimeoutError):  # the output ends with the task: bounded, in case it did not
                 await asyncio.wait_for(asyncio.shield(printing), OUTPUT_GRACE_S)
@@ -268,13 +277,14 @@ def ls(
             print_json({"tasks": [t.model_dump(mode="json") for t in tasks], "next": cursor})
             return
         if not tasks:
-            out.print("no tasks" + (f" in status {status}" if status else "") + (f" on {device}" if device else ""))
+            where = (f" in status {status}" if status else "") + (f" on {device}" if device else "")
+            out.print(literal(f"no tasks{where}"))
             return
         print_table(out, lambda compact: tasks_table(tasks, compact=compact))
         if cursor is not None:
             given = (("status", status), ("kind", kind), ("device", device))
             filters = "".join(f" --{name} {value}" for name, value in given if value)
-            out.print(f"more: devsched ls --after {cursor}{filters}", style="dim")
+            out.print(literal(f"more: devsched ls --after {cursor}{filters}", style="dim"))
 
     run(lambda: with_client(ctx, main))
 
@@ -370,7 +380,7 @@ def drain(
                 print_json(found)
             else:
                 what = "drained; its agent finishes its running work and exits" if not undo else "back in service"
-                out.print(f"host {found.host_id}: {len(found.devices)} devices {what}")
+                out.print(literal(f"host {found.host_id}: {len(found.devices)} devices {what}"))
             return
         assert device_id is not None
         view = await client.drain(device_id, drained=not undo, reason=reason)
@@ -378,6 +388,6 @@ def drain(
             print_json(view)
         else:
             what = "drained" if view.drained else "back in service"
-            out.print(f"device {view.device_id} on {view.host_id}: {what} (state {view.state})")
+            out.print(literal(f"device {view.device_id} on {view.host_id}: {what} (state {view.state})"))
 
     run(lambda: with_client(ctx, main))

@@ -22,6 +22,7 @@ import typer
 from pydantic import BaseModel
 from rich.console import Console
 
+from devsched.client.cli.render import visible
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S, Client
 from devsched.client.errors import (
     Conflict,
@@ -126,9 +127,11 @@ class Settings:
         return await connecting
 
 
-#: Consoles: stdout for results, stderr for progress and errors (so `--json` output stays clean).
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+#: Consoles: stdout for results, stderr for progress and errors (so `--json` output stays clean). Neither reads
+#: markup or emoji codes in strings: what they print is built with `render.literal`, and a string that slips
+#: through still prints as written.
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 
 def settings(ctx: typer.Context) -> Settings:
@@ -138,8 +141,8 @@ def settings(ctx: typer.Context) -> Settings:
 
 
 def fail(message: str, code: ExitCode = ExitCode.FAILED) -> NoReturn:
-    """Print `error: <message>` as one line on stderr and exit with `code`."""
-    sys.stderr.write(f"error: {' '.join(message.split())}\n")
+    """Print `error: <message>` as one line on stderr (its control characters visible) and exit with `code`."""
+    sys.stderr.write(f"error: {visible(' '.join(message.split()))}\n")
     sys.stderr.flush()
     raise typer.Exit(int(code))
 

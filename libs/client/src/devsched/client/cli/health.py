@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from devsched.client.cli.common import check, out, print_json, run, with_client
+from devsched.client.cli.render import checks_table, literal
 from devsched.client.client import Client
 from devsched.client.plans import load_document, parse_labels
 
@@ -56,7 +56,7 @@ def set_check(
             print_json(view)
             return
         where = ",".join(f"{k}={v}" for k, v in sorted(view.selector.labels.items())) or "every device"
-        out.print(f"health check {view.name} set: {where}, every {view.interval_s:g} s")
+        out.print(literal(f"health check {view.name} set: {where}, every {view.interval_s:g} s"))
 
     run(lambda: with_client(ctx, main))
 
@@ -73,14 +73,7 @@ def list_checks(ctx: typer.Context, json_out: JsonFlag = False) -> None:
         if not checks:
             out.print("no health checks")
             return
-        table = Table(box=None, pad_edge=False)
-        for column in ("NAME", "SELECTOR", "INTERVAL", "STEPS", "UPDATED"):
-            table.add_column(column)
-        for c in checks:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(c.selector.labels.items())) or "*"
-            steps = ",".join(s.name for s in c.plan.steps)
-            table.add_row(c.name, labels, f"{c.interval_s:g} s", steps, c.updated_at.isoformat(timespec="seconds"))
-        out.print(table)
+        out.print(checks_table(checks))
 
     run(lambda: with_client(ctx, main))
 
@@ -96,6 +89,6 @@ def remove_check(
         if json_out:
             print_json(view)
         else:
-            out.print(f"health check {view.name} removed")
+            out.print(literal(f"health check {view.name} removed"))
 
     run(lambda: with_client(ctx, main))

@@ -1,13 +1,19 @@
-"""`devsched logs`: a task's step output, byte for byte; and the output lines `devsched watch --logs` shows.
+r"""`devsched logs`: a task's step output, byte for byte; and the output lines `devsched watch --logs` shows.
 
 The output bytes go to stdout exactly as the steps wrote them (stdout and stderr in the order the agent
 read them, or one of them with `--stream`); what the agent says about the output (dropped while NATS was
 away, cut at the attempt's cap, an attempt that lost its lease, the next attempt starting) goes to stderr
 as `devsched: ...` lines, so a redirected stdout holds only the steps' bytes.
+
+On a terminal, the output is shown with its control characters as visible escapes (`\x1b[2J`, `\r`;
+`render.visible`, newlines and tabs kept, bytes that are not UTF-8 as `\xNN`): a step's output cannot
+clear the screen, retitle the window, plant a hyperlink or overwrite a line. `--raw` passes the bytes to
+the terminal unchanged (colours of tools that print them), as they always go into a pipe or a file.
 """
 
 from __future__ import annotations
 
+import codecs
 import sys
 from collections.abc import Callable
 from typing import Annotated
@@ -16,6 +22,7 @@ import typer
 from rich.text import Text
 
 from devsched.client.cli.common import check, err, out, print_json_line, run, with_client
+from devsched.client.cli.render import literal, visible
 from devsched.client.client import Client, task_uuid
 from devsched.client.errors import DevschedError, describe
 from devsched.client.logs import LogReader
@@ -51,7 +58,7 @@ def note_of(record: LogRecord) -> str | None:
 
 def _note(text: str) -> None:
     sys.stdout.flush()  # keep the order of stdout and stderr on a terminal
-    sys.stderr.write(f"devsched: {text}\n")
+    sys.stderr.write(f"devsched: {visible(text)}\n")
     sys.stderr.flush()
 
 
@@ -72,19 +79,22 @@ class LineSplitter:
             *lines, rest = data.split(b"\n")
             if rest:
                 self._partial[key] = rest
-            return [(record, line.decode("utf-8", "replace")) for line in lines]
+            return [(record, line.decode("utf-8", "backslashreplace")) for line in lines]
         if record.kind in (LogKind.STEP_END, LogKind.END):
             done = [k for k in self._partial if k[0] == record.attempt and record.step in (None, k[1])]
-            return [(record, self._partial.pop(k).decode("utf-8", "replace")) for k in done]
+            return [(record, self._partial.pop(k).decode("utf-8", "backslashreplace")) for k in done]
         return []
 
 
 def output_line(step: str | None, stream: OutputStream | None, text: str) -> Text:
-    """One line of a step's output as `watch --logs` shows it: `  │ step │ text` (stderr in yellow)."""
+    """One line of a step's output as `watch --logs` shows it: `  │ step │ text` (stderr in yellow).
+
+    Control characters are visible escapes (`visible`), newlines and tabs kept.
+    """
     line = Text("  │ ", style="dim")
-    line.append(f"{step or '-'}", style="bold dim")
+    line.append(visible(step or "-"), style="bold dim")
     line.append(" │ ", style="dim")
-    line.append(text, style="yellow" if stream is OutputStream.STDERR else "")
+    line.append(visible(text, lines=True), style="yellow" if stream is OutputStream.STDERR else "")
     return line
 
 
@@ -102,14 +112,44 @@ async def print_output_lines(reader: LogReader, *, json_lines: bool) -> None:
                     continue
                 note = note_of(record)
                 if note is not None:
-                    err.print(Text(f"devsched: {note}", style="dim"))
+                    err.print(literal(f"devsched: {note}", style="dim"))
                 for source, text in lines.feed(record):
                     out.print(output_line(source.step, source.stream, text))
     except DevschedError as exc:
-        err.print(Text(f"devsched: the steps' output cannot be shown: {describe(exc)}", style="dim"))
+        err.print(literal(f"devsched: the steps' output cannot be shown: {describe(exc)}", style="dim"))
 
 
-def _raw_printer(stream: OutputStream | None) -> Callable[[LogRecord], None]:
+class VisibleOutput:
+    r"""Output bytes as text with visible control characters, decoded per step and stream.
+
+    A UTF-8 character cut between two records is decoded whole; a byte that is not UTF-8 shows as `\xNN`.
+    """
+
+    def __init__(self) -> None:
+        self._decoders: dict[tuple[int, str | None, OutputStream | None], codecs.IncrementalDecoder] = {}
+
+    def feed(self, record: LogRecord) -> bytes:
+        """What to write for an output record's bytes (UTF-8, every control but newline and tab escaped)."""
+        key = (record.attempt, record.step, record.stream)
+        decoder = self._decoders.get(key)
+        if decoder is None:
+            decoder = self._decoders[key] = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+        return visible(decoder.decode(record.content()), lines=True).encode()
+
+    def flush(self) -> bytes:
+        """The escaped rest of every cut character (at the end of the output)."""
+        rest = "".join(d.decode(b"", final=True) for d in self._decoders.values())
+        self._decoders.clear()
+        return visible(rest, lines=True).encode()
+
+
+def stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal (where `devsched logs` makes control characters visible unless `--raw`)."""
+    return sys.stdout.isatty()
+
+
+def _raw_printer(stream: OutputStream | None, shown: VisibleOutput | None) -> Callable[[LogRecord], None]:
+    """Prints output records' bytes as they are, or through `shown` (visible controls); notes on stderr."""
     attempt: list[int] = []
 
     def show(record: LogRecord) -> None:
@@ -118,7 +158,7 @@ def _raw_printer(stream: OutputStream | None) -> Callable[[LogRecord], None]:
         attempt[:] = [record.attempt]
         if record.kind is LogKind.OUTPUT:
             if stream is None or record.stream is stream:
-                sys.stdout.buffer.write(record.content())
+                sys.stdout.buffer.write(record.content() if shown is None else shown.feed(record))
                 sys.stdout.buffer.flush()
             return
         note = note_of(record)
@@ -147,12 +187,24 @@ def logs(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each record as one JSON line (JSON Lines), control records too.")
     ] = False,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="On a terminal too, write the bytes unchanged (by default a terminal is shown control "
+            "characters as visible escapes such as \\x1b; a pipe or file always gets the bytes unchanged).",
+        ),
+    ] = False,
 ) -> None:
-    """Print a task's step output, byte for byte: stdout and stderr in the order the agent read them."""
+    """Print a task's step output, byte for byte: stdout and stderr in the order the agent read them.
+
+    On a terminal, control characters are shown as visible escapes (`--raw`: unchanged).
+    """
     tid = check(lambda: task_uuid(task_id))
 
     async def main(client: Client) -> None:
-        show = _raw_printer(stream)
+        shown = None if raw or json_out or not stdout_is_terminal() else VisibleOutput()
+        show = _raw_printer(stream, shown)
         async with client.logs(tid, attempt=attempt, step=step, follow=follow) as records:
             async for record in records:
                 if json_out:
@@ -160,6 +212,9 @@ def logs(
                         print_json_line(record)
                 else:
                     show(record)
+            if shown is not None:
+                sys.stdout.buffer.write(shown.flush())
+                sys.stdout.buffer.flush()
             if records.current_attempt is None:
                 _note(f"task {tid} has no attempt yet: no output")
 

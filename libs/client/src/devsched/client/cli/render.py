@@ -1,4 +1,10 @@
-"""How tasks, hosts and events look in a terminal (rich tables and one-line summaries)."""
+r"""How tasks, hosts and events look in a terminal (rich tables and one-line summaries).
+
+Every string that comes from the server (a host's labels, a task's name and reasons, a step's output) is
+printed through `literal`: as a `Text`, never as a markup string, so `[/x]` or `[link=...]` shows as written
+and cannot fail the command or hide a link; and with its control characters made visible (`visible`), so
+an escape sequence is shown as `\x1b[2J` instead of clearing the operator's screen.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from devsched.core.status import DeviceState, TaskKind, TaskStatus
+from devsched.protocol.artifacts import ArtifactView
+from devsched.protocol.health import HealthCheckView
 from devsched.protocol.messages import HostView, ResultsSummary, TaskEvent, TaskSummary, TaskView
 
 #: Colour of each task status.
@@ -31,6 +39,35 @@ DEVICE_STYLE = {
     DeviceState.DRAINED: "yellow",
     DeviceState.QUARANTINED: "bold red",
 }
+
+
+#: Visible escapes for what a terminal acts on rather than shows: the C0 controls (ESC starts colour, cursor,
+#: title and hyperlink sequences; CR and backspace overwrite what was printed; BEL rings), DEL, the C1 controls
+#: (0x9b is a one-byte CSI), the bidi formatting characters that reorder the text around them (U+202E), the
+#: line and paragraph separators, and lone surrogates (which a UTF-8 terminal cannot be sent at all).
+_VISIBLE: dict[int, str] = {
+    **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+    0x09: "\\t",
+    0x0A: "\\n",
+    0x0D: "\\r",
+    **{c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x2028, 0x202F), *range(0x2066, 0x206A))},
+    **{c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)},
+}
+#: The same, but newline and tab kept: for text that is lines (a step's output).
+_VISIBLE_IN_LINES = {c: escape for c, escape in _VISIBLE.items() if c not in (0x09, 0x0A)}
+
+
+def visible(text: str, *, lines: bool = False) -> str:
+    r"""`text` with every control character as a visible escape (`\x1b`, `\r`, `\u202e`); `lines`: keep newline, tab.
+
+    A backslash in `text` is kept as it is: what is shown can look like an escape, but never act as one.
+    """
+    return text.translate(_VISIBLE_IN_LINES if lines else _VISIBLE)
+
+
+def literal(text: object, style: str = "", *, lines: bool = False) -> Text:
+    """`text` (a server-sourced value) to print exactly as written: no markup, no emoji codes, controls visible."""
+    return Text(visible(str(text), lines=lines), style=style)
 
 
 def status_text(status: TaskStatus | str) -> Text:
@@ -61,8 +98,8 @@ def ago(value: datetime | None, *, now: datetime | None = None) -> str:
 def _name(task: TaskSummary) -> Text:
     """The task's name; a health check's (issue 13) in its own colour, with the device it checks."""
     if task.kind is TaskKind.HEALTH:
-        return Text(f"{task.name or 'health'} @{task.health_device_id}", style="magenta")
-    return Text(task.name or "")
+        return literal(f"{task.name or 'health'} @{task.health_device_id}", style="magenta")
+    return literal(task.name or "")
 
 
 def _note(task: TaskSummary) -> str:
@@ -102,13 +139,13 @@ def tasks_table(
         table.add_column("NOTE", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
     for task in tasks:
         table.add_row(
-            str(task.task_id)[:8] if short_ids else str(task.task_id),
+            literal(str(task.task_id)[:8] if short_ids else task.task_id),
             _name(task),
             status_text(task.status),
             str(task.priority),
             f"{task.attempt_count}/{task.max_attempts}",
             when(task.created_at),
-            _note(task),
+            literal(_note(task)),
         )
     return table
 
@@ -135,18 +172,18 @@ def hosts_table(hosts: Sequence[HostView], *, compact: bool = False) -> Table:
         online = Text("yes", style="green") if host.online else Text("no", style="red")
         devices = host.devices or []
         if not devices:
-            table.add_row(host.host_id, online, ago(host.last_seen_at), "-", "", "")
+            table.add_row(literal(host.host_id), online, ago(host.last_seen_at), "-", "", "")
         for i, device in enumerate(sorted(devices, key=lambda d: d.device_id)):
-            labels = ",".join(f"{k}={v}" for k, v in sorted(device.labels.items()))
+            labels = literal(",".join(f"{k}={v}" for k, v in sorted(device.labels.items())))
             state = Text(str(device.state), style=DEVICE_STYLE.get(DeviceState(device.state), ""))
             if device.quarantined and device.quarantine_reason:
-                state.append(f" ({device.quarantine_reason})")  # why, and since: `hosts --json`
+                state.append(visible(f" ({device.quarantine_reason})"))  # why, and since: `hosts --json`
             first = i == 0
             table.add_row(
-                host.host_id if first else "",
+                literal(host.host_id) if first else "",
                 online if first else "",
                 ago(host.last_seen_at) if first else "",
-                device.device_id,
+                literal(device.device_id),
                 state,
                 labels,
             )
@@ -191,7 +228,14 @@ def print_table(console: Console, build: Callable[[bool], Table]) -> None:
         console.print(Fitted(build))
         return
     full = build(False)
-    Console(file=console.file, width=natural_width(console, full), highlight=False, color_system=None).print(full)
+    Console(
+        file=console.file,
+        width=natural_width(console, full),
+        highlight=False,
+        markup=False,
+        emoji=False,
+        color_system=None,
+    ).print(full)
 
 
 def task_detail(view: TaskView) -> RenderableType:
@@ -199,26 +243,26 @@ def task_detail(view: TaskView) -> RenderableType:
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("task", str(view.task_id))
-    head.add_row("name", view.name or "-")
+    head.add_row("task", literal(view.task_id))
+    head.add_row("name", literal(view.name or "-"))
     head.add_row("status", status_text(view.status))
     if view.reason:
-        head.add_row("reason", view.reason)
+        head.add_row("reason", literal(view.reason))
     if view.pending_reason:
-        head.add_row("waiting", view.pending_reason)
+        head.add_row("waiting", literal(view.pending_reason))
     if view.cancel_requested:
         head.add_row("cancel", "requested")
     parts_of_selector = [f"{k}={v}" for k, v in sorted(view.selector.labels.items())]
     if view.selector.device_id:
         parts_of_selector.append(f"device={view.selector.device_id}")
     selector = ",".join(parts_of_selector) or "any device"
-    head.add_row("selector", selector)
+    head.add_row("selector", literal(selector))
     head.add_row("priority", str(view.priority))
     released = f", {view.releases} released (not counted)" if view.releases else ""
     head.add_row("attempts", f"{view.attempt_count}/{view.max_attempts}{released}")
     if view.lease_ttl_s is not None:
         head.add_row("lease ttl", f"{view.lease_ttl_s} s")
-    head.add_row("steps", ", ".join(f"{s.name} ({s.action})" for s in view.plan.steps))
+    head.add_row("steps", literal(", ".join(f"{s.name} ({s.action})" for s in view.plan.steps)))
     head.add_row("created", when(view.created_at))
     head.add_row("updated", when(view.updated_at))
     parts: list[RenderableType] = [head]
@@ -230,13 +274,13 @@ def task_detail(view: TaskView) -> RenderableType:
             progress = f"{a.progress.step} ({a.progress.index + 1}/{a.progress.of})" if a.progress else ""
             attempts.add_row(
                 str(a.attempt),
-                a.host_id,
-                a.device_id,
-                str(a.status),
+                literal(a.host_id),
+                literal(a.device_id),
+                literal(a.status),
                 when(a.assigned_at),
                 when(a.ended_at),
-                str(a.end_reason or ""),
-                progress,
+                literal(a.end_reason or ""),
+                literal(progress),
             )
         parts.append(attempts)
     if view.result is not None and view.result.steps:
@@ -244,8 +288,13 @@ def task_detail(view: TaskView) -> RenderableType:
         for column in ("STEP", "STATUS", "EXIT", "OUTPUT (tail)"):
             steps.add_column(column, overflow="fold")
         for s in view.result.steps:
-            tail = (s.output_tail or "").strip().splitlines()
-            steps.add_row(s.name, str(s.status), "" if s.exit_code is None else str(s.exit_code), "\n".join(tail[-3:]))
+            tail = (s.output_tail or "").strip().split("\n")  # a CR stays in its line, shown as `\r`
+            steps.add_row(
+                literal(s.name),
+                literal(s.status),
+                "" if s.exit_code is None else str(s.exit_code),
+                literal("\n".join(tail[-3:]), lines=True),
+            )
         parts.append(steps)
     results = step_results(view)
     if results is not None:
@@ -258,17 +307,23 @@ _SHOWN_MESSAGE_CHARS = 160
 
 
 def results_counts(summary: ResultsSummary) -> str:
-    """A results summary in one line: `junit: 12 tests, 2 failures, 0 errors, 1 skipped`, or why it is missing."""
+    """A results summary in one line: `junit: 12 tests, 2 failures, 0 errors, 1 skipped`, or why it is missing.
+
+    Control characters are visible escapes (`visible`): the line is the host's words.
+    """
     if summary.error is not None:
-        return f"{summary.format}: not read: {summary.error}"
-    return (
+        return visible(f"{summary.format}: not read: {summary.error}")
+    return visible(
         f"{summary.format}: {summary.tests} tests, {summary.failures} failures, "
         f"{summary.errors} errors, {summary.skipped} skipped"
     )
 
 
 def failing_tests(summary: ResultsSummary) -> list[str]:
-    """The failing tests a summary names, one line each (`✗ classname.name: message`), and how many it does not."""
+    """The failing tests a summary names, one line each (`✗ classname.name: message`), and how many it does not.
+
+    Control characters are visible escapes (`visible`).
+    """
     lines = []
     for failed in summary.failed:
         line = f"{failed.classname}.{failed.name}" if failed.classname else failed.name
@@ -277,7 +332,7 @@ def failing_tests(summary: ResultsSummary) -> list[str]:
             message = first[0]
             cut = message[:_SHOWN_MESSAGE_CHARS] + ("…" if len(message) > _SHOWN_MESSAGE_CHARS else "")
             line += f": {cut}"
-        lines.append(f"✗ {line}")
+        lines.append(visible(f"✗ {line}"))
     unnamed = summary.failures + summary.errors - len(summary.failed)
     if unnamed > 0 and summary.failed:
         lines.append(f"… and {unnamed} more failing")
@@ -290,7 +345,7 @@ def results_lines(view: TaskView) -> list[Text]:
     for step in view.result.steps if view.result is not None else []:
         if step.results is None:
             continue
-        line = Text(f"step {step.name!r} ")
+        line = literal(f"step {step.name!r} ")
         line.append(results_counts(step.results), style=_results_style(step.results))
         lines.append(line)
         lines.extend(Text(f"  {failing}", style="red") for failing in failing_tests(step.results))
@@ -310,7 +365,7 @@ def step_results(view: TaskView) -> RenderableType | None:
         cell = Text(results_counts(step.results), style=_results_style(step.results))
         for failing in failing_tests(step.results):
             cell.append(f"\n{failing}", style="red")
-        table.add_row(Text(step.name), cell)
+        table.add_row(literal(step.name), cell)
     return table
 
 
@@ -318,6 +373,37 @@ def _results_style(summary: ResultsSummary) -> str:
     if summary.error is not None:
         return "yellow"
     return "red" if summary.failures or summary.errors else "green"
+
+
+def checks_table(checks: Iterable[HealthCheckView]) -> Table:
+    """The `health ls` table: one row per check."""
+    table = Table(box=None, pad_edge=False)
+    for column in ("NAME", "SELECTOR", "INTERVAL", "STEPS", "UPDATED"):
+        table.add_column(column)
+    for c in checks:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(c.selector.labels.items())) or "*"
+        steps = ",".join(s.name for s in c.plan.steps)
+        updated = c.updated_at.isoformat(timespec="seconds")
+        table.add_row(literal(c.name), literal(labels), f"{c.interval_s:g} s", literal(steps), updated)
+    return table
+
+
+def size(n: int) -> str:
+    """A size in bytes for people: `512 B`, `3.2 MiB`."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def artifacts_table(artifacts: Iterable[ArtifactView]) -> Table:
+    """The `artifacts` table: one row per stored file."""
+    table = Table(box=None, pad_edge=False)
+    for column in ("ATTEMPT", "NAME", "SIZE", "SHA256", "STEP"):
+        table.add_column(column)
+    for a in artifacts:
+        table.add_row(str(a.attempt), literal(a.name), size(a.size), literal(a.sha256), literal(a.step))
+    return table
 
 
 def event_line(event: TaskEvent) -> Text:
@@ -338,5 +424,5 @@ def event_line(event: TaskEvent) -> Text:
     if event.reason:
         details.append(f"({event.reason})")
     if details:
-        line.append("  " + " ".join(details))
+        line.append(visible("  " + " ".join(details)))
     return line
