@@ -117,5 +117,5 @@ def dashboard(
         parts.append(tasks_table(tasks[:room], title="newest tasks", short_ids=True))
     else:
         parts.append(Text("no tasks yet", style="dim"))
-    parts.append(Text(footer, style="dim"))
+    parts.append(literal(footer, style="dim"))
     return Group(*parts)
