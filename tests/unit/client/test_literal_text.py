@@ -272,6 +272,13 @@ def test_logs_on_a_terminal_shows_controls(capsysbinary: pytest.CaptureFixture[b
     assert written.decode() == "tést \\x1b[2J\\x1b]0;pwned\\x07 \\u202eevil\\r\n\tok\n\\x9b\\xff"
 
 
+def test_logs_on_a_terminal_ends_a_cut_character_with_its_step(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    show = logs._raw_printer(None, logs.VisibleOutput())
+    show(output_record(b"cut \xc3", 1))
+    show(LogRecord(task_id=uuid.UUID(int=1), attempt=1, seq=2, kind=LogKind.STEP_END, at=T0, offset=6, step="s"))
+    assert capsysbinary.readouterr().out == b"cut \\xc3"
+
+
 def test_logs_raw_passes_the_bytes(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
     show = logs._raw_printer(None, None)
     records = list(chunks())

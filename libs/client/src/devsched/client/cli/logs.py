@@ -137,15 +137,10 @@ class VisibleOutput:
         return visible(decoder.decode(record.content()), lines=True).encode()
 
     def flush(self) -> bytes:
-        """The escaped rest of every cut character (at the end of the output)."""
+        """The escaped rest of every cut character (at the end of a step, of an attempt, of the output)."""
         rest = "".join(d.decode(b"", final=True) for d in self._decoders.values())
         self._decoders.clear()
         return visible(rest, lines=True).encode()
-
-
-def stdout_is_terminal() -> bool:
-    """Whether stdout is a terminal (where `devsched logs` makes control characters visible unless `--raw`)."""
-    return sys.stdout.isatty()
 
 
 def _raw_printer(stream: OutputStream | None, shown: VisibleOutput | None) -> Callable[[LogRecord], None]:
@@ -161,6 +156,9 @@ def _raw_printer(stream: OutputStream | None, shown: VisibleOutput | None) -> Ca
                 sys.stdout.buffer.write(record.content() if shown is None else shown.feed(record))
                 sys.stdout.buffer.flush()
             return
+        if shown is not None and record.kind in (LogKind.STEP_END, LogKind.END):
+            sys.stdout.buffer.write(shown.flush())  # a character the step's output ended inside of
+            sys.stdout.buffer.flush()
         note = note_of(record)
         if note is not None:
             _note(note)
@@ -203,7 +201,7 @@ def logs(
     tid = check(lambda: task_uuid(task_id))
 
     async def main(client: Client) -> None:
-        shown = None if raw or json_out or not stdout_is_terminal() else VisibleOutput()
+        shown = None if raw or json_out or not sys.stdout.isatty() else VisibleOutput()
         show = _raw_printer(stream, shown)
         async with client.logs(tid, attempt=attempt, step=step, follow=follow) as records:
             async for record in records:
