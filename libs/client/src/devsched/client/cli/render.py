@@ -8,6 +8,7 @@ an escape sequence is shown as `\x1b[2J` instead of clearing the operator's scre
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
@@ -41,20 +42,25 @@ DEVICE_STYLE = {
 }
 
 
-#: Visible escapes for what a terminal acts on rather than shows: the C0 controls (ESC starts colour, cursor,
-#: title and hyperlink sequences; CR and backspace overwrite what was printed; BEL rings), DEL, the C1 controls
-#: (0x9b is a one-byte CSI), the bidi formatting characters that reorder the text around them (U+202E), the
-#: line and paragraph separators, and lone surrogates (which a UTF-8 terminal cannot be sent at all).
-_VISIBLE: dict[int, str] = {
-    **{c: f"\\x{c:02x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
-    0x09: "\\t",
-    0x0A: "\\n",
-    0x0D: "\\r",
-    **{c: f"\\u{c:04x}" for c in (0x061C, 0x200E, 0x200F, *range(0x2028, 0x202F), *range(0x2066, 0x206A))},
-    **{c: f"\\u{c:04x}" for c in range(0xD800, 0xE000)},
+#: What a terminal acts on rather than shows: the C0 controls (ESC starts colour, cursor, title and hyperlink
+#: sequences; CR and backspace overwrite what was printed; BEL rings), DEL, the C1 controls (0x9b is a one-byte
+#: CSI), the bidi formatting characters that reorder the text around them (U+202E), the line and paragraph
+#: separators, and lone surrogates (which a UTF-8 terminal cannot be sent at all).
+_CONTROL_RANGES = ((0x00, 0x1F), (0x7F, 0x9F), (0x061C, 0x061C), (0x200E, 0x200F), (0x2028, 0x202E),
+                   (0x2066, 0x2069), (0xD800, 0xDFFF))  # fmt: skip
+_CONTROL = re.compile("[" + "".join(f"{chr(a)}-{chr(b)}" for a, b in _CONTROL_RANGES) + "]")
+#: The same but newline and tab: for text that is lines (a step's output).
+_CONTROL_IN_LINES = re.compile(_CONTROL.pattern + "(?<![\t\n])")
+#: Each of them as it is shown: `\t`, `\n`, `\r`, else `\xNN` or `\uNNNN`.
+_ESCAPES = {
+    chr(c): {0x09: r"\t", 0x0A: r"\n", 0x0D: r"\r"}.get(c) or (f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}")
+    for a, b in _CONTROL_RANGES
+    for c in range(a, b + 1)
 }
-#: The same, but newline and tab kept: for text that is lines (a step's output).
-_VISIBLE_IN_LINES = {c: escape for c, escape in _VISIBLE.items() if c not in (0x09, 0x0A)}
+
+
+def _escape(match: re.Match[str]) -> str:
+    return _ESCAPES[match.group()]
 
 
 def visible(text: str, *, lines: bool = False) -> str:
@@ -62,7 +68,7 @@ def visible(text: str, *, lines: bool = False) -> str:
 
     A backslash in `text` is kept as it is: what is shown can look like an escape, but never act as one.
     """
-    return text.translate(_VISIBLE_IN_LINES if lines else _VISIBLE)
+    return (_CONTROL_IN_LINES if lines else _CONTROL).sub(_escape, text)
 
 
 def literal(text: object, style: str = "", *, lines: bool = False) -> Text:
