@@ -132,7 +132,9 @@ async def test_a_hostile_schema_is_refused_and_stalls_no_one(
                     checked.append((time.monotonic() - started, "accepted"))
                 await asyncio.sleep(0.1)
 
-        await asyncio.gather(*(attacker() for _ in range(ATTACKERS)), renewer(), submitter(), flash_submitter())
+        async with asyncio.TaskGroup() as group:  # one failing cancels the others
+            for work in (*(attacker() for _ in range(ATTACKERS)), renewer(), submitter(), flash_submitter()):
+                group.create_task(work)
 
         assert accepted == [], f"hostile schemas registered: {accepted}"
         assert len(refusals) >= 2 * len(ATTACKS), len(refusals)
