@@ -130,12 +130,23 @@ def _metaschema_problem(schema_json: str) -> str | None:
     try:
         Draft202012Validator.check_schema(json.loads(schema_json))
     except SchemaError as exc:
-        return f"is not a valid JSON Schema 2020-12 (`{exc.validator}` failed at {_where(exc.relative_schema_path)})"
+        return f"is not a valid JSON Schema 2020-12 ({_culprit(exc)} fails the metaschema's `{exc.validator}`)"
     return None
 
 
-def _where(path: Sequence[object]) -> str:
-    return "/" + "/".join(str(p) for p in path) if path else "its top"
+#: Keywords a metaschema refusal may name (any other key is the schema's own text: a property's name).
+_KEYWORDS = frozenset(Draft202012Validator.VALIDATORS) | {
+    "$defs", "$id", "$schema", "$comment", "title", "description", "default", "examples", "deprecated",
+    "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "minContains", "maxContains",
+}  # fmt: skip
+
+
+def _culprit(exc: SchemaError) -> str:
+    """The keyword that fails, when the schema's path ends at one (never a name the host chose)."""
+    last = exc.absolute_path[-1] if exc.absolute_path else None
+    if last is None:
+        return "its top"
+    return f"a `{last}`" if last in _KEYWORDS else "a subschema"
 
 
 def offer_problems(offers: Sequence[ActionOffer], deadline: float) -> list[dict[str, str]]:
@@ -214,19 +225,24 @@ def _cut(message: str) -> str:
 
 
 def check_args(
-    plan: Plan, schemas: Mapping[str, Sequence[Mapping[str, Any] | None]], *, budget_s: float = ARGS_BUDGET_S
+    plan: Plan,
+    schemas: Mapping[str, Sequence[Mapping[str, Any] | None]],
+    *,
+    budget_s: float = ARGS_BUDGET_S,
+    abandoned_at: float | None = None,
 ) -> None:
     """Refuse `plan` when a plug-in step's args fail every schema advertised for its action.
 
     The schemas are tried in turn until one accepts; all must refuse. Runs within `budget_s`, counted
-    from its start (on a worker thread: the validator raises when it is spent).
+    from its start (on a worker thread: the validator raises when it is spent), and stops by
+    `abandoned_at` (`time.monotonic()`), when no one waits for its answer any more.
 
     Raises:
         InvalidRequest: naming each offending `plan.steps.N.args...` path (checked against the newest schema),
             or the first step whose args could not be checked within the budget.
     """
     errors: list[dict[str, str]] = []
-    _deadline.at = time.monotonic() + budget_s
+    _deadline.at = min(time.monotonic() + budget_s, abandoned_at if abandoned_at is not None else float("inf"))
     try:
         for index, step in enumerate(plan.steps):
             where = f"plan.steps.{index}.args"
@@ -281,6 +297,7 @@ async def check_plugin_args(store: Store, plan: Plan) -> None:
         return
     deadline = time.monotonic() + ARGS_BUDGET_S
     try:
-        await _on_thread(_ARGS_THREADS, functools.partial(check_args, plan, schemas), deadline)
+        work = functools.partial(check_args, plan, schemas, abandoned_at=deadline + QUEUE_GRACE_S)
+        await _on_thread(_ARGS_THREADS, work, deadline)
     except OverBudget:
         raise Unavailable("the plug-in args could not be checked in time (the checks are busy); try again") from None
