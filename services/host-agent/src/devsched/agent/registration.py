@@ -84,7 +84,10 @@ class Registration:
                 pause = retry_after(exc)
                 failures += 1
                 level = logging.ERROR if isinstance(exc, DeviceConflict | InvalidRequest) else logging.WARNING
-                logger.log(level, "registration failed, will retry", extra={"error": repr(exc), "failures": failures})
+                extra: dict[str, object] = {"error": repr(exc), "failures": failures}
+                if isinstance(exc, InvalidRequest) and exc.details.get("errors"):
+                    extra["errors"] = exc.details["errors"]  # every refused field, not only the first
+                logger.log(level, "registration failed, will retry", extra=extra)
             await sleep_or_stop(stop, max(backoff_delay(failures, base_s=0.2, cap_s=10.0), pause))
         return False
 

@@ -31,7 +31,7 @@ from devsched.scheduler.artifacts import ArtifactIntake
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
-from devsched.scheduler.plugin_args import check_plugin_args, schema_problem
+from devsched.scheduler.plugin_args import check_offers, check_plugin_args
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
 from devsched.store import ActionSpec, DeviceSpec, NewTask, Store
@@ -115,20 +115,8 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
 
 
 def _action_specs(offers: Sequence[m.ActionOffer]) -> list[ActionSpec]:
-    """The store's value of a registration's actions.
-
-    An args schema that `plugin_args.schema_problem` refuses is dropped (logged): that action's args are
-    then checked only by the agent that runs it. Refusing the registration instead would keep a host with
-    a carelessly written plug-in from running anything at all.
-    """
-    specs = []
-    for offer in offers:
-        schema = offer.args_schema
-        if schema is not None and (problem := schema_problem(schema)) is not None:
-            log.warning("args schema ignored", extra={"action": offer.name, "error": problem})
-            schema = None
-        specs.append(ActionSpec(offer.name, offer.version, schema))
-    return specs
+    """The store's value of a registration's actions (their schemas checked first: `plugin_args.check_offers`)."""
+    return [ActionSpec(offer.name, offer.version, offer.args_schema) for offer in offers]
 
 
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
@@ -280,6 +268,9 @@ class Api:
         host_id = self._host_of(subject)
         with bind(host_id=host_id):
             devices = [DeviceSpec(d.device_id, dict(d.labels)) for d in req.devices]
+            # A schema that breaks the rules refuses the registration (400 naming `actions.N.args_schema`):
+            # the agent leaves out what it knows the scheduler refuses, so only a hostile host meets this.
+            await check_offers(req.actions or ())
             actions = _action_specs(req.actions or ())
             interval = await self._store.register_host(host_id, devices, req.agent_version, actions)
             # After the commit: a registration refused by the store leaves no consumer behind; one whose
