@@ -119,7 +119,9 @@ class Web:
         if held is None or held[0] != version:
             if len(self._reads) > 2 * self.settings.web_streams_total:
                 self._reads = {k: v for k, v in self._reads.items() if not v[1].done()}
-            held = self._reads[key] = (version, asyncio.ensure_future(read()))
+            reading = asyncio.ensure_future(read())
+            reading.add_done_callback(_retrieved)  # a failure nobody waits for any more is not "never retrieved"
+            held = self._reads[key] = (version, reading)
         # shielded: one stream that closes does not cancel the read the others wait for
         return await asyncio.shield(held[1])
 
@@ -176,6 +178,11 @@ class Web:
         if not security.csrf_ok(security.csrf_cookie(request.cookies.get(security.CSRF_COOKIE)), token):
             raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
         return form
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 # -- pages -------------------------------------------------------------------------------------------------
