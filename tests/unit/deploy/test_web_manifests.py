@@ -14,6 +14,8 @@ import yaml
 
 from devsched.protocol.subjects import Subjects
 from devsched.service.settings import ENV_PREFIX
+from devsched.web import hosts
+from devsched.web.app import allowed_hosts
 from devsched.web.settings import WebSettings
 
 from .manifests import (
@@ -147,3 +149,26 @@ def test_the_web_network_policy_admits_only_its_port_and_reaches_only_nats_and_d
     ingress = find(rendered, "Ingress", "devsched-web")
     backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend["name"] == service["metadata"]["name"]
+
+
+def test_the_web_answers_only_its_names_and_behind_the_ingress_its_host_with_secure_cookies(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """DNS rebinding: the pods answer the Service's and a port-forward's names, plus the Ingress's host
+    when `components/web-ingress` is in (which also believes its proxy and forces Secure cookies)."""
+    for overlay in OVERLAYS:
+        (container,) = containers(pod_spec(find(render(overlay), "Deployment", "devsched-web")))
+        values = {e["name"]: e.get("value") for e in container["env"]}
+        entries = hosts.parse(values["DEVSCHED_WEB_ALLOWED_HOSTS"])
+        assert hosts.allowed(entries, "localhost:8080", "http")  # kubectl port-forward
+        assert not hosts.allowed(entries, "devsched.example.com", "https")
+        assert "DEVSCHED_WEB_FORWARDED_ALLOW_IPS" not in values
+    (container,) = containers(pod_spec(find(rendered, "Deployment", "devsched-web")))
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    settings = WebSettings.model_validate({k.removeprefix(ENV_PREFIX).lower(): v for k, v in values.items() if v})
+    (ingress,) = [d for d in rendered if d["kind"] == "Ingress"]
+    host = ingress["spec"]["rules"][0]["host"]
+    assert hosts.allowed(allowed_hosts(settings), host, "https")
+    assert not hosts.allowed(allowed_hosts(settings), "evil.example", "https")
+    assert settings.web_secure_cookies
+    assert settings.web_forwarded_allow_ips
