@@ -183,6 +183,26 @@ async def test_a_refused_commit_stores_nothing(
     assert await objects(nc, subject_prefix) == objects_before, "no object, no chunk left in the bucket"
 
 
+@pytest.mark.parametrize("header", ["²", "٣", "-1", "+1", "1e3", "1234567890", "", None])
+async def test_a_malformed_chunk_header_is_a_400_naming_the_header(
+    running: tuple[TestHost, Assigned], nc: NatsClient, subject_prefix: str, header: str | None
+) -> None:
+    host, assigned = running
+    data = os.urandom(1000)
+    upload_id = secrets.token_hex(8)
+    subject = Subjects(host.prefix).host_upload(host.host_id, assigned.task_id, assigned.lease["attempt"], upload_id)
+    headers = {MSG_ID_HEADER: upload_msg_id(upload_id, 0)}
+    if header is not None:
+        headers[CHUNK_HEADER] = header
+    await host.js.publish(subject, data, headers=headers)
+    objects_before = await objects(nc, subject_prefix)
+    err = await refused(nc, host.subject("artifact"), commit(assigned.lease, "x.bin", data, upload_id))
+    assert (err.status, err.code) == (400, "upload_mismatch"), err
+    assert err.details["errors"][0]["path"] == f"headers.{CHUNK_HEADER}"
+    assert await objects(nc, subject_prefix) == objects_before
+    assert await listing(nc, subject_prefix, assigned.task_id) == []
+
+
 async def test_another_host_cannot_commit_for_the_attempt(
     running: tuple[TestHost, Assigned], nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
 ) -> None:

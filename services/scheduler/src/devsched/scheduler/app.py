@@ -27,7 +27,7 @@ from devsched.scheduler.loops import Wakeup, WorkLoop
 from devsched.scheduler.metrics import DATABASE_GAUGES, READY, REGISTRY, Latencies, Stats, observe_store
 from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
-from devsched.scheduler.service import Dispatcher, endpoint_specs, start_service, stop_taking_requests
+from devsched.scheduler.service import Dispatcher, Lane, endpoint_specs, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import (
     Backoff,
@@ -182,7 +182,12 @@ class Scheduler:
                 on_registered=resync.host_registered,
             )
             service = self.service = await start_service(
-                nc, api, self.subjects, self.dispatcher, max_payload_bytes=s.max_payload_bytes
+                nc,
+                api,
+                self.subjects,
+                self.dispatcher,
+                max_payload_bytes=s.max_payload_bytes,
+                commit_lane=Lane(limit=s.artifact_commit_slots, per_host=s.artifact_commits_per_host),
             )
             await self._wake_from(nc)
             await flush_subscriptions(nc)
