@@ -46,6 +46,7 @@ from devsched.core.views import ArtifactView
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, object_name
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler.replies import decode_key, encode_key, fit
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
 from devsched.store import Store
@@ -193,12 +194,14 @@ class ArtifactIntake:
                 timeout_s=timeout_s,
             ) from None
 
-    async def list(self, req: m.ListArtifactsRequest) -> m.ListArtifactsReply:
-        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them."""
-        rows = await self._store.list_artifacts(req.task_id, req.attempt)
-        return m.ListArtifactsReply(
-            task_id=req.task_id, bucket=self._bucket, artifacts=[m.ArtifactView.from_value(r) for r in rows]
-        )
+    async def list(self, req: m.ListArtifactsRequest, budget: int) -> m.ListArtifactsReply:
+        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them, in `budget` bytes."""
+        rows = sorted(await self._store.list_artifacts(req.task_id, req.attempt), key=lambda r: (r.attempt, r.name))
+        after = decode_key(req.after, (int, str)) if req.after is not None else None
+        views = [m.ArtifactView.from_value(r) for r in rows if after is None or (r.attempt, r.name) > after]
+        n = fit(views, budget)
+        nxt = encode_key([views[n - 1].attempt, views[n - 1].name]) if n < len(views) else None
+        return m.ListArtifactsReply(task_id=req.task_id, bucket=self._bucket, artifacts=views[:n], next=nxt)
 
     async def _copy(self, upload: str, req: m.ArtifactCommit, name: str) -> None:
         """Move the upload's chunks into a new object `name`, checked chunk by chunk, then its meta."""
