@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.client import Client
 from devsched.scheduler.app import Scheduler
 from support.scheduler_harness import TestHost, api, call, submit
 
@@ -97,6 +98,13 @@ async def test_a_view_above_max_payload_is_trimmed_and_each_field_can_be_had_who
         if field == "result":
             assert whole["result"]["steps"][0]["output_tail"] == tail
 
+    client = Client(nc, prefix=subject_prefix)
+    trimmed = await client.get(task_id)
+    assert trimmed.truncated == view["truncated"]
+    shown = await client.get(task_id, full=["result"])
+    assert shown.result is not None
+    assert shown.result.steps[0].output_tail == tail
+
 
 async def test_hosts_list_is_paged_by_bytes(
     scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
@@ -118,3 +126,5 @@ async def test_hosts_list_is_paged_by_bytes(
     assert sorted(seen) == sorted(h.host_id for h in hosts)
     assert len(seen) == len(set(seen))
     assert pages >= 2
+    listed = await Client(nc, prefix=subject_prefix).hosts()
+    assert sorted(h.host_id for h in listed) == sorted(seen), "the client follows next"
