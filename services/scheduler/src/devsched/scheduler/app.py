@@ -127,6 +127,13 @@ class Scheduler:
                 latencies = Latencies()
             nc = self.nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
             stack.push_async_callback(close_nats, nc)
+            if s.max_payload_bytes > nc.max_payload // 2:
+                # A task view holds what several requests brought (plan, metadata, report): with requests this
+                # close to the server's limit, one task may not fit any reply, even trimmed (docs/protocol.md).
+                log.warning(
+                    "DEVSCHED_MAX_PAYLOAD_BYTES is above half the NATS server's max_payload: some replies may not fit",
+                    extra={"max_payload_bytes": s.max_payload_bytes, "server_max_payload": nc.max_payload},
+                )
             js = nc.jetstream(timeout=s.publish_timeout_s)
             if s.create_streams and not await self._streams(js, stop):
                 return
