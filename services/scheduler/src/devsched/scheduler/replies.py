@@ -102,8 +102,9 @@ def trim_view(view: m.TaskView, budget: int, full: Collection[str] = ()) -> m.Ta
     for field, cut in _cuts(view):
         if size(view) <= budget:
             break
-        if field not in full:
-            view = _flagged(view, field, cut(view))
+        update = cut(view)
+        if field not in full and any(getattr(view, name) != value for name, value in update.items()):
+            view = _flagged(view, field, update)  # flagged only when something was cut
     return view
 
 
