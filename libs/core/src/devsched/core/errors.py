@@ -113,6 +113,16 @@ class UploadMismatch(InvalidRequest):
     code = "upload_mismatch"
 
 
+class UploadTimeout(DevschedError):
+    """The artifact commit did not complete within its deadline; the chunks read so far are purged (an addition).
+
+    The host may upload the file again and commit it anew.
+    """
+
+    code = "upload_timeout"
+    status = 408
+
+
 class TooManyRequests(DevschedError):
     """Too many requests from this host; retry after `details.retry_after_s` seconds.
 
@@ -145,6 +155,15 @@ class Internal(DevschedError):
     status = 500
 
 
+class ReplyTooLarge(Internal):
+    """The reply does not fit the NATS server's `max_payload`; nothing changed (an addition).
+
+    `details` name the endpoint, the reply's size and the limit: ask for a smaller page or view.
+    """
+
+    code = "reply_too_large"
+
+
 class IllegalTransition(DevschedError):
     """A state change that the lifecycle table does not allow (a bug, never user input)."""
 
@@ -169,8 +188,10 @@ BY_CODE: dict[str, type[DevschedError]] = {
         ArtifactTooLarge,
         ArtifactQuotaExceeded,
         UploadMismatch,
+        UploadTimeout,
         TooManyRequests,
         Unavailable,
         Internal,
+        ReplyTooLarge,
     )
 }

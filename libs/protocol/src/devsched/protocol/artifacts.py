@@ -142,6 +142,8 @@ class ListArtifactsRequest(RequestModel):
     """The task."""
     attempt: int | None = Field(default=None, ge=1)
     """Only this attempt's; all attempts' when null."""
+    after: Name | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: the `next` of the previous reply (opaque): only the artifacts after it; left out when null."""
 
 
 class ListArtifactsReply(ReplyModel):
@@ -152,7 +154,10 @@ class ListArtifactsReply(ReplyModel):
     bucket: str
     """The Object Store bucket that holds them."""
     artifacts: list[ArtifactView] = Field(default_factory=list)
-    """By attempt, then name."""
+    """By attempt, then name (up to `next`)."""
+    next: str | None = None
+    """Addition: set when the artifacts left would make the reply larger than NATS's `max_payload`: pass it
+    as `after` for the rest; null when every one is listed."""
 
 
 class ArtifactFailure(RequestModel):

@@ -55,14 +55,20 @@ class HealthCheckView(ReplyModel):
 
 
 class HealthCheckListRequest(RequestModel):
-    """`P.api.health.list`: every check in force. Takes no fields."""
+    """`P.api.health.list`: every check in force, by name."""
+
+    after: Name | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: the `next` of the previous reply: only checks after it; left out when null."""
 
 
 class HealthCheckListReply(ReplyModel):
     """The checks, by name."""
 
     checks: list[HealthCheckView]
-    """Every check in force."""
+    """Every check in force (up to `next`)."""
+    next: str | None = None
+    """Addition: set when the checks left would make the reply larger than NATS's `max_payload`: pass it as
+    `after` for the rest; null when every check is listed."""
 
 
 class HealthCheckDeleteRequest(RequestModel):

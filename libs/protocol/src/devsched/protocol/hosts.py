@@ -19,7 +19,10 @@ MAX_ACTION_VERSION_CHARS = 100
 
 
 class HostsListRequest(RequestModel):
-    """`P.api.hosts.list`: every registered host with its devices. Takes no fields."""
+    """`P.api.hosts.list`: every registered host with its devices, by host id."""
+
+    after: Token | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: the `next` of the previous reply: only hosts after it; left out when null."""
 
 
 class DeviceView(ReplyModel):
@@ -78,7 +81,10 @@ class HostsListReply(ReplyModel):
     """Answer to a hosts list."""
 
     hosts: list[HostView]
-    """Every registered host."""
+    """Every registered host, by host id (up to `next`)."""
+    next: str | None = None
+    """Addition: set when the hosts left would make the reply larger than NATS's `max_payload`: pass it as
+    `after` for the rest; null when every host is listed."""
 
 
 class DrainRequest(RequestModel):

@@ -98,6 +98,7 @@ from devsched.protocol.tasks import (
     SubmitRequest,
     TaskSummary,
     TaskView,
+    TrimmedField,
 )
 
 __all__ = [
@@ -182,6 +183,7 @@ __all__ = [
     "TaskView",
     "Timestamp",
     "Token",
+    "TrimmedField",
     "WireModel",
     "format_timestamp",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from devsched.core.limits import (
@@ -29,6 +31,16 @@ def _unless_none(value: object) -> bool:
     # Fields added to the task view are left out when null, so a task that does not use them is shown
     # exactly as before (as a step's `results`).
     return value is None
+
+
+def _unless_empty(value: list[str] | None) -> bool:
+    return not value
+
+
+#: A large field of a task that a reply may cut to fit (see `TaskSummary.truncated`): `metadata` (left
+#: empty), `result` (each step's `output_tail` cut to its end, or left out), `attempts` (each attempt's
+#: `result` left out), `artifacts` (the list left empty: `P.api.tasks.artifacts` pages it).
+TrimmedField = Literal["metadata", "result", "attempts", "artifacts"]
 
 
 class SubmitRequest(RequestModel):
@@ -79,6 +91,9 @@ class GetTaskRequest(RequestModel):
 
     task_id: Id
     """The task to show."""
+    full: list[TrimmedField] | None = Field(default=None, max_length=4, exclude_if=_unless_none)
+    """Addition: fields to show whole even in a view too large for one reply (the others are cut first to
+    make room); a view that still does not fit is answered `reply_too_large`. Left out when null."""
 
 
 class AttemptView(ReplyModel):
@@ -168,6 +183,9 @@ class TaskSummary(ReplyModel):
     """Addition (issue 13): `user`, or `health`: a health check the scheduler ran on one device."""
     health_device_id: str | None = Field(default=None, exclude_if=_unless_none)
     """Addition: the device a `health` task checks; left out for user tasks."""
+    truncated: list[TrimmedField] = Field(default_factory=list, exclude_if=_unless_empty)
+    """Addition: the fields cut so that the reply fits NATS's `max_payload` (a list cuts `metadata` and
+    `result` above a few KiB); `P.api.tasks.get` with `full` shows them whole. Left out when nothing is cut."""
 
 
 class TaskView(TaskSummary):
@@ -200,7 +218,8 @@ class ListTasksReply(ReplyModel):
     tasks: list[TaskSummary]
     """The page, newest first."""
     next: str | None = None
-    """Opaque cursor for the next page; null on the last page."""
+    """Opaque cursor for the next page; null on the last page. A page also ends early, with a cursor, when
+    one more task would make the reply larger than NATS's `max_payload` (an addition)."""
 
 
 class CancelRequest(RequestModel):

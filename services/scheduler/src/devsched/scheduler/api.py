@@ -27,14 +27,16 @@ from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
+from devsched.protocol.transport import reply_limit
 from devsched.scheduler.artifacts import ArtifactIntake
 from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
 from devsched.scheduler.plugin_args import check_offers, check_plugin_args
+from devsched.scheduler.replies import fit, list_item, size, trim_view
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
-from devsched.store import ActionSpec, DeviceSpec, NewTask, Store
+from devsched.store import ActionSpec, DeviceSpec, NewTask, Store, task_cursor
 from devsched.store.outbox import trace_headers
 
 log = logging.getLogger("devsched.scheduler.api")
@@ -183,24 +185,34 @@ class Api:
         with bind(task_id=req.task_id):
             view = await self._store.get_task(req.task_id)
             artifacts = await self._store.list_artifacts(req.task_id)  # issue 12: the view lists them
-            return m.TaskView.from_value(dataclasses.replace(view, artifacts=artifacts) if artifacts else view)
+            reply = m.TaskView.from_value(dataclasses.replace(view, artifacts=artifacts) if artifacts else view)
+            budget = reply_limit(self._nc)
+            if size(reply) <= budget:
+                return reply
+            reply = trim_view(reply, budget, req.full or ())
+            log.info("task view trimmed to fit a reply", extra={"fields": reply.truncated})
+            return reply
 
     async def artifacts(self, req: m.ListArtifactsRequest, subject: str) -> m.ListArtifactsReply:
         """`P.api.tasks.artifacts` (an addition, issue 12): a task's stored artifacts."""
         with bind(task_id=req.task_id):
-            return await self._artifacts.list(req)
+            return await self._artifacts.list(req, reply_limit(self._nc))
 
     async def artifact(self, req: m.ArtifactCommit, subject: str) -> m.ArtifactView:
         """`P.host.<id>.artifact` (an addition, issue 12): store an uploaded file (`devsched.scheduler.artifacts`)."""
         return await self._artifacts.commit(self._host_of(subject), req)
 
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
-        """`P.api.tasks.list`."""
-        return m.ListTasksReply.from_value(
-            await self._store.list_tasks(
-                status=req.status, limit=req.limit, after=req.after, kind=req.kind, device_id=req.device_id
-            )
+        """`P.api.tasks.list`: a page cut by bytes too (`devsched.scheduler.replies`), its large fields cut."""
+        page = await self._store.list_tasks(
+            status=req.status, limit=req.limit, after=req.after, kind=req.kind, device_id=req.device_id
         )
+        tasks = [list_item(m.TaskSummary.from_value(task)) for task in page.tasks]
+        n = fit(tasks, reply_limit(self._nc))
+        if n == len(tasks):
+            return m.ListTasksReply(tasks=tasks, next=page.next)
+        last = page.tasks[n - 1]
+        return m.ListTasksReply(tasks=tasks[:n], next=task_cursor(last.created_at, last.task_id))
 
     async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:
         """`P.api.tasks.cancel`; nudges the host when work is in flight there."""
@@ -225,8 +237,12 @@ class Api:
             log.info("nudged", extra={"host_id": host_id, "attempt": attempt})
 
     async def hosts(self, req: m.HostsListRequest, subject: str) -> m.HostsListReply:
-        """`P.api.hosts.list`."""
-        return m.HostsListReply(hosts=[m.HostView.from_value(h) for h in await self._store.list_hosts()])
+        """`P.api.hosts.list`, by host id: cut to fit a reply, `next` naming the last host listed."""
+        # Sorted here, not by the database's collation: `after` compares as Python does.
+        listed = sorted(await self._store.list_hosts(), key=lambda h: h.host_id)
+        hosts = [m.HostView.from_value(h) for h in listed if req.after is None or h.host_id > req.after]
+        n = fit(hosts, reply_limit(self._nc))
+        return m.HostsListReply(hosts=hosts[:n], next=hosts[n - 1].host_id if n < len(hosts) else None)
 
     async def drain(self, req: m.DrainRequest, subject: str) -> m.DeviceDrainView:
         """`P.api.devices.drain`."""
@@ -249,8 +265,13 @@ class Api:
 
     async def health_list(self, req: m.HealthCheckListRequest, subject: str) -> m.HealthCheckListReply:
         """`P.api.health.list` (an addition): the health checks in force."""
-        checks = await self._store.list_health_checks()
-        return m.HealthCheckListReply(checks=[m.HealthCheckView.from_value(c) for c in checks])
+        checks = [
+            m.HealthCheckView.from_value(c)
+            for c in sorted(await self._store.list_health_checks(), key=lambda c: c.name)
+            if req.after is None or c.name > req.after
+        ]
+        n = fit(checks, reply_limit(self._nc))
+        return m.HealthCheckListReply(checks=checks[:n], next=checks[n - 1].name if n < len(checks) else None)
 
     async def health_delete(self, req: m.HealthCheckDeleteRequest, subject: str) -> m.HealthCheckView:
         """`P.api.health.delete` (an addition): remove a health check; answers the check removed."""

@@ -27,7 +27,7 @@ from devsched.scheduler.loops import Wakeup, WorkLoop
 from devsched.scheduler.metrics import DATABASE_GAUGES, READY, REGISTRY, Latencies, Stats, observe_store
 from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
-from devsched.scheduler.service import Dispatcher, endpoint_specs, start_service, stop_taking_requests
+from devsched.scheduler.service import Dispatcher, Lane, endpoint_specs, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import (
     Backoff,
@@ -127,6 +127,13 @@ class Scheduler:
                 latencies = Latencies()
             nc = self.nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
             stack.push_async_callback(close_nats, nc)
+            if s.max_payload_bytes > nc.max_payload // 2:
+                # A task view holds what several requests brought (plan, metadata, report): with requests this
+                # close to the server's limit, one task may not fit any reply, even trimmed (docs/protocol.md).
+                log.warning(
+                    "DEVSCHED_MAX_PAYLOAD_BYTES is above half the NATS server's max_payload: some replies may not fit",
+                    extra={"max_payload_bytes": s.max_payload_bytes, "server_max_payload": nc.max_payload},
+                )
             js = nc.jetstream(timeout=s.publish_timeout_s)
             if s.create_streams and not await self._streams(js, stop):
                 return
@@ -182,7 +189,12 @@ class Scheduler:
                 on_registered=resync.host_registered,
             )
             service = self.service = await start_service(
-                nc, api, self.subjects, self.dispatcher, max_payload_bytes=s.max_payload_bytes
+                nc,
+                api,
+                self.subjects,
+                self.dispatcher,
+                max_payload_bytes=s.max_payload_bytes,
+                commit_lane=Lane(limit=s.artifact_commit_slots, per_host=s.artifact_commits_per_host),
             )
             await self._wake_from(nc)
             await flush_subscriptions(nc)

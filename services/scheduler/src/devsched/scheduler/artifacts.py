@@ -16,6 +16,10 @@ commits them here (`P.host.<host_id>.artifact`). The scheduler then
    commits that raced cannot pass the cap together; on a refusal the object is deleted), deletes the object
    a re-upload of the same name replaced, and purges the upload.
 
+A commit has a deadline (`artifact_commit_timeout_s`): a host trickling its chunks gets `upload_timeout`
+and its chunks are purged. Commits run in a lane of their own (`service.Lane`), not in the request slots.
+A chunk whose `Devsched-Chunk` header is not a plain ASCII number is a 400 naming the header.
+
 The object is `<task_id>/<attempt>/<upload_id>` in bucket `<PU>_ARTIFACTS`, written in the format of the
 NATS Object Store (nats-py and the `nats` CLI read it), its description the artifact's name.
 """
@@ -36,12 +40,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from devsched.core.errors import ArtifactTooLarge, UploadMismatch
+from devsched.core.errors import ArtifactTooLarge, UploadMismatch, UploadTimeout
 from devsched.core.records import LeaseRef
 from devsched.core.views import ArtifactView
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, object_name
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler.replies import decode_key, encode_key, fit
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
 from devsched.store import Store
@@ -120,6 +125,7 @@ class ArtifactIntake:
         ref = LeaseRef(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id)
         settings = self._settings
         upload = self._subjects.host_upload(host_id, req.task_id, req.attempt, req.upload_id)
+        deadline = asyncio.get_running_loop().time() + settings.artifact_commit_timeout_s
         with bind(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id):
             try:
                 if req.size > settings.artifact_max_file_bytes:
@@ -138,7 +144,7 @@ class ArtifactIntake:
                 )
                 started = time.perf_counter()
                 name = object_name(req.task_id, req.attempt, req.upload_id)
-                await self._copy(upload, req, name)
+                await self._copy_within(deadline, upload, req, name)
                 row = ArtifactView(
                     attempt=req.attempt,
                     name=req.name,
@@ -171,12 +177,31 @@ class ArtifactIntake:
             )
             return m.ArtifactView.from_value(row)
 
-    async def list(self, req: m.ListArtifactsRequest) -> m.ListArtifactsReply:
-        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them."""
-        rows = await self._store.list_artifacts(req.task_id, req.attempt)
-        return m.ListArtifactsReply(
-            task_id=req.task_id, bucket=self._bucket, artifacts=[m.ArtifactView.from_value(r) for r in rows]
-        )
+    async def _copy_within(self, deadline: float, upload: str, req: m.ArtifactCommit, name: str) -> None:
+        """`_copy` by `deadline` (event loop time), the part of a commit that waits on the host's chunks.
+
+        The database steps before and after are left to finish: cut short after the row is recorded, the
+        host would be told of a failure while the artifact exists.
+        """
+        timeout_s = self._settings.artifact_commit_timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._copy(upload, req, name)  # purges what it copied when cut short
+        except TimeoutError:
+            log.info("artifact commit timed out", extra={"timeout_s": timeout_s})
+            raise UploadTimeout(
+                f"the commit of {req.name!r} did not complete within {timeout_s} s; its chunks were purged",
+                timeout_s=timeout_s,
+            ) from None
+
+    async def list(self, req: m.ListArtifactsRequest, budget: int) -> m.ListArtifactsReply:
+        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them, in `budget` bytes."""
+        rows = sorted(await self._store.list_artifacts(req.task_id, req.attempt), key=lambda r: (r.attempt, r.name))
+        after = decode_key(req.after, (int, str)) if req.after is not None else None
+        views = [m.ArtifactView.from_value(r) for r in rows if after is None or (r.attempt, r.name) > after]
+        n = fit(views, budget)
+        nxt = encode_key([views[n - 1].attempt, views[n - 1].name]) if n < len(views) else None
+        return m.ListArtifactsReply(task_id=req.task_id, bucket=self._bucket, artifacts=views[:n], next=nxt)
 
     async def _copy(self, upload: str, req: m.ArtifactCommit, name: str) -> None:
         """Move the upload's chunks into a new object `name`, checked chunk by chunk, then its meta."""
@@ -224,7 +249,7 @@ class ArtifactIntake:
                         f"chunk {expected} of {req.chunks} of {req.name!r} is missing from the upload"
                     ) from None
                 index = _index(msg)
-                if index is None or index > expected:
+                if index > expected:
                     raise UploadMismatch(f"chunk {expected} of {req.name!r} is missing or out of order")
                 if index < expected:
                     continue  # a publish the host retried, stored twice
@@ -266,6 +291,28 @@ class ArtifactIntake:
             log.info("upload not purged: %s", type(exc).__name__, extra={"subject": upload})
 
 
-def _index(msg: Msg) -> int | None:
-    value = (msg.headers or {}).get(CHUNK_HEADER, "")
-    return int(value) if value.isdigit() and len(value) < 10 else None
+#: Longest chunk index, in digits (a file of the largest size has fewer than 10**9 chunks).
+_MAX_INDEX_DIGITS = 9
+
+
+def _index(msg: Msg) -> int:
+    """The chunk's index from its `Devsched-Chunk` header: plain ASCII digits only.
+
+    `str.isdigit` and `int` take other digits too (`²`, Arabic-Indic ...): `int("²")` raises, and was a 500.
+
+    Raises:
+        UploadMismatch: (400) the header is missing, not ASCII digits, or too long; it names the header.
+    """
+    value = (msg.headers or {}).get(CHUNK_HEADER)
+    if value is None:
+        problem = "missing"
+    elif not (value.isascii() and value.isdigit()):
+        problem = "not a non-negative number in ASCII digits"
+    elif len(value) > _MAX_INDEX_DIGITS:
+        problem = f"longer than {_MAX_INDEX_DIGITS} digits"
+    else:
+        return int(value)
+    raise UploadMismatch(
+        f"a chunk's {CHUNK_HEADER} header is {problem}",
+        errors=[{"path": f"headers.{CHUNK_HEADER}", "message": problem}],
+    )

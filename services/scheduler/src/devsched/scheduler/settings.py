@@ -41,6 +41,14 @@ class SchedulerSettings(ServiceSettings):
     """Largest artifact file a host may store (issue 12); a larger one is refused `artifact_too_large`."""
     artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
     """Most bytes of artifacts one attempt may store; past it, `artifact_quota_exceeded`."""
+    artifact_commit_slots: int = Field(default=8, ge=1, le=1000)
+    """Artifact commits handled at once by this process, apart from the request slots (`max_concurrency`):
+    a commit waits on its host's chunks, and must not hold a slot that renewals need. More are answered 429."""
+    artifact_commits_per_host: int = Field(default=2, ge=1, le=100)
+    """Artifact commits of one host handled at once; more are answered 429 `too_many_requests`."""
+    artifact_commit_timeout_s: Seconds = 120.0
+    """Deadline of one artifact commit, from its start: past it the commit fails `upload_timeout` (408) and
+    the chunks read so far are purged (a host trickling its chunks holds a commit slot this long at most)."""
     artifacts_max_age_s: Seconds = 7 * 86400.0
     """Oldest artifact kept in the bucket `<PU>_ARTIFACTS` (like the logs); its row goes with its task."""
     artifacts_max_bytes: int = Field(default=-1, ge=-1)
