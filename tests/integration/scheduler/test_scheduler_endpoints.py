@@ -52,6 +52,8 @@ async def test_service_is_discoverable_with_every_endpoint_in_one_queue_group(
         f"{p}.api.hosts.list",
         f"{p}.api.devices.drain",
         f"{p}.api.hosts.drain",
+        f"{p}.api.devices.forget",
+        f"{p}.api.devices.label",
         f"{p}.api.tasks.artifacts",  # issue 12
         f"{p}.api.health.set",  # issue 13
         f"{p}.api.health.list",
