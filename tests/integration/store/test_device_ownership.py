@@ -32,7 +32,7 @@ async def _owner(store: Store, device_id: str) -> str:
 async def _audit(store: Store) -> list[tuple[str, str, str, str | None]]:
     async with store.engine.connect() as conn:
         rows = await conn.execute(text("SELECT device_id, action, actor, reason FROM device_audit ORDER BY id"))
-        return [tuple(r) for r in rows.all()]  # type: ignore[misc]
+        return [(r.device_id, r.action, r.actor, r.reason) for r in rows.all()]
 
 
 async def test_an_idle_withdrawn_device_stays_its_hosts(lab: Lab) -> None:

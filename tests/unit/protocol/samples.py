@@ -190,9 +190,13 @@ SAMPLES: dict[str, BaseModel] = {
     ),
     "LabelDeviceRequest": m.LabelDeviceRequest(device_id="d1", labels={"pool": "release"}, unset=["rack"]),
     "DeviceDrainView(labelled)": m.DeviceDrainView(
-        device_id="d1", host_id="h1", labels={"pool": "release", "os": "14"}, state=DeviceState.AVAILABLE,
-        drained=False, operator_labels={"pool": "release"},
-    ),  # fmt: skip
+        device_id="d1",
+        host_id="h1",
+        labels={"pool": "release", "os": "14"},
+        state=DeviceState.AVAILABLE,
+        drained=False,
+        operator_labels={"pool": "release"},
+    ),
     "Nudge": m.Nudge(task_id=TASK_ID, attempt=3),
     "DrainNotice": m.DrainNotice(drain=True, reason="kernel update"),
     "ErrorBody": m.ErrorBody(
