@@ -1,6 +1,6 @@
 """Hosts and devices: registration, heartbeats, listing, and draining.
 
-A device id belongs to the host that first registered it until an operator frees it (`ownership`);
+A device id belongs to the host that first registered it until an operator frees it (`operator_devices`);
 its effective labels, which selectors match, are its host's overlaid by the operator's (`EFFECTIVE_LABELS`).
 """
 
@@ -105,7 +105,7 @@ async def register_host(
 
     A dropped device keeps a running attempt until it ends or expires, and gets no new work; it stays the
     host's. A drained device stays drained. A device id that belongs to another host (until an operator
-    frees it: `ownership.forget_device`) is a conflict, and nothing changes. Each device's host labels get
+    frees it: `operator_devices.forget_device`) is a conflict, and nothing changes. Each device's host labels get
     the reserved labels of the host's plug-in actions (`devsched.core.actions`); operator labels stay
     and win (`effective_labels`).
 
