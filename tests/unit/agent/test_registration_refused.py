@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
 
 from devsched.agent import registration as reg
+from devsched.agent.agent import Agent
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
+from devsched.agent.health import add_checks
 from devsched.core.errors import DeviceConflict
 from devsched.protocol import messages as m
+from devsched.service import HealthServer, NotReady
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +67,20 @@ async def test_a_refused_registration_is_logged_once_and_retried_slowly(
 async def test_the_pause_after_a_refusal_is_the_slow_one() -> None:
     registration = reg.Registration(cast(HostClient, _Scheduler(0)), [], "1.0", registered=asyncio.Event())
     assert registration._refused(DeviceConflict("x", devices={"d9": "h"})) == reg.CONFLICT_RETRY_S >= 30
+
+
+async def test_readiness_names_the_refused_devices() -> None:
+    checks: dict[str, Any] = {}
+
+    class _Health:
+        def check(self, name: str, fn: Any) -> None:
+            checks[name] = fn
+
+    registration = reg.Registration(cast(HostClient, _Scheduler(0)), [], "1.0", registered=asyncio.Event())
+    agent = SimpleNamespace(registered=registration.registered, registration=registration)
+    add_checks(cast(HealthServer, _Health()), cast(Agent, agent))
+    with pytest.raises(NotReady, match="not registered with the scheduler yet"):
+        await checks["registered"]()
+    registration._refused(DeviceConflict("x", devices={"d2": "other"}))
+    with pytest.raises(NotReady, match="device_conflict: device d2 belongs to another host"):
+        await checks["registered"]()
