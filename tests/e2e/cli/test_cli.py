@@ -198,6 +198,7 @@ def test_devices_label_and_forget(devsched: Devsched, stack: Stack) -> None:
     assert f"device {device} on {host_id}: labels os=14,pool=ci,rack=2 (pinned: rack)" in line
     mine = next(h for h in doc(devsched("hosts", "--json"))["hosts"] if h["host_id"] == host_id)
     assert mine["devices"][0]["operator_labels"] == {"rack": "2"}
+    assert "os=14,pool=ci,rack=2 (pinned: rack)" in ok(devsched("hosts")).stdout
     assert one_line_error(devsched("devices", "label", device, "a=1", "--unset", "a"), 2).startswith(
         "error: invalid_request: unset: "
     )
