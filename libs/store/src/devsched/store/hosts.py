@@ -1,7 +1,7 @@
 """Hosts and devices: registration, heartbeats, listing, and draining.
 
 A device id belongs to the host that first registered it until an operator frees it (`operator_devices`);
-its effective labels, which selectors match, are its host's overlaid by the operator's (`EFFECTIVE_LABELS`).
+its effective labels, which selectors match, are its host's overlaid by the operator's (`effective_labels`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def effective_labels(host: str = "host_labels", operator: str = "operator_labels
     """SQL: the labels selectors match, the host's overlaid by the operator's (an operator's key wins).
 
     `devices.labels` holds them (`ck_devices_operator_labels_win`), written with this expression wherever
-    either part changes, so that every query that matches labels reads one indexed column.
+    either part changes, so that every query that matches labels reads one column.
     """
     return f"({host} || {operator})"
 
@@ -105,9 +105,9 @@ async def register_host(
 
     A dropped device keeps a running attempt until it ends or expires, and gets no new work; it stays the
     host's. A drained device stays drained. A device id that belongs to another host (until an operator
-    frees it: `operator_devices.forget_device`) is a conflict, and nothing changes. Each device's host labels get
-    the reserved labels of the host's plug-in actions (`devsched.core.actions`); operator labels stay
-    and win (`effective_labels`).
+    frees it: `operator_devices.forget_device`) is a conflict, and nothing changes. Each device's host
+    labels get the reserved labels of the host's plug-in actions (`devsched.core.actions`); operator
+    labels stay and win (`effective_labels`).
 
     Raises:
         DeviceConflict: a device id belongs to another host.
