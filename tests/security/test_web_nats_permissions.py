@@ -113,6 +113,8 @@ async def test_the_web_user_cannot_submit_drain_a_host_or_touch_a_host_subject(
     refused = [
         S.tasks_submit,
         S.hosts_drain,
+        S.devices_forget,  # operators only: free a device from its host
+        S.devices_label,  # operators only: pin labels
         "devsched.api.anything.else",
         "$SRV.PING",
         "devsched.host.bench-07.heartbeat",

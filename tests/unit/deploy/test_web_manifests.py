@@ -48,6 +48,8 @@ def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
     assert api == {s.tasks_get, s.tasks_list, s.tasks_cancel, s.hosts_list, s.devices_drain, s.task_artifacts}
     assert s.tasks_submit not in published
     assert s.hosts_drain not in published
+    assert s.devices_forget not in published  # operators only
+    assert s.devices_label not in published
     others = published - api
     assert all(subject.startswith(("$JS.API.", "$JS.FC.")) for subject in others), others
     assert not any("ASSIGNMENTS" in subject or "STREAM.CREATE" in subject for subject in others)

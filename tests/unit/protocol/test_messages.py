@@ -69,6 +69,27 @@ def test_defaults_of_submit() -> None:
     assert (step.timeout_s, step.interruptible, step.always, step.args) == (3600.0, False, False, {})
 
 
+@pytest.mark.parametrize(
+    ("body", "rule"),
+    [
+        (b'{"device_id": "d1", "labels": {"a": "1"}, "unset": ["a"]}', "'unset'"),
+        (b'{"device_id": "d1"}', "labels to set or keys to unset"),
+        (b'{"device_id": "d1", "labels": {"devsched.action.flash": "1"}}', "'labels'"),
+        (b'{"device_id": "d1", "unset": ["devsched.action.flash"]}', "'unset'"),
+    ],
+)
+def test_a_label_request_sets_or_unsets_each_key_and_no_reserved_one(body: bytes, rule: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        decode(m.LabelDeviceRequest, body)
+    assert rule in repr(err.value.details)
+
+
+def test_a_forget_needs_a_reason() -> None:
+    for body in (b'{"device_id": "d1"}', b'{"device_id": "d1", "reason": ""}'):
+        with pytest.raises(InvalidRequest):
+            decode(m.ForgetDeviceRequest, body)
+
+
 def test_defaults_of_list_and_drain() -> None:
     assert decode(m.ListTasksRequest, b"{}") == m.ListTasksRequest(status=None, limit=100, after=None)
     assert decode(m.DrainRequest, b'{"device_id": "d1"}').drained is True

@@ -51,7 +51,9 @@ from devsched.protocol.messages import (
     CancelReply,
     CancelRequest,
     DeviceDrainView,
+    DeviceForgottenView,
     DrainRequest,
+    ForgetDeviceRequest,
     GetTaskRequest,
     HealthCheckDeleteRequest,
     HealthCheckListReply,
@@ -62,6 +64,7 @@ from devsched.protocol.messages import (
     HostsListReply,
     HostsListRequest,
     HostView,
+    LabelDeviceRequest,
     ListArtifactsReply,
     ListArtifactsRequest,
     ListTasksReply,
@@ -560,6 +563,31 @@ class Client:
         """
         body = _build(DrainRequest, device_id=device_id, drained=drained, reason=reason)
         return await self._call(self.subjects.devices_drain, body, DeviceDrainView)
+
+    async def forget_device(self, device_id: str, *, reason: str) -> DeviceForgottenView:
+        """Free a device from the host that registered it (`P.api.devices.forget`); what was freed.
+
+        The next host that registers it owns it. The act is kept in the scheduler's audit records.
+
+        Raises:
+            NotFound: no such device.
+            Conflict: it runs an attempt (or is in its grace after an expired one).
+        """
+        body = _build(ForgetDeviceRequest, device_id=device_id, reason=reason)
+        return await self._call(self.subjects.devices_forget, body, DeviceForgottenView)
+
+    async def label_device(
+        self, device_id: str, labels: Mapping[str, str] | None = None, *, unset: builtins.list[str] | None = None
+    ) -> DeviceDrainView:
+        """Pin operator labels on a device, or unpin keys (`P.api.devices.label`); the device after it.
+
+        Pinned labels win over its host's: the host's registration can neither override nor remove them.
+
+        Raises:
+            NotFound: no such device.
+        """
+        body = _build(LabelDeviceRequest, device_id=device_id, labels=dict(labels or {}), unset=list(unset or []))
+        return await self._call(self.subjects.devices_label, body, DeviceDrainView)
 
     async def drain_host(self, host_id: str, *, drained: bool = True, reason: str | None = None) -> HostView:
         """Drain every device of a host and tell its agent to finish (`P.api.hosts.drain`); the host after it.

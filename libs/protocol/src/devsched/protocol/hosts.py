@@ -1,10 +1,10 @@
-"""Hosts and devices: `P.api.hosts.list|drain`, `P.api.devices.drain`, `P.host.<id>.register|heartbeat`."""
+"""Hosts and devices: `P.api.hosts.list|drain`, `P.api.devices.drain|forget|label`, `P.host.<id>.register|heartbeat`."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from devsched.core.status import DeviceState
@@ -16,6 +16,10 @@ MAX_ACTIONS = 100
 #: Longest action name and version a host may advertise, in characters.
 MAX_ACTION_NAME_CHARS = 200
 MAX_ACTION_VERSION_CHARS = 100
+#: Longest reason an operator may give for forgetting a device, in characters.
+MAX_FORGET_REASON_CHARS = 1000
+#: Most labels one `devices.label` request may pin or unpin.
+MAX_OPERATOR_LABELS = 100
 
 
 class HostsListRequest(RequestModel):
@@ -48,6 +52,9 @@ class DeviceView(ReplyModel):
     """When it was quarantined (an addition)."""
     infra_failures: int = 0
     """Its consecutive infrastructure failures so far (an addition); a success resets it."""
+    operator_labels: dict[str, str] = Field(default_factory=dict)
+    """The labels an operator pinned (`P.api.devices.label`, an addition); `labels` shows them too, where
+    they win over the host's."""
 
 
 class ActionView(ReplyModel):
@@ -139,6 +146,74 @@ class DeviceDrainView(ReplyModel):
     """When it was quarantined (an addition)."""
     infra_failures: int = 0
     """Its consecutive infrastructure failures so far (an addition); a success resets it."""
+    operator_labels: dict[str, str] = Field(default_factory=dict)
+    """The labels an operator pinned (`P.api.devices.label`, an addition); `labels` shows them too, where
+    they win over the host's."""
+
+
+class ForgetDeviceRequest(RequestModel):
+    """`P.api.devices.forget` (an addition): free a device from the host that registered it.
+
+    A device id belongs to the host that first registered it; another host's registration naming it is
+    refused (`device_conflict`) until an operator frees it. Refused (`conflict`) while it runs an attempt
+    or is in its grace after an expired one.
+    """
+
+    device_id: Token
+    """The device."""
+    reason: str = Field(min_length=1, max_length=MAX_FORGET_REASON_CHARS)
+    """Why, kept in the audit record."""
+
+
+class DeviceForgottenView(ReplyModel):
+    """Answer to a forget (an addition): what was freed, and the audit record of it."""
+
+    device_id: Token
+    """The device."""
+    host_id: Token
+    """The host it belonged to; the next host that registers it owns it."""
+    freed_at: Timestamp
+    """When it was freed (a repeated forget answers the first one)."""
+    reason: str
+    """The reason given."""
+    actor: str
+    """Who freed it: `operator-api` (the operator endpoint; there are no operator identities yet)."""
+    audit_id: int
+    """The audit record's id."""
+
+
+class LabelDeviceRequest(RequestModel):
+    """`P.api.devices.label` (an addition): pin operator labels on a device, or unpin them.
+
+    Operator labels are kept apart from the host's and win: a host's registration can neither override
+    nor remove them. Selectors match the effective labels, the host's overlaid by the operator's.
+    """
+
+    device_id: Token
+    """The device."""
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_OPERATOR_LABELS)
+    """Labels to pin (a pinned key gets the new value)."""
+    unset: list[Name] = Field(default_factory=list, max_length=MAX_OPERATOR_LABELS)
+    """Keys to unpin: the host's value, if it asserts one, shows again."""
+
+    _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
+
+    @field_validator("unset")
+    @classmethod
+    def _no_reserved_keys(cls, unset: list[str], info: ValidationInfo) -> list[str]:
+        refuse_reserved_labels(dict.fromkeys(unset, ""))
+        both = sorted(set(info.data.get("labels") or ()) & set(unset))
+        if both:
+            raise PydanticCustomError(
+                "label_set_and_unset", "a key is either set or unset, not both: {keys}", {"keys": ", ".join(both)}
+            )
+        return unset
+
+    @model_validator(mode="after")
+    def _something(self) -> LabelDeviceRequest:
+        if not self.labels and not self.unset:
+            raise PydanticCustomError("nothing_to_label", "give labels to set or keys to unset", {})
+        return self
 
 
 class DeviceRegistration(RequestModel):

@@ -102,6 +102,16 @@ class Subjects:
         return f"{self.prefix}.api.devices.drain"
 
     @property
+    def devices_forget(self) -> str:
+        """`P.api.devices.forget` (an addition): free a device from its host; operators only."""
+        return f"{self.prefix}.api.devices.forget"
+
+    @property
+    def devices_label(self) -> str:
+        """`P.api.devices.label` (an addition): pin or unpin operator labels on a device; operators only."""
+        return f"{self.prefix}.api.devices.label"
+
+    @property
     def hosts_drain(self) -> str:
         """`P.api.hosts.drain` (an addition): drain every device of a host and tell its agent."""
         return f"{self.prefix}.api.hosts.drain"

@@ -120,6 +120,8 @@ class Agent:
         self.nc: Client | None = None
         #: The health endpoints while serving, when `metrics_port` is set.
         self.health: HealthServer | None = None
+        #: The registration while connected (for the readiness checks: a refused one says why).
+        self.registration: Registration | None = None
 
     def request_drain(self, source: str, reason: str | None = None) -> None:
         """Drain: finish the running attempts, take no more work, and exit 0 once idle.
@@ -284,6 +286,7 @@ class Agent:
         registration = Registration(
             client, config.devices, self.version, actions=self.registry.offers(), registered=self.registered
         )
+        self.registration = registration
         reporter = Reporter(client, taken.spool, on_not_found=registration.reregister)
         reports = ReportDelivery(reporter)
         logs = (

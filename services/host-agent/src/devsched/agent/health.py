@@ -3,7 +3,7 @@
 | check | passes when |
 | --- | --- |
 | `nats` | connected, and the server answers a PING |
-| `registered` | the scheduler accepted this host's registration |
+| `registered` | the scheduler accepted this host's registration (not ready names a device of another host) |
 | `consumer` | bound to its assignments consumer, and not draining (a draining agent takes no more work) |
 
 An agent whose scheduler is away keeps retrying its registration: alive (`/healthz`), not ready.
@@ -27,6 +27,12 @@ def add_checks(health: HealthServer, agent: Agent) -> None:
 
     async def registered() -> None:
         if not agent.registered.is_set():
+            refused = agent.registration.refused_devices if agent.registration is not None else ()
+            if refused:
+                raise NotReady(
+                    f"device_conflict: device {', '.join(refused)} belongs to another host"
+                    " (an operator frees it with `devsched devices forget`)"
+                )
             raise NotReady("not registered with the scheduler yet")
 
     async def consumer() -> None:

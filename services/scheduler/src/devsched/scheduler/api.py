@@ -252,6 +252,34 @@ class Api:
         log.info("drained" if view.drained else "returned to service", extra={"device_id": view.device_id})
         return m.DeviceDrainView.from_value(view)
 
+    async def forget(self, req: m.ForgetDeviceRequest, subject: str) -> m.DeviceForgottenView:
+        """`P.api.devices.forget` (an addition): free a device from its host; the audit record says so."""
+        freed = await self._store.forget_device(req.device_id, req.reason)
+        log.warning(
+            "device forgotten: the next host that registers it owns it",
+            extra={
+                "device_id": freed.device_id,
+                "host_id": freed.host_id,
+                "actor": freed.actor,
+                "audit_id": freed.audit_id,
+            },
+        )
+        return m.DeviceForgottenView.from_value(freed)
+
+    async def label(self, req: m.LabelDeviceRequest, subject: str) -> m.DeviceDrainView:
+        """`P.api.devices.label` (an addition): pin or unpin operator labels (the keys are logged, no value)."""
+        view = await self._store.label_device(req.device_id, req.labels, req.unset)
+        self._assign.set()
+        log.info(
+            "device labelled by operator",
+            extra={
+                "device_id": view.device_id,
+                "pinned": " ".join(sorted(req.labels)),
+                "unpinned": " ".join(sorted(req.unset)),
+            },
+        )
+        return m.DeviceDrainView.from_value(view)
+
     # -- health checks (issue 13) -------------------------------------------------------------
 
     async def health_set(self, req: m.HealthCheckSetRequest, subject: str) -> m.HealthCheckView:

@@ -245,6 +245,8 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
         EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
+        EndpointSpec("devices-forget", subjects.devices_forget, m.ForgetDeviceRequest, api.forget),
+        EndpointSpec("devices-label", subjects.devices_label, m.LabelDeviceRequest, api.label),
         EndpointSpec("tasks-artifacts", subjects.task_artifacts, m.ListArtifactsRequest, api.artifacts),
         EndpointSpec("health-set", subjects.health_set, m.HealthCheckSetRequest, api.health_set),
         EndpointSpec("health-list", subjects.health_list, m.HealthCheckListRequest, api.health_list),

@@ -138,6 +138,8 @@ def hosts_table(hosts: Sequence[HostView], *, compact: bool = False) -> Table:
             table.add_row(host.host_id, online, ago(host.last_seen_at), "-", "", "")
         for i, device in enumerate(sorted(devices, key=lambda d: d.device_id)):
             labels = ",".join(f"{k}={v}" for k, v in sorted(device.labels.items()))
+            if device.operator_labels:  # the keys an operator pinned (`devsched devices label`)
+                labels += f" (pinned: {','.join(sorted(device.operator_labels))})"
             state = Text(str(device.state), style=DEVICE_STYLE.get(DeviceState(device.state), ""))
             if device.quarantined and device.quarantine_reason:
                 state.append(f" ({device.quarantine_reason})")  # why, and since: `hosts --json`
