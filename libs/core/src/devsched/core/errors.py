@@ -125,6 +125,20 @@ class TooManyRequests(DevschedError):
     retryable = True
 
 
+class StorageFull(DevschedError):
+    """The JetStream store has no room for one host more (an addition): registration refused.
+
+    Each host has its own logs and uploads streams, each a fixed share of the budgets (`max_hosts` hosts at
+    most), so that no host can take the room of another; the room is there again once an operator raises
+    the budget or removes a host's streams. Nothing changed but the host's devices, which stay registered
+    without assignments; the registration may be repeated.
+    """
+
+    code = "storage_full"
+    status = 507
+    retryable = True
+
+
 class Unavailable(DevschedError):
     """The database is unreachable; the request may be retried.
 
@@ -170,6 +184,7 @@ BY_CODE: dict[str, type[DevschedError]] = {
         ArtifactQuotaExceeded,
         UploadMismatch,
         TooManyRequests,
+        StorageFull,
         Unavailable,
         Internal,
     )

@@ -28,7 +28,12 @@ from devsched.protocol.codec import encode
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
 from devsched.scheduler.artifacts import ArtifactIntake
-from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
+from devsched.scheduler.jetstream import (
+    JETSTREAM_ERRORS,
+    ensure_host_consumer,
+    ensure_host_streams,
+    ensure_streams,
+)
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
 from devsched.scheduler.plugin_args import check_plugin_args, schema_problem
@@ -291,6 +296,9 @@ class Api:
                     raise
                 await ensure_streams(self._js, self._subjects, self._settings)
                 await ensure_host_consumer(self._js, self._subjects, self._settings, host_id)
+            # Its own logs and uploads streams, its share of the budgets: 507 `storage_full` when there is
+            # no room for one host more (its devices stay registered; it gets no assignments until it has them).
+            await ensure_host_streams(self._js, self._subjects, self._settings, host_id)
             if devices and self._on_registered is not None:
                 # Its unclaimed assignments, published again: the stream may have lost them while it was away.
                 # Not for a withdrawal (no devices): that agent is stopping, and gives back what it holds.
