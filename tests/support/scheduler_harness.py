@@ -335,9 +335,17 @@ async def task_events(js: JetStreamContext, prefix: str, task_id: str) -> list[d
 async def delete_streams(nc: NatsClient, prefix: str) -> None:
     """Remove the test's streams (they would otherwise pile up on the session's server)."""
     js = nc.jetstream()
-    for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS", "UPLOADS"):
+    pu = prefix.upper().replace("-", "_")
+    names = [f"{pu}_{suffix}" for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS", "UPLOADS")]
+    with contextlib.suppress(Exception):  # each host's logs and uploads streams
+        names += [
+            name
+            for info in await js.streams_info()
+            if (name := info.config.name or "").startswith((f"{pu}_LOGS_", f"{pu}_UPLOADS_"))
+        ]
+    for name in names:
         with contextlib.suppress(Exception):
-            await js.delete_stream(f"{prefix.upper().replace('-', '_')}_{suffix}")
+            await js.delete_stream(name)
     with contextlib.suppress(Exception):
         await js.delete_stream(f"OBJ_{prefix.upper().replace('-', '_')}_ARTIFACTS")
 
@@ -366,6 +374,13 @@ FAST = {
     "shutdown_grace_s": 5.0,
     "drain_timeout_s": 2.0,
     "db_pool_size": 5,
+    # Small storage budgets: each stream reserves its cap from the session server's store.
+    "max_hosts": 8,
+    "events_max_bytes": 64 * 1024 * 1024,
+    "artifacts_max_bytes": 256 * 1024 * 1024,
+    "logs_max_bytes": 64 * 1024 * 1024,
+    "uploads_max_bytes": 8 * 40 * 1024 * 1024,
+    "artifact_max_file_bytes": 32 * 1024 * 1024,
 }
 
 
