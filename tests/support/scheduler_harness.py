@@ -362,6 +362,16 @@ async def delete_streams_at(url: str, prefix: str) -> None:
 # -- services in this process ---------------------------------------------------------------------------
 
 
+#: Small storage budgets for tests: JetStream reserves each stream's cap from the server's store.
+BUDGETS: dict[str, Any] = {
+    "max_hosts": 8,
+    "events_max_bytes": 64 * 1024 * 1024,
+    "artifacts_max_bytes": 256 * 1024 * 1024,
+    "logs_max_bytes": 64 * 1024 * 1024,
+    "uploads_max_bytes": 8 * 40 * 1024 * 1024,
+    "artifact_max_file_bytes": 32 * 1024 * 1024,
+}
+
 FAST = {
     # Protocol-level test hosts ack assignments without claiming them, and some tests then expect nothing more:
     # the resync publishes copies only of attempts unclaimed for a minute (its tests set their own age).
@@ -374,13 +384,7 @@ FAST = {
     "shutdown_grace_s": 5.0,
     "drain_timeout_s": 2.0,
     "db_pool_size": 5,
-    # Small storage budgets: each stream reserves its cap from the session server's store.
-    "max_hosts": 8,
-    "events_max_bytes": 64 * 1024 * 1024,
-    "artifacts_max_bytes": 256 * 1024 * 1024,
-    "logs_max_bytes": 64 * 1024 * 1024,
-    "uploads_max_bytes": 8 * 40 * 1024 * 1024,
-    "artifact_max_file_bytes": 32 * 1024 * 1024,
+    **BUDGETS,
 }
 
 

@@ -127,17 +127,21 @@ def test_accounts_conf_service_users() -> None:
     assert f'"{subjects.events_all}"' in scheduler
     # answers go to requesters only, one each, and not forever (the scheduler checks the inbox itself too)
     assert 'allow_responses: { max: 1, expires: "1m" }' in scheduler
-    for stream in (subjects.assignments_stream, subjects.events_stream, subjects.logs_stream):
-        assert f'"$JS.API.STREAM.CREATE.{stream}"' in scheduler
+    # the streams, each host's own among them (a permission cannot name a part of a stream's name); no delete
+    assert '"$JS.API.STREAM.CREATE.*"' in scheduler
+    assert '"$JS.API.INFO"' in scheduler, "the budgets' check at start reads the account's limits"
+    assert "STREAM.DELETE" not in scheduler
     assert "$JS.API.>" not in scheduler
     assert '">"' not in scheduler
     operator = _user_block(accounts, "operator")
     assert '"devsched.api.>"' in operator
     assert '"devsched.events.>"' in operator
-    # `devsched logs`: an ordered consumer of the logs stream, no write to it
-    assert f'"$JS.API.CONSUMER.CREATE.{subjects.logs_stream}.>"' in operator
-    assert f'"$JS.FC.{subjects.logs_stream}.>"' in operator
-    assert "devsched.host." not in operator, "an operator must not speak for a host"
+    # `devsched logs`: an ordered consumer whose create request names a log filter, in any stream; no write
+    log_consumers = f'"$JS.API.CONSUMER.CREATE.*.*.{subjects.host_log_all}"'
+    assert log_consumers in operator
+    assert '"$JS.FC.*.>"' in operator
+    assert "devsched.host." not in operator.replace(log_consumers, ""), "an operator must not speak for a host"
+    assert "STREAM.INFO.*" not in operator
     # health checks (issue 13) are the operators' alone
     for subject in (subjects.health_set, subjects.health_list, subjects.health_delete):
         assert subject.startswith("devsched.api.")
