@@ -130,8 +130,8 @@ class StorageFull(DevschedError):
 
     Each host has its own logs and uploads streams, each a fixed share of the budgets (`max_hosts` hosts at
     most), so that no host can take the room of another; the room is there again once an operator raises
-    the budget or removes a host's streams. Nothing changed but the host's devices, which stay registered
-    without assignments; the registration may be repeated.
+    the budget or removes a host's streams. Nothing changed (its devices are not registered); the
+    registration may be repeated.
     """
 
     code = "storage_full"

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.core.backoff import backoff_delay, retry_after
-from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
+from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound, StorageFull
 from devsched.protocol import messages as wire
 from devsched.service import sleep_or_stop
 
@@ -83,7 +83,9 @@ class Registration:
             except Exception as exc:
                 pause = retry_after(exc)
                 failures += 1
-                level = logging.ERROR if isinstance(exc, DeviceConflict | InvalidRequest) else logging.WARNING
+                level = (
+                    logging.ERROR if isinstance(exc, DeviceConflict | InvalidRequest | StorageFull) else logging.WARNING
+                )
                 logger.log(level, "registration failed, will retry", extra={"error": repr(exc), "failures": failures})
             await sleep_or_stop(stop, max(backoff_delay(failures, base_s=0.2, cap_s=10.0), pause))
         return False

@@ -278,7 +278,7 @@ class Api:
     # -- hosts ---------------------------------------------------------------------------------
 
     async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
-        """`P.host.<id>.register`: the devices, then the host's durable consumer (503 if JetStream fails).
+        """`P.host.<id>.register`: the host's streams, its devices, then its consumer (503 if JetStream fails).
 
         Then the host's unclaimed assignments are published again (in the background, best effort).
         """
@@ -286,6 +286,10 @@ class Api:
         with bind(host_id=host_id):
             devices = [DeviceSpec(d.device_id, dict(d.labels)) for d in req.devices]
             actions = _action_specs(req.actions or ())
+            # First its own logs and uploads streams, each its share of the budgets: 507 `storage_full` when
+            # there is no room for one host more, and nothing registered (no device of it is given work).
+            if self._settings.create_streams:  # else an operator makes them
+                await ensure_host_streams(self._js, self._subjects, self._settings, host_id)
             interval = await self._store.register_host(host_id, devices, req.agent_version, actions)
             # After the commit: a registration refused by the store leaves no consumer behind; one whose
             # consumer fails is answered 503 and repeated by the agent (both steps are idempotent).
@@ -296,9 +300,6 @@ class Api:
                     raise
                 await ensure_streams(self._js, self._subjects, self._settings)
                 await ensure_host_consumer(self._js, self._subjects, self._settings, host_id)
-            # Its own logs and uploads streams, its share of the budgets: 507 `storage_full` when there is
-            # no room for one host more (its devices stay registered; it gets no assignments until it has them).
-            await ensure_host_streams(self._js, self._subjects, self._settings, host_id)
             if devices and self._on_registered is not None:
                 # Its unclaimed assignments, published again: the stream may have lost them while it was away.
                 # Not for a withdrawal (no devices): that agent is stopping, and gives back what it holds.
