@@ -98,7 +98,7 @@ class Scheduler:
         return False
 
     async def _host_streams(self, js: JetStreamContext, store: Store) -> None:
-        """Each registered host's logs and uploads streams, best effort.
+        """Each online host's logs and uploads streams, best effort.
 
         After an upgrade from the shared streams, agents that do not register again publish into them at once
         (a registration makes them too).
@@ -106,7 +106,8 @@ class Scheduler:
         try:
             hosts = await store.list_hosts()
             for host in hosts:
-                await ensure_host_streams(js, self.subjects, self.settings, host.host_id)
+                if host.online:  # one gone for good keeps no share; it gets its streams when it registers
+                    await ensure_host_streams(js, self.subjects, self.settings, host.host_id)
         except (StorageFull, nats.errors.Error, APIError, TimeoutError) as exc:
             log.warning("hosts' streams not all made: %s", type(exc).__name__)
 
