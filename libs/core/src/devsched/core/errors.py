@@ -131,12 +131,11 @@ class StorageFull(DevschedError):
     Each host has its own logs and uploads streams, each a fixed share of the budgets (`max_hosts` hosts at
     most), so that no host can take the room of another; the room is there again once an operator raises
     the budget or removes a host's streams. Nothing changed (its devices are not registered); the
-    registration may be repeated.
+    registration may be repeated (the agent does, with its backoff), but only room made by an operator helps.
     """
 
     code = "storage_full"
     status = 507
-    retryable = True
 
 
 class Unavailable(DevschedError):
