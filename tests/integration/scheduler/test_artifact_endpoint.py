@@ -124,7 +124,7 @@ async def test_a_commit_stores_the_file_and_lists_it(
     store = await nc.jetstream().object_store(Subjects(subject_prefix).artifacts_bucket)
     assert (await store.get(reply["object"])).data == data, "the bucket holds the bytes"
     assert [a["name"] for a in await listing(nc, subject_prefix, assigned.task_id)] == ["out/a.bin"]
-    uploads = await nc.jetstream().stream_info(Subjects(subject_prefix).uploads_stream)
+    uploads = await nc.jetstream().stream_info(Subjects(subject_prefix).host_uploads_stream(host.host_id))
     assert uploads.state.messages == 0, "the upload is purged once committed"
 
     # the same name again replaces it (and its old object)
@@ -172,6 +172,7 @@ async def test_a_refused_commit_stores_nothing(
     if case == "another host's upload":
         # a neighbour (unconfined here) publishes the chunks; the host commits them under its own lease
         neighbour = make_host()
+        await neighbour.register(bind=False)  # its own uploads stream
         upload_id = await upload(host, lease, data, as_host=neighbour.host_id)
     else:
         upload_id = await upload(host, lease, data)

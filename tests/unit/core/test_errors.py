@@ -36,6 +36,7 @@ PROTOCOL_TABLE = {
     "upload_mismatch": 400,
     "upload_timeout": 408,
     "reply_too_large": 500,
+    "storage_full": 507,
 }
 
 ALL_CLASSES = [obj for obj in vars(errors).values() if isinstance(obj, type) and issubclass(obj, DevschedError)]

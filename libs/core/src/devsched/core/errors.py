@@ -135,6 +135,19 @@ class TooManyRequests(DevschedError):
     retryable = True
 
 
+class StorageFull(DevschedError):
+    """The JetStream store has no room for one host more (an addition): registration refused.
+
+    Each host has its own logs and uploads streams, each a fixed share of the budgets (`max_hosts` hosts at
+    most), so that no host can take the room of another; the room is there again once an operator raises
+    the budget or removes a host's streams. Nothing changed (its devices are not registered); the
+    registration may be repeated (the agent does, with its backoff), but only room made by an operator helps.
+    """
+
+    code = "storage_full"
+    status = 507
+
+
 class Unavailable(DevschedError):
     """The database is unreachable; the request may be retried.
 
@@ -190,6 +203,7 @@ BY_CODE: dict[str, type[DevschedError]] = {
         UploadMismatch,
         UploadTimeout,
         TooManyRequests,
+        StorageFull,
         Unavailable,
         Internal,
         ReplyTooLarge,

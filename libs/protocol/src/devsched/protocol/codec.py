@@ -21,6 +21,7 @@ from devsched.core.errors import (
     Internal,
     InvalidRequest,
     NotFound,
+    StorageFull,
     TooLarge,
     TooManyRequests,
     Unavailable,
@@ -48,6 +49,7 @@ _BY_STATUS: dict[int, type[DevschedError]] = {
     413: TooLarge,
     429: TooManyRequests,
     503: Unavailable,
+    507: StorageFull,
 }
 
 

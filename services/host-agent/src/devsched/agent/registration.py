@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.core.backoff import backoff_delay, retry_after
-from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
+from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound, StorageFull
 from devsched.protocol import messages as wire
 from devsched.service import sleep_or_stop
 
@@ -98,7 +98,8 @@ class Registration:
             except Exception as exc:
                 pause = retry_after(exc)
                 failures += 1
-                level = logging.ERROR if isinstance(exc, InvalidRequest) else logging.WARNING
+                refused = DeviceConflict | InvalidRequest | StorageFull
+                level = logging.ERROR if isinstance(exc, refused) else logging.WARNING
                 extra: dict[str, object] = {"error": repr(exc), "failures": failures}
                 if isinstance(exc, InvalidRequest) and exc.details.get("errors"):
                     extra["errors"] = exc.details["errors"]  # every refused field, not only the first

@@ -29,7 +29,12 @@ from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
 from devsched.protocol.transport import reply_limit
 from devsched.scheduler.artifacts import ArtifactIntake
-from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
+from devsched.scheduler.jetstream import (
+    JETSTREAM_ERRORS,
+    ensure_host_consumer,
+    ensure_host_streams,
+    ensure_streams,
+)
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
 from devsched.scheduler.plugin_args import check_offers, check_plugin_args
@@ -310,7 +315,7 @@ class Api:
     # -- hosts ---------------------------------------------------------------------------------
 
     async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
-        """`P.host.<id>.register`: the devices, then the host's durable consumer (503 if JetStream fails).
+        """`P.host.<id>.register`: the host's streams, its devices, then its consumer (503 if JetStream fails).
 
         Then the host's unclaimed assignments are published again (in the background, best effort).
         """
@@ -321,6 +326,10 @@ class Api:
             # the agent leaves out what it knows the scheduler refuses, so only a hostile host meets this.
             await check_offers(req.actions or ())
             actions = _action_specs(req.actions or ())
+            # First its own logs and uploads streams, each its share of the budgets: 507 `storage_full` when
+            # there is no room for one host more, and nothing registered (no device of it is given work).
+            if self._settings.create_streams:  # else an operator makes them
+                await ensure_host_streams(self._js, self._subjects, self._settings, host_id)
             interval = await self._store.register_host(host_id, devices, req.agent_version, actions)
             # After the commit: a registration refused by the store leaves no consumer behind; one whose
             # consumer fails is answered 503 and repeated by the agent (both steps are idempotent).

@@ -1,7 +1,8 @@
 """Artifacts in (issue 12): a host's commit moves its uploaded chunks into the artifacts bucket.
 
 A host cannot write to the bucket: an Object Store's chunk subjects (`$O.<bucket>.C.<nuid>`) cannot be
-confined to one host. It publishes a file's chunks on its own upload subject (stream `<PU>_UPLOADS`) and
+confined to one host. It publishes a file's chunks on its own upload subject (its own stream
+`<PU>_UPLOADS_<host_id>`, which holds its share of the uploads budget) and
 commits them here (`P.host.<host_id>.artifact`). The scheduler then
 
 1. refuses a file above `artifact_max_file_bytes` (`artifact_too_large`), a chunk count that does not fit
@@ -84,21 +85,23 @@ def bucket_stream_config(subjects: Subjects, settings: SchedulerSettings) -> api
     )
 
 
-def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings) -> api.StreamConfig:
-    """`<PU>_UPLOADS`: chunks on their way in, `P.host.*.upload.>`; each upload is purged once committed.
+def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings, host_id: str) -> api.StreamConfig:
+    """`<PU>_UPLOADS_<host_id>`: one host's chunks on their way in, `P.host.<host_id>.upload.>`.
 
-    Short-lived (`uploads_max_age_s`, an hour by default) and bounded (`uploads_max_bytes`); when full, new
-    chunks are refused (DiscardPolicy NEW) rather than older uploads cut short.
+    Each upload is purged once committed.
+    Short-lived (`uploads_max_age_s`, an hour by default) and bounded by the host's share of the uploads
+    budget (`uploads_host_max_bytes`); when full, the host's new chunks are refused (DiscardPolicy NEW)
+    rather than its older uploads cut short, and no other host's stream is touched.
     """
     return api.StreamConfig(
-        name=subjects.uploads_stream,
-        description=f"devsched artifact uploads ({subjects.prefix}): chunks until the scheduler commits them",
-        subjects=[subjects.host_upload_all],
+        name=subjects.host_uploads_stream(host_id),
+        description=f"devsched artifact uploads ({subjects.prefix}) of host {host_id}: chunks until committed",
+        subjects=[subjects.host_uploads(host_id)],
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType(settings.stream_storage),
         num_replicas=settings.stream_replicas,
         max_age=settings.uploads_max_age_s,
-        max_bytes=settings.uploads_max_bytes,
+        max_bytes=settings.uploads_host_max_bytes,
         max_msg_size=CHUNK_BYTES + 4096,  # and its headers
         duplicate_window=min(settings.duplicate_window_s, settings.uploads_max_age_s),
         discard=api.DiscardPolicy.NEW,
@@ -144,7 +147,7 @@ class ArtifactIntake:
                 )
                 started = time.perf_counter()
                 name = object_name(req.task_id, req.attempt, req.upload_id)
-                await self._copy_within(deadline, upload, req, name)
+                await self._copy_within(deadline, host_id, upload, req, name)
                 row = ArtifactView(
                     attempt=req.attempt,
                     name=req.name,
@@ -165,7 +168,7 @@ class ArtifactIntake:
                 if replaced is not None:
                     await self._delete(replaced)
             finally:
-                await self._purge(upload)
+                await self._purge(host_id, upload)
             log.info(
                 "artifact stored",
                 extra={
@@ -177,7 +180,7 @@ class ArtifactIntake:
             )
             return m.ArtifactView.from_value(row)
 
-    async def _copy_within(self, deadline: float, upload: str, req: m.ArtifactCommit, name: str) -> None:
+    async def _copy_within(self, deadline: float, host_id: str, upload: str, req: m.ArtifactCommit, name: str) -> None:
         """`_copy` by `deadline` (event loop time), the part of a commit that waits on the host's chunks.
 
         The database steps before and after are left to finish: cut short after the row is recorded, the
@@ -186,7 +189,7 @@ class ArtifactIntake:
         timeout_s = self._settings.artifact_commit_timeout_s
         try:
             async with asyncio.timeout_at(deadline):
-                await self._copy(upload, req, name)  # purges what it copied when cut short
+                await self._copy(host_id, upload, req, name)  # purges what it copied when cut short
         except TimeoutError:
             log.info("artifact commit timed out", extra={"timeout_s": timeout_s})
             raise UploadTimeout(
@@ -203,13 +206,13 @@ class ArtifactIntake:
         nxt = encode_key([views[n - 1].attempt, views[n - 1].name]) if n < len(views) else None
         return m.ListArtifactsReply(task_id=req.task_id, bucket=self._bucket, artifacts=views[:n], next=nxt)
 
-    async def _copy(self, upload: str, req: m.ArtifactCommit, name: str) -> None:
+    async def _copy(self, host_id: str, upload: str, req: m.ArtifactCommit, name: str) -> None:
         """Move the upload's chunks into a new object `name`, checked chunk by chunk, then its meta."""
         nuid = self._nc._nuid.next().decode()
         chunks = _CHUNKS.format(bucket=self._bucket, nuid=nuid)
         digest = hashlib.sha256()
         try:
-            size = await self._copy_chunks(upload, req, chunks, digest) if req.chunks else 0
+            size = await self._copy_chunks(host_id, upload, req, chunks, digest) if req.chunks else 0
             if size != req.size or digest.hexdigest() != req.sha256:
                 raise UploadMismatch(
                     f"the uploaded bytes of {req.name!r} are not the committed file ({size} bytes, sha256 "
@@ -235,9 +238,12 @@ class ArtifactIntake:
                 await self._js.purge_stream(object_stream(self._bucket), subject=chunks)
             raise
 
-    async def _copy_chunks(self, upload: str, req: m.ArtifactCommit, chunks: str, digest: hashlib._Hash) -> int:
+    async def _copy_chunks(
+        self, host_id: str, upload: str, req: m.ArtifactCommit, chunks: str, digest: hashlib._Hash
+    ) -> int:
         """The upload's chunks, in order, published as `chunks`; the bytes copied."""
-        sub = await self._js.subscribe(upload, stream=self._subjects.uploads_stream, ordered_consumer=True)
+        stream = self._subjects.host_uploads_stream(host_id)
+        sub = await self._js.subscribe(upload, stream=stream, ordered_consumer=True)
         expected, size, last = 0, 0, req.chunks - 1
         pending: list[asyncio.Future[api.PubAck]] = []
         try:
@@ -284,9 +290,9 @@ class ArtifactIntake:
         except Exception as exc:
             log.warning("object not deleted: %s", type(exc).__name__, extra={"object": name})
 
-    async def _purge(self, upload: str) -> None:
+    async def _purge(self, host_id: str, upload: str) -> None:
         try:
-            await self._js.purge_stream(self._subjects.uploads_stream, subject=upload)
+            await self._js.purge_stream(self._subjects.host_uploads_stream(host_id), subject=upload)
         except Exception as exc:  # the stream's max age removes it
             log.info("upload not purged: %s", type(exc).__name__, extra={"subject": upload})
 
