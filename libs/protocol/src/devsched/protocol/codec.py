@@ -1,13 +1,16 @@
 """The one place where bytes become models and models become bytes, and errors become replies.
 
 `decode` is stricter than a plain `json.loads`: the protocol rejects duplicate keys, NaN/Infinity and
-non-objects, which Python's and pydantic's parsers would silently accept (last key wins, NaN is a float).
+non-objects, which Python's and pydantic's parsers would silently accept (last key wins, NaN is a float),
+and text the store cannot keep (NUL, lone surrogates: `devsched.core.text`), which would otherwise fail
+in Postgres, after the request was accepted, as an `internal` error.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -25,6 +28,8 @@ from devsched.core.errors import (
     TooManyRequests,
     Unavailable,
 )
+from devsched.core.text import RULE as UNSTORABLE_RULE
+from devsched.core.text import unstorable_paths
 from devsched.protocol.base import ReplyModel
 from devsched.protocol.events import ErrorBody, ErrorDetail
 
@@ -77,6 +82,11 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+#: The JSON escapes that give text Postgres cannot keep: `\u0000` and a surrogate `\ud800`..`\udfff` (hex in
+#: any case). Raw NUL is not JSON and raw UTF-8 holds no surrogate, so a body without one of these escapes is
+#: storable and is not walked; with one (a proper surrogate pair too), the parsed body is.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+
 #: The protocol's strict parser, made once: `json.loads` with hooks builds a decoder and its scanner on
 #: every call, a good part of decoding a small request.
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite_float)
@@ -105,6 +115,16 @@ def schema_errors(exc: ValidationError) -> list[dict[str, str]]:
     ]
 
 
+def _refuse_unstorable(parsed: dict[str, Any]) -> None:
+    """Refuse a body holding text the store cannot keep, naming each place and the rule, never the value."""
+    try:
+        paths = [".".join(path) for path in unstorable_paths(parsed)]
+    except RecursionError:  # nested deeper than the walk can go, though the parser took it
+        raise _body_error("body is not acceptable JSON: RecursionError") from None
+    if paths:
+        raise _invalid([{"path": path, "message": UNSTORABLE_RULE} for path in paths])
+
+
 def _extra(model_type: type[BaseModel]) -> Literal["ignore"] | None:
     # Forward compatibility: a newer server may add fields to what it sends; what it receives stays exact.
     return "ignore" if issubclass(model_type, ReplyModel) else None
@@ -119,8 +139,8 @@ def decode(model_type: type[M], data: bytes) -> M:
     An empty body reads as `{}`, so endpoints without required fields work from the NATS CLI with `''`.
 
     Raises:
-        InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, or a schema
-            error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
+        InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, text the store
+            cannot keep (a NUL or a lone surrogate in any key or string, at any depth), or a schema error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
     """
     try:
         text = data.decode("utf-8")
@@ -141,6 +161,8 @@ def decode(model_type: type[M], data: bytes) -> M:
         raise _body_error(f"body is not acceptable JSON: {type(exc).__name__}") from None
     if not isinstance(parsed, dict):
         raise _body_error(f"body must be a JSON object, not {type(parsed).__name__}")
+    if "\\u" in text and _SUSPECT_ESCAPE.search(text) is not None:
+        _refuse_unstorable(parsed)
     # Validate the original text in JSON mode: strict types then accept RFC 3339 strings for timestamps
     # and UUID strings for ids, which Python-mode strict validation of `parsed` would refuse.
     try:
