@@ -1,7 +1,7 @@
-"""Text the store can keep: what Postgres refuses in `text` and `jsonb`, and how to make any text keepable.
+r"""Text the store can keep: what Postgres refuses in `text` and `jsonb`, and how to make any text keepable.
 
 Postgres stores no NUL (U+0000) in text or JSONB (`22P05 untranslatable_character`), and its UTF-8
-cannot hold a lone UTF-16 surrogate (U+D800..U+DFFF), which a JSON `\\ud800` escape gives Python. The
+cannot hold a lone UTF-16 surrogate (U+D800..U+DFFF), which a JSON `\ud800` escape gives Python. The
 protocol refuses such text at the edge (`codec.decode`); the agent makes what it reports from a step's
 bytes keepable (`storable`) so that an honest host is never refused for its step's output.
 """

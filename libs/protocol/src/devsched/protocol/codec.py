@@ -140,7 +140,8 @@ def decode(model_type: type[M], data: bytes) -> M:
 
     Raises:
         InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, text the store
-            cannot keep (a NUL or a lone surrogate in any key or string, at any depth), or a schema error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
+            cannot keep (a NUL or a lone surrogate in any key or string, at any depth), or a schema error;
+            `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
     """
     try:
         text = data.decode("utf-8")
@@ -184,6 +185,27 @@ def from_jsonable(model_type: type[M], value: Mapping[str, Any]) -> M:
 def encode(model: BaseModel) -> bytes:
     """Compact JSON of `model`; null fields are written, as the protocol shows them."""
     return model.model_dump_json(exclude_none=False).encode()
+
+
+#: Most field paths a refusal's log line names, and the longest of them (paths name submitted keys too).
+MAX_LOGGED_PATHS = 10
+MAX_LOGGED_PATH_CHARS = 120
+
+
+def refusal_log_fields(err: DevschedError) -> dict[str, Any]:
+    """What a log line may say of an error reply: its code, its status and the paths of the fields refused.
+
+    Never the message: messages may quote what was submitted (a schema error quotes the bad value, a
+    plug-in's jsonschema message a mistyped argument, which may be a token), and a log is read by more
+    people, kept longer and shipped further than the reply that went to the one who sent it.
+    """
+    fields: dict[str, Any] = {"error": err.code, "status": err.status}
+    errors = err.details.get("errors")
+    if isinstance(errors, list) and errors:
+        fields["paths"] = [
+            str(e.get("path", ""))[:MAX_LOGGED_PATH_CHARS] for e in errors[:MAX_LOGGED_PATHS] if isinstance(e, dict)
+        ]
+    return fields
 
 
 def _header_text(text: str) -> str:
