@@ -9,6 +9,7 @@ contract lets a newer server ADD fields and an older client must keep working.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import uuid
@@ -107,6 +108,50 @@ Lax = Annotated[_E, Strict(False)]
 
 #: A string that is not empty (names, actions).
 Name = Annotated[str, StringConstraints(min_length=1)]
+
+# Bounds of what a request may carry. Each is well below what the store indexes or keeps: the one
+# indexed free string, the idempotency key, is a btree key, and a btree entry holds at most 2704 bytes
+# (a third of an 8 KiB page), which 200 characters of up to 4 UTF-8 bytes each (800) stay far below.
+
+#: Longest name a request gives (task, step, action, progress step, idempotency key, cursor), in characters.
+MAX_NAME_CHARS = 200
+#: Longest reason a request gives (report, release, cancel, drain), in characters.
+MAX_REASON_CHARS = 1024
+#: Longest label key, and label value, of a device or a selector, in characters.
+MAX_LABEL_CHARS = 256
+#: Most labels a device or a selector has.
+MAX_LABELS = 100
+#: Longest version a host gives for its agent, in characters.
+MAX_VERSION_CHARS = 200
+#: Longest free-form JSON object a request keeps with a task (`metadata`), in bytes of compact UTF-8 JSON.
+MAX_METADATA_BYTES = 64 * 1024
+
+#: A name a request gives: 1 to `MAX_NAME_CHARS` characters.
+ShortName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS)]
+
+#: A reason a request gives: at most `MAX_REASON_CHARS` characters.
+Reason = Annotated[str, StringConstraints(max_length=MAX_REASON_CHARS)]
+
+#: A label key or value: at most `MAX_LABEL_CHARS` characters.
+LabelText = Annotated[str, StringConstraints(max_length=MAX_LABEL_CHARS)]
+
+#: The labels of a device or selector: at most `MAX_LABELS` pairs of `LabelText`.
+Labels = Annotated[dict[LabelText, LabelText], Field(max_length=MAX_LABELS)]
+
+
+def _json_bytes(value: dict[str, Any]) -> dict[str, Any]:
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    if size > MAX_METADATA_BYTES:
+        raise PydanticCustomError(
+            "json_too_large",
+            "the object is {size} bytes of JSON, above the limit of {limit}",
+            {"size": size, "limit": MAX_METADATA_BYTES},
+        )
+    return value
+
+
+#: `JsonObject` of at most `MAX_METADATA_BYTES` bytes of compact JSON (task metadata).
+BoundedJsonObject = Annotated[JsonObject, AfterValidator(_json_bytes)]
 
 
 class WireModel(BaseModel):
