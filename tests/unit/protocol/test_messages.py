@@ -356,7 +356,10 @@ def _steps(draw: st.DrawFn, name: str) -> dict[str, Any]:
     kind = draw(st.sampled_from(["shell", "sleep", "noop", "plugin"]))
     args: dict[str, Any]
     if kind == "shell":
-        args = {"command": draw(_text(min_size=1, max_size=200)), "env": draw(st.dictionaries(_env_names, _env_values, max_size=3))}
+        args = {
+            "command": draw(_text(min_size=1, max_size=200)),
+            "env": draw(st.dictionaries(_env_names, _env_values, max_size=3)),
+        }
         action = "shell"
     elif kind == "sleep":
         args, action = {"seconds": draw(_seconds | st.integers(1, 10**6))}, "sleep"

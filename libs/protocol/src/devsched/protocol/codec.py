@@ -108,11 +108,17 @@ def _body_error(message: str) -> InvalidRequest:
 
 
 def schema_errors(exc: ValidationError) -> list[dict[str, str]]:
-    """Pydantic's errors as `{"path": "plan.steps.0.action", "message": ...}` (the protocol's shape)."""
-    return [
-        {"path": ".".join(str(part) for part in e["loc"]), "message": e["msg"]}
-        for e in exc.errors(include_url=False, include_input=False)
-    ]
+    """Pydantic's errors as `{"path": "plan.steps.0.action", "message": ...}` (the protocol's shape).
+
+    An error in an object's key is at `<object>.<key>` (pydantic's location repeats the refused key itself).
+    """
+    return [{"path": _path(e["loc"]), "message": e["msg"]} for e in exc.errors(include_url=False, include_input=False)]
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    if len(loc) >= 2 and loc[-1] == "[key]":
+        loc = (*loc[:-2], "<key>")
+    return ".".join(str(part) for part in loc)
 
 
 def _refuse_unstorable(parsed: dict[str, Any]) -> None:
@@ -134,13 +140,15 @@ def decode(model_type: type[M], data: bytes) -> M:
     """Parse and validate `data` as `model_type`.
 
     A `ReplyModel` (reply, stream message, error body) ignores unknown fields at any depth; anything
-    else, requests in particular, rejects them.
+    else, requests in particular, rejects them, and text the store cannot keep (a log record's output may
+    hold a NUL: it goes to a stream, never to the store).
 
     An empty body reads as `{}`, so endpoints without required fields work from the NATS CLI with `''`.
 
     Raises:
         InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, text the store
-            cannot keep (a NUL or a lone surrogate in any key or string, at any depth), or a schema error;
+            cannot keep (a NUL or a lone surrogate in any key or string, at any depth, of a request), or a
+            schema error;
             `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
     """
     try:
@@ -162,7 +170,7 @@ def decode(model_type: type[M], data: bytes) -> M:
         raise _body_error(f"body is not acceptable JSON: {type(exc).__name__}") from None
     if not isinstance(parsed, dict):
         raise _body_error(f"body must be a JSON object, not {type(parsed).__name__}")
-    if "\\u" in text and _SUSPECT_ESCAPE.search(text) is not None:
+    if "\\u" in text and _SUSPECT_ESCAPE.search(text) is not None and not issubclass(model_type, ReplyModel):
         _refuse_unstorable(parsed)
     # Validate the original text in JSON mode: strict types then accept RFC 3339 strings for timestamps
     # and UUID strings for ids, which Python-mode strict validation of `parsed` would refuse.
