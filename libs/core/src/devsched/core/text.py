@@ -49,3 +49,11 @@ def unstorable_paths(value: object, path: tuple[str, ...] = ()) -> Iterator[tupl
     elif isinstance(value, list):
         for index, item in enumerate(value):
             yield from unstorable_paths(item, (*path, str(index)))
+
+
+def fit(text: str, limit: int, *, tail: bool = False) -> str:
+    """`storable(text)` in at most `limit` characters: its start, or with `tail` its end, an ellipsis marking a cut."""
+    text = storable(text)
+    if len(text) <= limit:
+        return text
+    return "…" + text[len(text) - limit + 1 :] if tail else text[: limit - 1] + "…"

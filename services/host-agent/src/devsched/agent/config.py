@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.agent.logbatch import LogLimits, MiB
+from devsched.agent.reporter import PARK_AFTER_S_DEFAULT
 from devsched.core.ids import TOKEN_PATTERN
 from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES
 from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
@@ -103,6 +104,10 @@ class AgentConfig(BaseModel):
     shutdown_grace_s: Seconds = 10.0
     #: Timeout of one request to the scheduler (claim, renew, report, register, heartbeat).
     request_timeout_s: Seconds = 5.0
+    #: How long a report is retried while the scheduler answers it with server errors (500 `internal`, not
+    #: an outage's 503 or silence, which are waited out): then it is parked, kept in the spool and sent
+    #: again at the next start.
+    report_park_after_s: Seconds = PARK_AFTER_S_DEFAULT
     #: Bound on draining the NATS connection at shutdown (nats-py's default of 30 s is too long).
     drain_timeout_s: Seconds = 2.0
     #: Where this host sends its JetStream API requests (consumer info, pull). `$JS.API` in the account of
