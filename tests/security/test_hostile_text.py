@@ -217,7 +217,9 @@ async def test_no_refusal_logs_the_value_it_refused(
         assert "400:invalid_request" in codes
         assert "404:not_found" in codes
         log = scheduler.log_text()
-        assert log.count(" refused") + log.count('refused"') >= len(attempts) - 1, "refusals are still logged"
+        # Those past decoding (plug-in args, not found, another host's lease) are logged, by code and paths.
+        refusals = [line for line in log.splitlines() if '"error":' in line and " refused" in line]
+        assert len(refusals) >= 5, refusals
         assert SECRET not in log, [line for line in log.splitlines() if SECRET in line][:3]
     finally:
         await host.close()

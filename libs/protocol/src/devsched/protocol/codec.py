@@ -203,6 +203,8 @@ MAX_LOGGED_PATH_CHARS = 120
 def refusal_log_fields(err: DevschedError) -> dict[str, Any]:
     """What a log line may say of an error reply: its code, its status and the paths of the fields refused.
 
+    `paths` is one string, the paths separated by spaces (`<body>` for the body as a whole).
+
     Never the message: messages may quote what was submitted (a schema error quotes the bad value, a
     plug-in's jsonschema message a mistyped argument, which may be a token), and a log is read by more
     people, kept longer and shipped further than the reply that went to the one who sent it.
@@ -210,9 +212,11 @@ def refusal_log_fields(err: DevschedError) -> dict[str, Any]:
     fields: dict[str, Any] = {"error": err.code, "status": err.status}
     errors = err.details.get("errors")
     if isinstance(errors, list) and errors:
-        fields["paths"] = [
-            str(e.get("path", ""))[:MAX_LOGGED_PATH_CHARS] for e in errors[:MAX_LOGGED_PATHS] if isinstance(e, dict)
-        ]
+        fields["paths"] = " ".join(
+            str(e.get("path", ""))[:MAX_LOGGED_PATH_CHARS] or "<body>"
+            for e in errors[:MAX_LOGGED_PATHS]
+            if isinstance(e, dict)
+        )
     return fields
 
 
