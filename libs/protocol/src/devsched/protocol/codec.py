@@ -148,8 +148,7 @@ def decode(model_type: type[M], data: bytes) -> M:
     Raises:
         InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, text the store
             cannot keep (a NUL or a lone surrogate in any key or string, at any depth, of a request), or a
-            schema error;
-            `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
+            schema error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
     """
     try:
         text = data.decode("utf-8")
