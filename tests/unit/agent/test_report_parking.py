@@ -7,6 +7,7 @@ parked report is sent again when the agent starts again.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import cast
 
@@ -14,19 +15,39 @@ import pytest
 
 from devsched.agent.attempt import release_of, to_wire
 from devsched.agent.client import HostClient
-from devsched.agent.metrics import REGISTRY, REPORTS_PARKED
+from devsched.agent.metrics import REGISTRY
 from devsched.agent.reporter import Reporter, is_server_error
 from devsched.agent.runner import RunResult
 from devsched.agent.spool import Spool
 from devsched.core.errors import Internal, InvalidRequest, NotFound, Unavailable
-from devsched.core.status import Outcome
+from devsched.core.status import Outcome, TaskStatus
 from devsched.protocol import messages as m
 from devsched.protocol.base import MAX_REASON_CHARS
 from devsched.protocol.codec import decode
 from devsched.protocol.transport import NoReply
-from tests.unit.agent.test_reporter import FakeClient, report
 
 pytestmark = pytest.mark.unit
+
+TASK, LEASE = uuid.UUID(int=1), uuid.UUID(int=2)
+
+
+def report() -> m.ReportRequest:
+    return m.ReportRequest(task_id=TASK, attempt=1, lease_id=LEASE, outcome=Outcome.DONE)
+
+
+class FakeClient:
+    """Answers reports from a script: an exception to raise, or None for a recorded reply."""
+
+    def __init__(self, *answers: Exception | None) -> None:
+        self.answers = list(answers)
+        self.bodies: list[bytes] = []
+
+    async def report(self, body: bytes) -> m.ReportReply:
+        self.bodies.append(body)
+        answer = self.answers.pop(0) if self.answers else None
+        if answer is not None:
+            raise answer
+        return m.ReportReply(task_id=TASK, attempt=1, status=TaskStatus.DONE, recorded_at=datetime.now(UTC))
 
 
 def reporter(client: FakeClient, spool: Spool, **options: object) -> Reporter:
@@ -84,7 +105,15 @@ def test_which_answers_are_server_errors(exc: Exception, server: bool) -> None:
 
 # -- what the agent sends is storable ---------------------------------------------------------------------
 
-ASSIGNMENT = m.Assignment.model_construct(task_id=uuid.UUID(int=1), attempt=1, lease_id=uuid.UUID(int=2))
+ASSIGNMENT = m.Assignment(
+    task_id=TASK,
+    attempt=1,
+    lease_id=LEASE,
+    device_id="d1",
+    plan=m.Plan(steps=[m.Step(name="a", action="noop")]),
+    ttl_s=30,
+    expires_at=datetime.now(UTC),
+)
 
 
 def test_a_reason_with_nul_lone_surrogates_or_too_long_is_made_storable() -> None:
