@@ -27,6 +27,7 @@ from devsched.protocol.base import (
 )
 from devsched.protocol.codec import MAX_LOGGED_PATHS, decode, refusal_log_fields
 from devsched.protocol.plans import MAX_CWD_CHARS, MAX_OUTPUT_TAIL_CHARS
+from devsched.protocol.transport import stats_error
 
 pytestmark = pytest.mark.unit
 
@@ -244,3 +245,10 @@ def test_a_refusal_logs_code_status_and_paths_never_the_message() -> None:
 def test_a_refusal_logs_a_bounded_number_of_paths() -> None:
     err = refused(m.SubmitRequest, with_escape(submit(metadata={f"k{i}": "@" for i in range(50)}), "\\u0000"))
     assert len(refusal_log_fields(err)["paths"].split()) == MAX_LOGGED_PATHS
+
+
+def test_micro_stats_name_the_paths_of_a_refusal_not_its_message() -> None:
+    err = refused(m.SubmitRequest, json.dumps(submit(priority=SECRET)))
+    assert stats_error(err) == "400:invalid_request priority"
+    assert stats_error(refused(m.SubmitRequest, "{" + SECRET)) == "400:invalid_request <body>"
+    assert stats_error(NotFound("no such task")) == "404:not_found no such task"
