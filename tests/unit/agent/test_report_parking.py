@@ -15,6 +15,7 @@ import pytest
 
 from devsched.agent.attempt import release_of, to_wire
 from devsched.agent.client import HostClient
+from devsched.agent.config import ConfigError, parse_config
 from devsched.agent.metrics import REGISTRY
 from devsched.agent.reporter import Reporter, is_server_error
 from devsched.agent.runner import RunResult
@@ -125,3 +126,11 @@ def test_a_reason_with_nul_lone_surrogates_or_too_long_is_made_storable() -> Non
         assert "\udcff" not in wire.reason
         assert len(wire.reason) == MAX_REASON_CHARS
         decode(type(wire), wire.model_dump_json().encode())  # the scheduler's edge takes it
+
+
+@pytest.mark.parametrize(
+    "labels", [{"os": "a\x00"}, {"os\ud800": "a"}, {"k" * 257: "v"}, {f"k{i}": "v" for i in range(101)}]
+)
+def test_device_labels_the_scheduler_would_refuse_are_a_config_error(labels: dict[str, str], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"devices\.0\.labels"):
+        parse_config({"host_id": "h", "spool_dir": str(tmp_path), "devices": [{"device_id": "d", "labels": labels}]})
