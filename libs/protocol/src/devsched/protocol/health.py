@@ -11,15 +11,15 @@ from pydantic import Field, field_validator
 
 from devsched.core.health import HEALTH_INTERVAL_DEFAULT_S
 from devsched.core.limits import TIMEOUT_MAX_S
-from devsched.protocol.base import Name, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.base import Labels, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, refuse_reserved_labels
 
 
 class HealthSelector(RequestModel):
     """Which devices a check applies to: those whose labels contain these pairs (every device when empty)."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
-    """A device matches when its labels contain every one of these pairs."""
+    labels: Labels = Field(default_factory=dict)
+    """A device matches when its labels contain every one of these pairs (bounded as a task's selector)."""
 
     _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
 
@@ -57,7 +57,7 @@ class HealthCheckView(ReplyModel):
 class HealthCheckListRequest(RequestModel):
     """`P.api.health.list`: every check in force, by name."""
 
-    after: Name | None = Field(default=None, exclude_if=lambda v: v is None)
+    after: Token | None = Field(default=None, exclude_if=lambda v: v is None)
     """Addition: the `next` of the previous reply: only checks after it; left out when null."""
 
 

@@ -8,7 +8,19 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from devsched.core.status import DeviceState
-from devsched.protocol.base import JsonObject, Lax, Name, ReplyModel, RequestModel, Seconds, Timestamp, Token
+from devsched.protocol.base import (
+    MAX_VERSION_CHARS,
+    JsonObject,
+    Labels,
+    Lax,
+    Name,
+    Reason,
+    ReplyModel,
+    RequestModel,
+    Seconds,
+    Timestamp,
+    Token,
+)
 from devsched.protocol.plans import refuse_reserved_labels
 
 #: Most actions a host may advertise.
@@ -102,8 +114,8 @@ class DrainRequest(RequestModel):
     drained: bool = True
     """True: no new work goes to it (a running attempt goes on); false: back in service, which also lifts
     a quarantine."""
-    reason: str | None = None
-    """Why, for other operators."""
+    reason: Reason | None = None
+    """Why, for other operators. At most 1024 characters."""
 
 
 class HostDrainRequest(RequestModel):
@@ -117,8 +129,8 @@ class HostDrainRequest(RequestModel):
     """The host."""
     drained: bool = True
     """True: drain the host's devices and tell its agent; false: return them to service."""
-    reason: str | None = None
-    """Why, for other operators (kept as each device's `drain_reason`)."""
+    reason: Reason | None = None
+    """Why, for other operators (kept as each device's `drain_reason`). At most 1024 characters."""
 
 
 class DeviceDrainView(ReplyModel):
@@ -221,8 +233,8 @@ class DeviceRegistration(RequestModel):
 
     device_id: Token
     """Unique across all hosts (another host's id: `device_conflict`)."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """What selectors match against."""
+    labels: Labels = Field(default_factory=dict)
+    """What selectors match against: at most 100, keys and values at most 256 characters each."""
 
     _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
 
@@ -243,8 +255,8 @@ class RegisterRequest(RequestModel):
 
     devices: list[DeviceRegistration] = Field(default_factory=list)
     """May be empty; device ids are unique within the request."""
-    agent_version: str | None = None
-    """The agent's version, for operators."""
+    agent_version: str | None = Field(default=None, max_length=MAX_VERSION_CHARS)
+    """The agent's version, for operators. At most 200 characters."""
     actions: list[ActionOffer] | None = Field(default=None, max_length=MAX_ACTIONS)
     """Every action the agent runs, built-ins included (an addition). Null (an agent that predates plug-ins):
     the built-ins only. Each plug-in among them becomes a reserved label on every device of the host."""

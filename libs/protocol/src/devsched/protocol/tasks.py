@@ -22,7 +22,19 @@ from devsched.core.limits import (
 )
 from devsched.core.status import AttemptStatus, EndReason, TaskKind, TaskStatus
 from devsched.protocol.artifacts import ArtifactView
-from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.base import (
+    BoundedJsonObject,
+    Cursor,
+    Id,
+    JsonObject,
+    Lax,
+    Reason,
+    ReplyModel,
+    RequestModel,
+    ShortName,
+    Timestamp,
+    Token,
+)
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
 from devsched.protocol.policies import Limit, RetryPolicy
 
@@ -46,8 +58,8 @@ TrimmedField = Literal["metadata", "result", "attempts", "artifacts"]
 class SubmitRequest(RequestModel):
     """`P.api.tasks.submit`: a new task. Only `plan` is required."""
 
-    name: Name | None = None
-    """A label for people; not unique."""
+    name: ShortName | None = None
+    """A label for people; not unique. At most 200 characters."""
     selector: Selector = Field(default_factory=Selector)
     """Which devices may run it; any device by default."""
     plan: Plan
@@ -58,10 +70,10 @@ class SubmitRequest(RequestModel):
     """How many attempts (leases) the task may use before a lease expiry fails it."""
     lease_ttl_s: int = Field(default=LEASE_TTL_DEFAULT_S, ge=LEASE_TTL_MIN_S, le=LEASE_TTL_MAX_S)
     """How long a lease lasts without renewal, in whole seconds."""
-    idempotency_key: Name | None = None
-    """A repeated key returns the existing task with `created: false` and creates nothing."""
-    metadata: JsonObject = Field(default_factory=dict)
-    """Free-form data kept with the task."""
+    idempotency_key: ShortName | None = None
+    """A repeated key returns the existing task with `created: false` and creates nothing. At most 200 characters."""
+    metadata: BoundedJsonObject = Field(default_factory=dict)
+    """Free-form data kept with the task: at most 64 KiB of compact JSON."""
     retry: RetryPolicy | None = None
     """Addition: which failures are retried, with which backoff; null keeps the behaviour without a policy
     (expiries and releases retried at once, a failed report final)."""
@@ -204,7 +216,7 @@ class ListTasksRequest(RequestModel):
     """Only tasks in this status; all statuses when null."""
     limit: int = Field(default=LIST_LIMIT_DEFAULT, ge=LIST_LIMIT_MIN, le=LIST_LIMIT_MAX)
     """Page size, 1 to 1000."""
-    after: Name | None = None
+    after: Cursor | None = None
     """The `next` cursor of the previous page; null for the first page."""
     kind: Lax[TaskKind] | None = Field(default=None, exclude_if=_unless_none)
     """Addition (issue 13): only `user` tasks or only `health` tasks; both when null (left out)."""
@@ -227,8 +239,8 @@ class CancelRequest(RequestModel):
 
     task_id: Id
     """The task to cancel."""
-    reason: str | None = None
-    """Kept on the cancellation request and carried by the `cancel_requested` event."""
+    reason: Reason | None = None
+    """Kept on the cancellation request and carried by the `cancel_requested` event. At most 1024 characters."""
 
 
 class CancelReply(ReplyModel):

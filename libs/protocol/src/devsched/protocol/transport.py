@@ -24,7 +24,7 @@ from pydantic import BaseModel
 
 from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, Internal, InvalidRequest, ReplyTooLarge, TooLarge
-from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error
+from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error, refusal_log_fields
 from devsched.protocol.schemas import endpoint_schemas
 from devsched.protocol.tracing import extract, inject, messaging_attributes, send_span, span_name, tracer
 
@@ -216,9 +216,12 @@ def stats_error(err: DevschedError, headers: Mapping[str, str] | None = None) ->
 
     micro's own form is `"<Nats-Service-Error-Code>:<Nats-Service-Error>"` (`404:no such task`); the
     protocol's machine code goes between, so that `409:lease_expired ...` reads at a glance. The message is
-    the header's (one line, at most 200 characters), never more than the reply itself said.
+    the header's (one line, at most 200 characters), never more than the reply itself said; for an error
+    naming fields (`details.errors`), their paths instead (`400:invalid_request metadata.k`): its message may
+    quote the value sent, and the stats are read by every operator, not only by the one who sent it.
     """
-    message = (headers or encode_error(err)[0]).get(ERROR_HEADER, "")
+    paths = refusal_log_fields(err).get("paths")
+    message = paths if paths is not None else (headers or encode_error(err)[0]).get(ERROR_HEADER, "")
     return f"{err.status}:{err.code} {message}".rstrip()
 
 

@@ -409,7 +409,7 @@ def ensure_roles_at(
     from sqlalchemy.pool import NullPool
 
     async def run() -> None:
-        engine = create_async_engine(admin_url, poolclass=NullPool)
+        engine = create_async_engine(admin_url, poolclass=NullPool, hide_parameters=True)
         try:
             async with engine.begin() as conn:
                 await conn.run_sync(lambda sync: ensure_roles(sync, roles, passwords))

@@ -5,6 +5,7 @@
 | `nats` | connected, and the server answers a PING |
 | `registered` | the scheduler accepted this host's registration (not ready names a device of another host) |
 | `consumer` | bound to its assignments consumer, and not draining (a draining agent takes no more work) |
+| `reports` | no report is parked: the scheduler did not keep failing on one (`reporter.py`) |
 
 An agent whose scheduler is away keeps retrying its registration: alive (`/healthz`), not ready.
 """
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def add_checks(health: HealthServer, agent: Agent) -> None:
-    """Register the three checks of the table above on `agent`'s state."""
+    """Register the checks of the table above on `agent`'s state."""
 
     async def nats() -> None:
         await check_nats(agent.nc)
@@ -41,5 +42,12 @@ def add_checks(health: HealthServer, agent: Agent) -> None:
         if not agent.bound.is_set():
             raise NotReady("not bound to the assignments consumer yet")
 
-    for name, check in (("nats", nats), ("registered", registered), ("consumer", consumer)):
+    async def reports() -> None:
+        if agent.parked_reports:
+            raise NotReady(
+                f"{len(agent.parked_reports)} report(s) parked after the scheduler kept failing on them;"
+                " kept in the spool, sent again at the next start"
+            )
+
+    for name, check in (("nats", nats), ("registered", registered), ("consumer", consumer), ("reports", reports)):
         health.check(name, check)

@@ -38,6 +38,7 @@ from devsched.agent.results import ResultsError, open_beneath
 from devsched.agent.steps import StepUser
 from devsched.agent.stop import StopSignal
 from devsched.core.errors import TooManyRequests
+from devsched.core.text import storable
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import (
     CHUNK_BYTES,
@@ -133,7 +134,7 @@ class _Summary:
     def fail(self, name: str, why: str) -> None:
         self.failed += 1
         if len(self.failures) < MAX_FAILURES_LISTED:
-            self.failures.append(m.ArtifactFailure(name=cut(name, 1024), error=cut(why)))
+            self.failures.append(m.ArtifactFailure(name=cut(storable(name), 1024), error=cut(storable(why))))
         logger.warning("artifact not stored", extra={"artifact": name, "error": why})
 
     def result(self) -> m.StepArtifacts | None:

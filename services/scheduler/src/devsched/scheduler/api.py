@@ -24,7 +24,7 @@ from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
 from devsched.core.records import LeaseRef
 from devsched.core.records import Selector as CoreSelector
 from devsched.protocol import messages as m
-from devsched.protocol.codec import encode
+from devsched.protocol.codec import encode, refusal_log_fields
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
 from devsched.protocol.transport import reply_limit
@@ -66,9 +66,9 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
     """Wrap a handler: carry the request's trace into outbox rows, translate errors, log refusals, count replies.
 
     Handlers log what happened (submitted, claimed, reported, ...) at INFO, once; this wrapper adds a
-    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx). Replies
-    are counted by code (`metrics.Replies`). One wrapper, not one per concern: each layer of coroutine
-    costs every request its frame and its await (issue 10).
+    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx) with its
+    code, status and field paths, never its message. Replies are counted by code (`metrics.Replies`). One
+    wrapper, not one per concern: each layer of coroutine costs every request its frame and its await.
     """
     replies = Replies(name)
 
@@ -86,7 +86,8 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
                         raise
                     replies.failed(err)
                     level = logging.WARNING if err.status >= 500 else logging.INFO
-                    log.log(level, "%s refused: %s", name, err.message, extra={"error": err.code, "status": err.status})
+                    # Code, status and field paths only: a message may quote the submitted value.
+                    log.log(level, "%s refused", name, extra=refusal_log_fields(err))
                     if err is exc:
                         raise
                     raise err from exc
