@@ -59,7 +59,7 @@ async def run_config(
     await scheduler.start()
     results = []
     try:
-        async with logs_stream(nc, subjects):
+        async with logs_stream(nc, subjects, HOST):
             config = work / f"{name}.toml"
             lines = [
                 f'host_id = "{HOST}"',

@@ -273,7 +273,7 @@ async def test_the_agent_is_ready_once_registered_and_bound(
             await running.ready()  # bound to its consumer
             status, body = await probe(health.port, "/readyz")
             assert status == 200, body
-            assert body["checks"] == {name: {"ok": True} for name in ("consumer", "nats", "registered")}
+            assert body["checks"] == {name: {"ok": True} for name in ("consumer", "nats", "registered", "reports")}
             running.agent.request_drain("signal")
             status, body = await probe(health.port, "/readyz")
             assert status == 503

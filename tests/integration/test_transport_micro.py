@@ -18,7 +18,7 @@ from nats.aio.client import Client
 from nats.micro.request import Handler, Request
 from opentelemetry import trace
 
-from devsched.core.errors import InvalidRequest, LeaseForeign, NotFound, TooLarge
+from devsched.core.errors import InvalidRequest, LeaseForeign, NotFound, ReplyTooLarge, TooLarge
 from devsched.core.status import TaskStatus
 from devsched.embedded import ChildProcess, free_port
 from devsched.embedded.server import tcp_accepts
@@ -287,5 +287,36 @@ async def test_micro_stats_last_error_names_status_code_and_message(nc: Client, 
         stats = await micro_stats(nc, subjects.service_name, "tasks-get")
         assert (stats["num_requests"], stats["num_errors"]) == (1, 1)
         assert stats["last_error"] == "404:not_found no such task"
+    finally:
+        await svc.stop()
+
+
+@pytest.mark.parametrize(("reply_bytes", "max_reply_bytes"), [(4096, 2048), (1100 * 1024, None)])
+async def test_a_reply_too_large_to_send_is_an_error_reply_not_silence(
+    nc: Client, subjects: Subjects, reply_bytes: int, max_reply_bytes: int | None
+) -> None:
+    async def huge(req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
+        return m.ListTasksReply(tasks=[], next="x" * reply_bytes)
+
+    svc = await nats.micro.add_service(nc, name=subjects.service_name, version="0.1.0")
+    try:
+        await add_typed_endpoint(
+            svc,
+            name="tasks-list",
+            subject=subjects.tasks_list,
+            request_type=m.ListTasksRequest,
+            handler=huge,
+            max_reply_bytes=(lambda: max_reply_bytes) if max_reply_bytes is not None else None,
+        )
+        # Above the budget we set, or (no budget) above the server's max_payload, which nats-py refuses to send.
+        msg = await nc.request(subjects.tasks_list, b"{}", timeout=5)
+        assert msg.headers is not None
+        assert msg.headers[ERROR_CODE_HEADER] == "500"
+        error = json.loads(msg.data)["error"]
+        assert error["code"] == "reply_too_large"
+        assert error["details"]["endpoint"] == subjects.tasks_list
+        assert error["details"]["size"] > reply_bytes
+        with pytest.raises(ReplyTooLarge):
+            await request(nc, subjects.tasks_list, m.ListTasksRequest(), m.ListTasksReply, timeout=5)
     finally:
         await svc.stop()

@@ -19,9 +19,10 @@ import pytest
 from devsched.protocol.artifacts import CHUNK_HEADER
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.scheduler.artifacts import object_stream
-from devsched.scheduler.jetstream import ensure_streams
+from devsched.scheduler.jetstream import ensure_host_streams, ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
 from support.polling import eventually
+from support.scheduler_harness import BUDGETS
 from support.secured_nats import HostConnection as Host
 from support.secured_nats import SecuredNats, secured_nats
 
@@ -46,7 +47,10 @@ async def stored(secured: SecuredNats) -> str:
     scheduler = await nats.connect(secured.url("scheduler"))
     try:
         js = scheduler.jetstream()
-        await ensure_streams(js, SUBJECTS, SchedulerSettings(subject_prefix="devsched"))
+        settings = SchedulerSettings(subject_prefix="devsched", **BUDGETS)
+        await ensure_streams(js, SUBJECTS, settings)
+        for host_id in ("bench-07", "bench-08"):  # as their registrations do
+            await ensure_host_streams(js, SUBJECTS, settings, host_id)
         name = f"{uuid.uuid4()}/1/upload"
         await (await js.object_store(BUCKET)).put(name, SECRET)
     finally:
@@ -68,7 +72,8 @@ async def hosts(secured: SecuredNats, stored: str) -> AsyncIterator[tuple[Host, 
 async def uploaded(secured: SecuredNats, subject: str) -> int:
     scheduler = await nats.connect(secured.url("scheduler"))
     try:
-        info = await scheduler.jetstream().stream_info(SUBJECTS.uploads_stream, subjects_filter=subject)
+        stream = SUBJECTS.host_uploads_stream("bench-07")
+        info = await scheduler.jetstream().stream_info(stream, subjects_filter=subject)
         return (info.state.subjects or {}).get(subject, 0)
     finally:
         await scheduler.close()
@@ -89,7 +94,7 @@ async def test_a_host_uploads_on_its_own_subject_only(secured: SecuredNats, host
     task = uuid.uuid4()
     own = SUBJECTS.host_upload("bench-07", task, 1, "u1")
     ack = await owner.nc.jetstream().publish(own, b"chunk", headers={CHUNK_HEADER: "0"})
-    assert ack.stream == SUBJECTS.uploads_stream, "the stream's acknowledgement reaches the host"
+    assert ack.stream == SUBJECTS.host_uploads_stream("bench-07"), "the stream's acknowledgement reaches the host"
     assert owner.violations == []
 
     victim = SUBJECTS.host_upload("bench-07", task, 1, "u2")
@@ -131,7 +136,7 @@ async def test_no_host_reaches_the_bucket_or_the_uploads(
     await nc.flush()
     # the streams through the JetStream API, directly or mapped the way the host's consumer is
     for api in ("$JS.API", SUBJECTS.host_jetstream_api):
-        for stream in (object_stream(BUCKET), SUBJECTS.uploads_stream):
+        for stream in (object_stream(BUCKET), SUBJECTS.host_uploads_stream("bench-07")):
             for call in (
                 f"{api}.STREAM.INFO.{stream}",
                 f"{api}.STREAM.NAMES",

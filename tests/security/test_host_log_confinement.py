@@ -16,17 +16,17 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.aio.client import Client as NatsClient
 
 from devsched.client.logs import LogReader, collect_output
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
-from devsched.scheduler.jetstream import ensure_streams
+from devsched.scheduler.jetstream import ensure_host_streams, ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
 from support.log_stream import task_view
 from support.polling import eventually
+from support.scheduler_harness import BUDGETS
 from support.secured_nats import HostConnection as Host
 from support.secured_nats import SecuredNats, secured_nats
 
@@ -47,7 +47,10 @@ def secured(tmp_path: Path) -> Iterator[SecuredNats]:
 async def hosts(secured: SecuredNats) -> AsyncIterator[tuple[Host, Host]]:
     scheduler = await nats.connect(secured.url("scheduler"))
     try:
-        await ensure_streams(scheduler.jetstream(), SUBJECTS, SchedulerSettings(subject_prefix="devsched"))
+        settings = SchedulerSettings(subject_prefix="devsched", **BUDGETS)
+        await ensure_streams(scheduler.jetstream(), SUBJECTS, settings)
+        for host_id in ("bench-07", "bench-08"):  # as their registrations do
+            await ensure_host_streams(scheduler.jetstream(), SUBJECTS, settings, host_id)
     finally:
         await scheduler.close()
     owner, neighbour = Host("bench-07"), Host("bench-08")
@@ -77,8 +80,13 @@ def record(task_id: uuid.UUID, seq: int, text: str) -> bytes:
     )
 
 
-async def stored(operator: NatsClient, subject: str) -> int:
-    info = await operator.jetstream().stream_info(SUBJECTS.logs_stream, subjects_filter=subject)
+async def stored(secured: SecuredNats, subject: str) -> int:
+    """How many messages bench-07's logs stream holds on `subject` (as the scheduler sees it)."""
+    scheduler = await nats.connect(secured.url("scheduler"))
+    try:
+        info = await scheduler.jetstream().stream_info(SUBJECTS.host_logs_stream("bench-07"), subjects_filter=subject)
+    finally:
+        await scheduler.close()
     return (info.state.subjects or {}).get(subject, 0)
 
 
@@ -92,7 +100,7 @@ async def test_a_host_writes_its_own_logs_and_an_operator_reads_them(
     ack = await owner.nc.jetstream().publish(
         subject, record(task, 1, "from bench-07\n"), headers={MSG_ID_HEADER: log_msg_id(uuid.uuid4(), 1)}
     )
-    assert (ack.stream, ack.seq) == (SUBJECTS.logs_stream, 1), "the stream's acknowledgement reaches the host"
+    assert (ack.stream, ack.seq) == (SUBJECTS.host_logs_stream("bench-07"), 1), "the acknowledgement reaches the host"
     assert owner.violations == []
 
     operator = await nats.connect(secured.url("operator"))
@@ -116,12 +124,8 @@ async def test_a_host_cannot_write_into_another_hosts_logs(secured: SecuredNats,
         await neighbour.nc.jetstream().publish(victim, record(task, 1, "injected\n"), timeout=WATCH_S)
     await eventually(lambda: neighbour.violations, message="the server refuses the publish")
     assert any("publish" in v and victim in v for v in neighbour.violations), neighbour.violations
-    operator = await nats.connect(secured.url("operator"))
-    try:
-        assert await stored(operator, victim) == 0
-        assert await stored(operator, SUBJECTS.host_logs("bench-07")) == 0
-    finally:
-        await operator.close()
+    assert await stored(secured, victim) == 0
+    assert await stored(secured, SUBJECTS.host_logs("bench-07")) == 0
     assert owner.violations == []
 
 
@@ -147,11 +151,13 @@ async def test_a_host_reads_no_logs_not_even_its_own(secured: SecuredNats, hosts
     await nc.flush()
     # the stream through the JetStream API, directly or mapped the way the host's consumer is
     for api in ("$JS.API", SUBJECTS.host_jetstream_api):
+        own = SUBJECTS.host_logs_stream("bench-07")
         for call in (
-            f"{api}.STREAM.INFO.{SUBJECTS.logs_stream}",
-            f"{api}.CONSUMER.CREATE.{SUBJECTS.logs_stream}",
-            f"{api}.STREAM.MSG.GET.{SUBJECTS.logs_stream}",
-            f"{api}.DIRECT.GET.{SUBJECTS.logs_stream}.{subject}",
+            f"{api}.STREAM.INFO.{own}",
+            f"{api}.CONSUMER.CREATE.{own}",
+            f"{api}.CONSUMER.CREATE.{own}.reader.{subject}",
+            f"{api}.STREAM.MSG.GET.{own}",
+            f"{api}.DIRECT.GET.{own}.{subject}",
         ):
             try:
                 reply = await nc.request(call, b'{"last_by_subj": "' + subject.encode() + b'"}', timeout=WATCH_S)

@@ -10,6 +10,7 @@ to arrive and a refused one is seen not to; the streams and the bucket are creat
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -28,12 +29,13 @@ from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.codec import encode
 from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
-from devsched.scheduler.jetstream import ensure_streams
+from devsched.scheduler.jetstream import ensure_host_streams, ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.web import downloads
 from devsched.web.events import stored_events
 from support.log_stream import task_view
 from support.polling import eventually
+from support.scheduler_harness import BUDGETS
 from support.secured_nats import SecuredNats, secured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.integration]
@@ -68,7 +70,9 @@ class Web:
 async def scheduler(secured: SecuredNats) -> AsyncIterator[tuple[NatsClient, list[str]]]:
     """The scheduler's user: the streams created, every `P.api.>` request answered and noted."""
     nc = await nats.connect(secured.url("scheduler"))
-    await ensure_streams(nc.jetstream(), S, SchedulerSettings(subject_prefix="devsched"))
+    settings = SchedulerSettings(subject_prefix="devsched", **BUDGETS)
+    await ensure_streams(nc.jetstream(), S, settings)
+    await ensure_host_streams(nc.jetstream(), S, settings, "bench-07")  # as its registration does
     heard: list[str] = []
 
     async def answer(msg: Msg) -> None:
@@ -113,6 +117,8 @@ async def test_the_web_user_cannot_submit_drain_a_host_or_touch_a_host_subject(
     refused = [
         S.tasks_submit,
         S.hosts_drain,
+        S.devices_forget,  # operators only: free a device from its host
+        S.devices_label,  # operators only: pin labels
         "devsched.api.anything.else",
         "$SRV.PING",
         "devsched.host.bench-07.heartbeat",
@@ -201,3 +207,35 @@ async def test_the_web_user_reads_the_artifacts_bucket_and_never_writes_it(
     assert (await sched_store.get_info(obj)).size == len(data)  # still there, whole
     with pytest.raises(nats.js.errors.ObjectNotFoundError):
         await sched_store.get_info(f"{task}/1/forged")
+
+
+async def test_the_web_user_reads_only_log_subjects_of_the_per_host_streams(
+    web: Web, scheduler: tuple[NatsClient, list[str]]
+) -> None:
+    """Its consumer permission names the log filter, not a stream: nothing but log subjects can be read."""
+    assert web.nc is not None
+    task = uuid.uuid4()
+    upload = S.host_upload("bench-07", task, 1, "u1")
+    uploads, logs = S.host_uploads_stream("bench-07"), S.host_logs_stream("bench-07")
+
+    def create(stream: str, filter_subject: str) -> bytes:
+        config = {"name": "w1", "filter_subject": filter_subject, "deliver_subject": "_INBOX.w1", "ack_policy": "none"}
+        return json.dumps({"stream_name": stream, "config": config}).encode()
+
+    refused = [  # by the permissions: not a log filter, or no filter named in the subject
+        (f"$JS.API.CONSUMER.CREATE.{uploads}", create(uploads, upload)),
+        (f"$JS.API.CONSUMER.CREATE.{uploads}.w1.{upload}", create(uploads, upload)),
+        (f"$JS.API.CONSUMER.CREATE.{logs}", create(logs, S.host_logs("bench-07"))),
+        (f"$JS.API.STREAM.INFO.{logs}", b""),
+        (f"$JS.API.STREAM.PURGE.{logs}", b""),
+    ]
+    for subject, body in refused:
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await web.nc.request(subject, body, timeout=WATCH_S)
+    await eventually(lambda: len(web.violations) >= len(refused), message="every request is refused")
+    # a log filter in the subject and another filter in the request: the server holds it to the subject's
+    log_filter = S.host_log("bench-07", task, 1)
+    reply = await web.nc.request(
+        f"$JS.API.CONSUMER.CREATE.{uploads}.w1.{log_filter}", create(uploads, upload), timeout=5
+    )
+    assert json.loads(reply.data)["error"]["err_code"] == 10131, reply.data

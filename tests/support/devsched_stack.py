@@ -25,6 +25,8 @@ import nats
 
 from devsched.embedded import ChildProcess, supervisor
 from support.databases import as_service_role, create_test_database, drop_database, in_thread
+from support.scheduler_harness import BUDGETS
+from support.scheduler_harness import delete_streams as delete_prefix_streams
 from support.servers import NatsHandle, PostgresHandle
 
 #: Fast settings for tests: short ticks, no post-expiry device grace.
@@ -37,6 +39,8 @@ FAST_ENV = {
     "DEVSCHED_SHUTDOWN_GRACE_S": "3",
     "DEVSCHED_DRAIN_TIMEOUT_S": "2",
     "DEVSCHED_DB_POOL_SIZE": "4",
+    # Small storage budgets: each stream reserves its cap from the shared test server's store.
+    **{f"DEVSCHED_{name.upper()}": str(value) for name, value in BUDGETS.items()},
 }
 
 
@@ -134,11 +138,7 @@ def delete_streams(nats_url: str, prefix: str) -> None:
     async def run() -> None:
         nc = await nats.connect(nats_url, connect_timeout=2)
         try:
-            js = nc.jetstream()
-            stream_prefix = prefix.upper().replace("-", "_")
-            for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS"):
-                with contextlib.suppress(Exception):
-                    await js.delete_stream(f"{stream_prefix}_{suffix}")
+            await delete_prefix_streams(nc, prefix)
         finally:
             await nc.close()
 

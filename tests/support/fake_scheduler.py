@@ -17,6 +17,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from nats.micro.service import Service
 
 from devsched.core.errors import (
+    Internal,
     InvalidRequest,
     LeaseExpired,
     LeaseSuperseded,
@@ -67,6 +68,8 @@ class FakeScheduler:
         self.report_bodies: list[bytes] = []
         #: Answer this many reports with 503 before accepting one.
         self.fail_reports = 0
+        #: Answer reports with 500 `internal` (a scheduler failing on them) while true.
+        self.internal_reports = False
         #: Answer renewals with 409 lease_expired.
         self.reject_renewals = False
         #: Say in register and heartbeat replies that a claim may carry progress.
@@ -190,6 +193,8 @@ class FakeScheduler:
         return self._lease(row)
 
     async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
+        if self.internal_reports:
+            raise Internal()
         if self.fail_reports > 0:
             self.fail_reports -= 1
             raise Unavailable()

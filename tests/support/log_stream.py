@@ -20,16 +20,17 @@ _ENDED = {"done", "failed", "cancelled", "released", "expired"}
 
 
 @contextlib.asynccontextmanager
-async def logs_stream(nc: NatsClient, subjects: Subjects, **settings: Any) -> AsyncIterator[str]:
-    """`<PU>_LOGS` as the scheduler creates it (with `settings` overriding its own), removed afterwards."""
+async def logs_stream(nc: NatsClient, subjects: Subjects, host_id: str = "h1", **settings: Any) -> AsyncIterator[str]:
+    """Host `host_id`'s `<PU>_LOGS_<host_id>` as the scheduler creates it (with `settings` overriding its
+    own), removed afterwards."""
     js = nc.jetstream()
-    config = logs_stream_config(subjects, SchedulerSettings(subject_prefix=subjects.prefix, **settings))
+    config = logs_stream_config(subjects, SchedulerSettings(subject_prefix=subjects.prefix, **settings), host_id)
     await js.add_stream(config)
     try:
-        yield subjects.logs_stream
+        yield config.name or ""
     finally:
         with contextlib.suppress(Exception):
-            await js.delete_stream(subjects.logs_stream)
+            await js.delete_stream(config.name or "")
 
 
 def task_view(task_id: uuid.UUID, host_id: str, *attempts: tuple[int, str], status: str = "dispatched") -> m.TaskView:

@@ -335,9 +335,17 @@ async def task_events(js: JetStreamContext, prefix: str, task_id: str) -> list[d
 async def delete_streams(nc: NatsClient, prefix: str) -> None:
     """Remove the test's streams (they would otherwise pile up on the session's server)."""
     js = nc.jetstream()
-    for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS", "UPLOADS"):
+    pu = prefix.upper().replace("-", "_")
+    names = [f"{pu}_{suffix}" for suffix in ("ASSIGNMENTS", "EVENTS", "LOGS", "UPLOADS")]
+    with contextlib.suppress(Exception):  # each host's logs and uploads streams
+        names += [
+            name
+            for info in await js.streams_info()
+            if (name := info.config.name or "").startswith((f"{pu}_LOGS_", f"{pu}_UPLOADS_"))
+        ]
+    for name in names:
         with contextlib.suppress(Exception):
-            await js.delete_stream(f"{prefix.upper().replace('-', '_')}_{suffix}")
+            await js.delete_stream(name)
     with contextlib.suppress(Exception):
         await js.delete_stream(f"OBJ_{prefix.upper().replace('-', '_')}_ARTIFACTS")
 
@@ -354,6 +362,16 @@ async def delete_streams_at(url: str, prefix: str) -> None:
 # -- services in this process ---------------------------------------------------------------------------
 
 
+#: Small storage budgets for tests: JetStream reserves each stream's cap from the server's store.
+BUDGETS: dict[str, Any] = {
+    "max_hosts": 8,
+    "events_max_bytes": 64 * 1024 * 1024,
+    "artifacts_max_bytes": 256 * 1024 * 1024,
+    "logs_max_bytes": 8 * 32 * 1024 * 1024,  # 32 MiB a host: a test prints 10 MiB
+    "uploads_max_bytes": 8 * 40 * 1024 * 1024,
+    "artifact_max_file_bytes": 32 * 1024 * 1024,
+}
+
 FAST = {
     # Protocol-level test hosts ack assignments without claiming them, and some tests then expect nothing more:
     # the resync publishes copies only of attempts unclaimed for a minute (its tests set their own age).
@@ -366,6 +384,7 @@ FAST = {
     "shutdown_grace_s": 5.0,
     "drain_timeout_s": 2.0,
     "db_pool_size": 5,
+    **BUDGETS,
 }
 
 

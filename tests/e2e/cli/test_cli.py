@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -17,10 +18,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
 from support.databases import create_test_database, drop_database, execute
 from support.devsched_stack import Devsched, Stack, clean_env, run_devsched
+from support.scheduler_harness import call
 from support.servers import PostgresHandle
 
 pytestmark = pytest.mark.e2e
@@ -169,6 +172,47 @@ def test_hosts_and_drain(devsched: Devsched, stack: Stack) -> None:
     back = doc(devsched("drain", device, "--undo", "--json"))
     assert back["drained"] is False
     assert "back in service" in ok(devsched("drain", device, "--undo")).stdout
+
+
+def _register_spare(stack: Stack, host_id: str, device_id: str) -> None:
+    """Register another host with one device of its own (the stack's agent's devices stay untouched)."""
+
+    async def register() -> None:
+        nc = await nats.connect(stack.nats_url, inbox_prefix=f"_INBOX.{host_id}")
+        try:
+            body = {"devices": [{"device_id": device_id, "labels": {"pool": "ci", "os": "14"}}]}
+            await call(nc, f"{stack.prefix}.host.{host_id}.register", body)
+        finally:
+            await nc.close()
+
+    asyncio.run(register())
+
+
+def test_devices_label_and_forget(devsched: Devsched, stack: Stack) -> None:
+    host_id, device = f"cli-spare-{uuid.uuid4().hex[:6]}", f"spare-{uuid.uuid4().hex[:6]}"
+    _register_spare(stack, host_id, device)
+    pinned = doc(devsched("devices", "label", device, "pool=release", "rack=2", "--json"))
+    assert pinned["labels"] == {"pool": "release", "os": "14", "rack": "2"}
+    assert pinned["operator_labels"] == {"pool": "release", "rack": "2"}
+    line = ok(devsched("devices", "label", device, "--unset", "pool")).stdout
+    assert f"device {device} on {host_id}: labels os=14,pool=ci,rack=2 (pinned: rack)" in line
+    mine = next(h for h in doc(devsched("hosts", "--json"))["hosts"] if h["host_id"] == host_id)
+    assert mine["devices"][0]["operator_labels"] == {"rack": "2"}
+    assert "os=14,pool=ci,rack=2 (pinned: rack)" in ok(devsched("hosts")).stdout
+    assert one_line_error(devsched("devices", "label", device, "a=1", "--unset", "a"), 2).startswith(
+        "error: invalid_request: unset: "
+    )
+
+    assert devsched("devices", "forget", device).returncode == 2, "a reason is required"
+    freed = ok(devsched("devices", "forget", device, "--reason", "moved to bench-08")).stdout
+    assert f"device {device} freed from host {host_id}" in freed
+    assert "by operator-api (audit record " in freed
+    assert freed.strip().endswith(": moved to bench-08")
+    again = doc(devsched("devices", "forget", device, "--reason", "again", "--json"))
+    assert (again["host_id"], again["reason"]) == (host_id, "moved to bench-08"), "the first act is answered"
+    assert one_line_error(devsched("devices", "forget", "no-such-device", "--reason", "r"), 4).startswith(
+        "error: not_found: "
+    )
 
 
 # -- errors: one line, the right exit code, never a traceback ---------------------------------------------

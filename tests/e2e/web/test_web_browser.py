@@ -196,3 +196,28 @@ async def test_drain_from_the_device_page_drains(page: Page, client: Client, sta
     await p.locator('#device-state:not([data-state="drained"])').wait_for()
     hosts = await client.hosts()
     assert not any(d.drained for h in hosts for d in h.devices if d.device_id == device)
+
+
+async def test_log_out_ends_the_session_even_for_a_copy_of_its_cookie(page: Page, client: Client) -> None:
+    """Logged in (the fixture), then out with the button: the session cookie put back is no session."""
+    p = page
+    reply = await client.submit(LONG_PLAN, name="after-logout")
+    try:
+        await p.goto(f"/tasks/{reply.task_id}")
+        await p.locator("#cancel").wait_for()
+        (session,) = [c for c in await p.context.cookies() if c["name"] == "devsched_session"]
+        await p.get_by_role("button", name="Log out").click()
+        await p.get_by_role("link", name="Log in").wait_for()
+        assert not [c for c in await p.context.cookies() if c["name"] == "devsched_session"]
+        await p.context.add_cookies([session])  # a copy of the cookie kept from before: replayed
+        await p.goto(f"/tasks/{reply.task_id}")
+        await p.get_by_role("link", name="Log in").first.wait_for()
+        assert await p.locator("#cancel").count() == 0
+        assert (await client.get(reply.task_id)).status != "cancelled"
+        # logging in again works
+        await p.get_by_role("link", name="Log in").first.click()
+        await p.get_by_label("Operator token").fill(TOKEN)
+        await p.get_by_role("button", name="Log in").click()
+        await p.locator("#cancel").wait_for()
+    finally:
+        await client.cancel(reply.task_id)

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def stream(nc: Client, subjects: Subjects) -> AsyncIterator[str]:
-    async with logs_stream(nc, subjects) as name:
+    async with logs_stream(nc, subjects, HOST) as name:
         yield name
 
 

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.js.api import StreamConfig
 
 from devsched.client import NotFound
 from devsched.client.logs import LogReader
@@ -18,6 +19,7 @@ from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
+from devsched.scheduler.jetstream import retire_shared_streams
 from support.log_stream import logs_stream, task_view
 from support.polling import eventually
 
@@ -124,10 +126,11 @@ async def test_only_the_attempts_own_host_is_read(nc: NatsClient, subjects: Subj
     tid = task.view.task_id
     await publish(nc, subjects, line(tid, 1, "mine"))
     # another host knows the task (it ran an earlier attempt) but not this attempt's lease
-    await publish(nc, subjects, line(tid, 2, "injected by another host"), host="h2", lease=uuid.uuid4())
-    await publish(nc, subjects, line(tid, 2, "wrong attempt in the body", attempt=2), attempt=1, lease=uuid.uuid4())
-    await publish(nc, subjects, end(tid, 2))
-    assert await texts(reader(nc, subjects, task)) == ["mine", "end"]
+    async with logs_stream(nc, subjects, "h2"):
+        await publish(nc, subjects, line(tid, 2, "injected by another host"), host="h2", lease=uuid.uuid4())
+        await publish(nc, subjects, line(tid, 2, "wrong attempt in the body", attempt=2), attempt=1, lease=uuid.uuid4())
+        await publish(nc, subjects, end(tid, 2))
+        assert await texts(reader(nc, subjects, task)) == ["mine", "end"]
 
 
 async def test_attempts_and_steps_are_chosen(nc: NatsClient, subjects: Subjects, stream: str) -> None:
@@ -215,3 +218,20 @@ async def test_following_the_latest_goes_on_to_the_next_attempt_and_ends_with_th
     await publish(nc, subjects, end(tid, 2, attempt=2))
     task.set((1, "released"), (2, "done"), status="done")
     assert await asyncio.wait_for(following, 15) == ["attempt 1", "end", "attempt 2", "end"]
+
+
+async def test_output_stored_before_the_per_host_streams_is_still_read(nc: NatsClient, subjects: Subjects) -> None:
+    """An upgrade: the shared `<PU>_LOGS` of earlier versions is retired, its records read until they age out."""
+    js = nc.jetstream()
+    await js.add_stream(StreamConfig(name=subjects.logs_stream, subjects=[subjects.host_log_all]))
+    try:
+        before = Task(uuid.uuid4(), (1, "done"), status="done")
+        await publish(nc, subjects, line(before.view.task_id, 1, "from the shared stream"))
+        await retire_shared_streams(js, subjects)
+        async with logs_stream(nc, subjects):  # the host's own stream can now take its subjects
+            after = Task(uuid.uuid4(), (1, "done"), status="done")
+            await publish(nc, subjects, line(after.view.task_id, 1, "from the host's stream"))
+            assert await texts(reader(nc, subjects, before)) == ["from the shared stream"]
+            assert await texts(reader(nc, subjects, after)) == ["from the host's stream"]
+    finally:
+        await js.delete_stream(subjects.logs_stream)

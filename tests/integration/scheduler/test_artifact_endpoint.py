@@ -3,18 +3,26 @@ and every refusal (another host, another lease, bytes that are not the file, ove
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
 import secrets
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.agent.stop import StopSignal
+from devsched.agent.uploads import UploadLimits, uploads_factory
+from devsched.protocol import messages as m
 from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, upload_msg_id
+from devsched.protocol.codec import decode
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects
 from devsched.scheduler.app import Scheduler
 from support.scheduler_harness import (
@@ -116,7 +124,7 @@ async def test_a_commit_stores_the_file_and_lists_it(
     store = await nc.jetstream().object_store(Subjects(subject_prefix).artifacts_bucket)
     assert (await store.get(reply["object"])).data == data, "the bucket holds the bytes"
     assert [a["name"] for a in await listing(nc, subject_prefix, assigned.task_id)] == ["out/a.bin"]
-    uploads = await nc.jetstream().stream_info(Subjects(subject_prefix).uploads_stream)
+    uploads = await nc.jetstream().stream_info(Subjects(subject_prefix).host_uploads_stream(host.host_id))
     assert uploads.state.messages == 0, "the upload is purged once committed"
 
     # the same name again replaces it (and its old object)
@@ -164,6 +172,7 @@ async def test_a_refused_commit_stores_nothing(
     if case == "another host's upload":
         # a neighbour (unconfined here) publishes the chunks; the host commits them under its own lease
         neighbour = make_host()
+        await neighbour.register(bind=False)  # its own uploads stream
         upload_id = await upload(host, lease, data, as_host=neighbour.host_id)
     else:
         upload_id = await upload(host, lease, data)
@@ -181,6 +190,26 @@ async def test_a_refused_commit_stores_nothing(
     assert err.code == code, err
     assert len(await listing(nc, subject_prefix, assigned.task_id)) == stored_before
     assert await objects(nc, subject_prefix) == objects_before, "no object, no chunk left in the bucket"
+
+
+@pytest.mark.parametrize("header", ["²", "٣", "-1", "+1", "1e3", "1234567890", "", None])
+async def test_a_malformed_chunk_header_is_a_400_naming_the_header(
+    running: tuple[TestHost, Assigned], nc: NatsClient, subject_prefix: str, header: str | None
+) -> None:
+    host, assigned = running
+    data = os.urandom(1000)
+    upload_id = secrets.token_hex(8)
+    subject = Subjects(host.prefix).host_upload(host.host_id, assigned.task_id, assigned.lease["attempt"], upload_id)
+    headers = {MSG_ID_HEADER: upload_msg_id(upload_id, 0)}
+    if header is not None:
+        headers[CHUNK_HEADER] = header
+    await host.js.publish(subject, data, headers=headers)
+    objects_before = await objects(nc, subject_prefix)
+    err = await refused(nc, host.subject("artifact"), commit(assigned.lease, "x.bin", data, upload_id))
+    assert (err.status, err.code) == (400, "upload_mismatch"), err
+    assert err.details["errors"][0]["path"] == f"headers.{CHUNK_HEADER}"
+    assert await objects(nc, subject_prefix) == objects_before
+    assert await listing(nc, subject_prefix, assigned.task_id) == []
 
 
 async def test_another_host_cannot_commit_for_the_attempt(
@@ -207,3 +236,49 @@ async def test_after_the_report_nothing_more_is_stored(
     )
     assert err.code == "task_terminal"
     assert await listing(nc, subject_prefix, assigned.task_id) == []
+
+
+async def test_the_agent_commits_again_after_a_busy_lane_answers_429(
+    database_url: str,
+    nats_url: str,
+    subject_prefix: str,
+    nc: NatsClient,
+    make_host: Callable[..., TestHost],
+    tmp_path: Path,
+) -> None:
+    """The host's one commit place is held by a commit whose chunks never come: the agent's commit is answered
+    429, waits the pause, and is stored once the held commit ends at its deadline."""
+    settings = scheduler_settings(
+        database_url, nats_url, subject_prefix, artifact_commits_per_host=1, artifact_commit_timeout_s=2.0
+    )
+    async with running_scheduler(settings):
+        host = make_host()
+        await host.register("d1")
+        await submit(nc, subject_prefix, lease_ttl_s=60)
+        assigned = await host.next_assignment()
+        await host.claim(assigned)
+        stuck = asyncio.create_task(
+            host.request("artifact", commit(assigned.lease, "stuck.bin", b"x" * 10, secrets.token_hex(8)))
+        )
+        await asyncio.sleep(0.3)  # the stuck commit holds the host's place now
+        directory = tmp_path / "artifacts"
+        directory.mkdir()
+        (directory / "out.txt").write_bytes(b"agent output\n")
+        agent_nc = await nats.connect(nats_url, inbox_prefix=f"_INBOX.{host.host_id}")
+        try:
+            uploads = uploads_factory(
+                agent_nc, Subjects(subject_prefix), host.host_id, limits=UploadLimits(), stop_grace_s=5, timeout_s=5
+            )(decode(m.Assignment, json.dumps(assigned.body).encode()), directory, None, StopSignal())
+            started = time.monotonic()
+            summary = await uploads.after_step("run")
+            elapsed = time.monotonic() - started
+        finally:
+            await agent_nc.close()
+        assert summary is not None
+        assert (summary.stored, summary.failed) == (1, 0), summary
+        assert elapsed > 1.0, "it waited for the lane"
+        with pytest.raises(ErrorReply) as held:
+            await stuck
+        assert held.value.code == "upload_timeout"
+        assert [a["name"] for a in await listing(nc, subject_prefix, assigned.task_id)] == ["out.txt"]
+    await delete_streams(nc, subject_prefix)

@@ -52,6 +52,8 @@ async def test_service_is_discoverable_with_every_endpoint_in_one_queue_group(
         f"{p}.api.hosts.list",
         f"{p}.api.devices.drain",
         f"{p}.api.hosts.drain",
+        f"{p}.api.devices.forget",
+        f"{p}.api.devices.label",
         f"{p}.api.tasks.artifacts",  # issue 12
         f"{p}.api.health.set",  # issue 13
         f"{p}.api.health.list",
@@ -173,7 +175,13 @@ async def test_hosts_list_and_drain(
     assert entry["host_id"] == host.host_id
     assert entry["online"] is True
     assert entry["last_seen_at"].endswith("Z")
-    healthy = {"quarantined": False, "quarantine_reason": None, "quarantined_since": None, "infra_failures": 0}
+    healthy = {
+        "quarantined": False,
+        "quarantine_reason": None,
+        "quarantined_since": None,
+        "infra_failures": 0,
+        "operator_labels": {},
+    }
     assert entry["devices"] == [
         {
             "device_id": "d1",
@@ -268,6 +276,10 @@ async def test_submit_rejects_invalid_requests_with_paths(
         ("tasks.cancel", {}, "task_id"),
         ("hosts.list", {"x": 1}, "x"),
         ("devices.drain", {"device_id": "a.b"}, "device_id"),
+        ("devices.forget", {"device_id": "d1"}, "reason"),
+        ("devices.forget", {"device_id": "d1", "reason": ""}, "reason"),
+        ("devices.label", {"device_id": "d1", "labels": {"devsched.action.flash": "1"}}, "labels"),
+        ("devices.label", {"device_id": "d1", "labels": {"a": "1"}, "unset": ["a"]}, "unset"),
     ],
 )
 async def test_operator_endpoints_reject_invalid_requests(
@@ -334,12 +346,20 @@ async def test_unknown_task_host_and_device_are_404(
 
 
 async def test_device_registered_by_another_host_is_409_device_conflict(
-    scheduler: Scheduler, nc: NatsClient, make_host: Callable[..., TestHost]
+    scheduler: Scheduler, nc: NatsClient, make_host: Callable[..., TestHost], subject_prefix: str
 ) -> None:
     first, second = make_host(), make_host()
     await first.register("shared")
     err = await error_of(nc, second.subject("register"), {"devices": [{"device_id": "shared"}]})
     assert (err.status, err.code) == (409, "device_conflict")
+    await first.register()  # withdrawn and idle: still the first host's
+    err = await error_of(nc, second.subject("register"), {"devices": [{"device_id": "shared"}]})
+    assert (err.status, err.code) == (409, "device_conflict")
+    freed = await call(nc, api(subject_prefix, "devices.forget"), {"device_id": "shared", "reason": "moved"})
+    assert (freed["device_id"], freed["host_id"], freed["reason"]) == ("shared", first.host_id, "moved")
+    await second.register("shared")
+    err = await error_of(nc, api(subject_prefix, "devices.forget"), {"device_id": "nope", "reason": "r"})
+    assert (err.status, err.code) == (404, "not_found")
 
 
 async def test_lease_conflicts_are_409_with_the_precise_code(

@@ -30,14 +30,23 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
     js = nc.jetstream()
     pu = subject_prefix.upper()
     try:
-        async with running_scheduler(scheduler_settings(database_url, nats_url, subject_prefix)):
+        settings = scheduler_settings(database_url, nats_url, subject_prefix)
+        async with running_scheduler(settings):
             assignments = await js.stream_info(f"{pu}_ASSIGNMENTS")
             events = await js.stream_info(f"{pu}_EVENTS")
-            logs = await js.stream_info(f"{pu}_LOGS")
-        assert logs.config.subjects == [f"{subject_prefix}.host.*.log.>"]
+            host = TestHost(nc, subject_prefix, "h-streams")
+            await host.register("d-streams", bind=False)
+            logs = await js.stream_info(f"{pu}_LOGS_h-streams")
+            uploads = await js.stream_info(f"{pu}_UPLOADS_h-streams")
+        assert logs.config.subjects == [f"{subject_prefix}.host.h-streams.log.>"]
         assert logs.config.retention == RetentionPolicy.LIMITS
         assert logs.config.storage == StorageType.FILE
-        assert (logs.config.max_age, logs.config.max_bytes, logs.config.discard) == (7 * 86400, -1, "old")
+        share = settings.logs_max_bytes // settings.max_hosts
+        assert (logs.config.max_age, logs.config.max_bytes, logs.config.discard) == (7 * 86400, share, "old")
+        assert uploads.config.subjects == [f"{subject_prefix}.host.h-streams.upload.>"]
+        share = settings.uploads_max_bytes // settings.max_hosts
+        assert (uploads.config.max_bytes, uploads.config.discard) == (share, "new")
+        assert events.config.max_bytes == settings.events_max_bytes
         assert assignments.config.subjects == [f"{subject_prefix}.assign.>"]
         assert assignments.config.retention == RetentionPolicy.WORK_QUEUE
         assert assignments.config.storage == StorageType.FILE
@@ -56,8 +65,8 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
         async with running_scheduler(
             scheduler_settings(database_url, nats_url, subject_prefix, logs_max_age_s=7200.0, logs_max_bytes=10**9)
         ):
-            logs = await js.stream_info(f"{pu}_LOGS")
-            assert (logs.config.max_age, logs.config.max_bytes) == (7200, 10**9)
+            logs = await js.stream_info(f"{pu}_LOGS_h-streams")  # made again at the start for the known host
+            assert (logs.config.max_age, logs.config.max_bytes) == (7200, 10**9 // settings.max_hosts)
     finally:
         await delete_streams(nc, subject_prefix)
 

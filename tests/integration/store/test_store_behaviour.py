@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 from sqlalchemy import text
 
+from devsched.core.errors import DeviceConflict
 from devsched.core.events import AttemptAssigned, StepProgress, TaskEvent
 from devsched.core.status import DeviceState, EventKind, Outcome, TaskStatus
 from devsched.protocol.subjects import Subjects
@@ -138,6 +139,9 @@ async def test_reregistration_drops_devices_but_running_work_keeps_them(lab: Lab
     assert await lab.store.assign() == [], "a dropped device gets no new work"
     (host,) = await lab.store.list_hosts()
     assert {d.device_id for d in host.devices} == {"d2"}, "and leaves once idle"
+    with pytest.raises(DeviceConflict):  # it is still h1's, until an operator frees it
+        await lab.store.register_host("h2", [DeviceSpec("d1")])
+    await lab.store.forget_device("d1", "moved")
     await lab.store.register_host("h2", [DeviceSpec("d1")])  # another host may now take it
 
 

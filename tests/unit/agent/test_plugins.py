@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import shlex
 
 import pytest
 from devsched.plugins.adb import NAME, InstrumentArgs, command
+from pydantic import BaseModel, Field
 
-from devsched.agent.actions import agent_registry, default_registry, load_plugins
+from devsched.agent.actions import advertised_schema, agent_registry, default_registry, load_plugins
 
 
 def test_the_installed_example_plugin_is_loaded_and_advertised_with_its_schema() -> None:
@@ -41,3 +43,19 @@ def test_the_adb_args_are_strict() -> None:
         InstrumentArgs.model_validate({})
     with pytest.raises(ValueError, match="extra"):
         InstrumentArgs.model_validate({"runner": "a/b", "sped": 1})
+
+
+def test_a_schema_the_scheduler_would_refuse_is_not_advertised(caplog: pytest.LogCaptureFixture) -> None:
+    """Pydantic writes `pattern` for a constrained string: advertised, it would get the registration refused."""
+
+    class Grep(BaseModel):
+        expression: str = Field(pattern=r"^\w+$")
+
+    assert advertised_schema("grep", InstrumentArgs.model_json_schema()) == InstrumentArgs.model_json_schema()
+    assert advertised_schema("grep", None) is None
+    with caplog.at_level(logging.WARNING, logger="devsched.agent.actions"):
+        assert advertised_schema("grep", Grep.model_json_schema()) is None
+    [record] = caplog.records
+    assert record.getMessage() == "plug-in args schema not advertised"
+    assert record.__dict__["action"] == "grep"
+    assert "pattern" in record.__dict__["error"]

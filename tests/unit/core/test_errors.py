@@ -34,6 +34,9 @@ PROTOCOL_TABLE = {
     "artifact_too_large": 413,
     "artifact_quota_exceeded": 413,
     "upload_mismatch": 400,
+    "upload_timeout": 408,
+    "reply_too_large": 500,
+    "storage_full": 507,
 }
 
 ALL_CLASSES = [obj for obj in vars(errors).values() if isinstance(obj, type) and issubclass(obj, DevschedError)]

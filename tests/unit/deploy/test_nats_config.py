@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from devsched.agent.agent import host_inbox_prefix
 from devsched.core.ids import TOKEN_PATTERN
 from devsched.protocol.subjects import HOST_ENDPOINT_VERBS, HostVerb, Subjects
+from devsched.scheduler.budget import Budget, problem
+from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ServiceSettings
 from support.secured_nats import host_user_module
 
@@ -127,17 +129,21 @@ def test_accounts_conf_service_users() -> None:
     assert f'"{subjects.events_all}"' in scheduler
     # answers go to requesters only, one each, and not forever (the scheduler checks the inbox itself too)
     assert 'allow_responses: { max: 1, expires: "1m" }' in scheduler
-    for stream in (subjects.assignments_stream, subjects.events_stream, subjects.logs_stream):
-        assert f'"$JS.API.STREAM.CREATE.{stream}"' in scheduler
+    # the streams, each host's own among them (a permission cannot name a part of a stream's name); no delete
+    assert '"$JS.API.STREAM.CREATE.*"' in scheduler
+    assert '"$JS.API.INFO"' in scheduler, "the budgets' check at start reads the account's limits"
+    assert "STREAM.DELETE" not in scheduler
     assert "$JS.API.>" not in scheduler
     assert '">"' not in scheduler
     operator = _user_block(accounts, "operator")
     assert '"devsched.api.>"' in operator
     assert '"devsched.events.>"' in operator
-    # `devsched logs`: an ordered consumer of the logs stream, no write to it
-    assert f'"$JS.API.CONSUMER.CREATE.{subjects.logs_stream}.>"' in operator
-    assert f'"$JS.FC.{subjects.logs_stream}.>"' in operator
-    assert "devsched.host." not in operator, "an operator must not speak for a host"
+    # `devsched logs`: an ordered consumer whose create request names a log filter, in any stream; no write
+    log_consumers = f'"$JS.API.CONSUMER.CREATE.*.*.{subjects.host_log_all}"'
+    assert log_consumers in operator
+    assert '"$JS.FC.*.>"' in operator
+    assert "devsched.host." not in operator.replace(log_consumers, ""), "an operator must not speak for a host"
+    assert "STREAM.INFO.*" not in operator
     # health checks (issue 13) are the operators' alone
     for subject in (subjects.health_set, subjects.health_list, subjects.health_delete):
         assert subject.startswith("devsched.api.")
@@ -306,3 +312,32 @@ def test_the_deployed_scheduler_answers_hosts_under_the_servers_reply_prefix(nam
     scheduler = find(render(name), "Deployment", "devsched-scheduler")
     env = {entry["name"]: entry.get("value") for entry in pod_spec(scheduler)["containers"][0]["env"]}
     assert env["DEVSCHED_HOST_INBOX_PREFIXES"] == "_R_."
+
+
+def _bytes(size: str) -> int:
+    """A NATS or Kubernetes size (`8G`, `10Gi`) in bytes; both count in powers of 1024 here."""
+    number, unit = re.fullmatch(r"(\d+)([KMGT]?)i?", size).groups()  # type: ignore[union-attr]
+    return int(number) * 1024 ** " KMGT".index(unit or " ")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_storage_budgets_fit_the_jetstream_store_with_room_to_spare(overlay: str) -> None:
+    """The scheduler's caps fit the account's JetStream limit, which leaves room on each server's volume."""
+    values = yaml.safe_load((DEPLOY / "nats" / "values.yaml").read_text())
+    volume = _bytes(values["config"]["jetstream"]["fileStore"]["pvc"]["size"])
+    accounts = (DEPLOY / "nats" / "accounts.conf").read_text()
+    (limit,) = re.findall(r"^    jetstream: \{ max_file: (\w+), max_mem: 0 \}$", accounts, flags=re.MULTILINE)
+    account = _bytes(limit)
+    assert account <= volume * 0.85, "the file store needs room of its own on the volume"
+    scheduler = find(render(overlay), "Deployment", "devsched-scheduler")
+    env = {e["name"]: e["value"] for e in pod_spec(scheduler)["containers"][0]["env"] if "value" in e}
+    names = {name.removeprefix("DEVSCHED_").lower() for name in env if name.startswith("DEVSCHED_")}
+    settings = SchedulerSettings.model_validate(
+        {name: env[f"DEVSCHED_{name.upper()}"] for name in names & set(SchedulerSettings.model_fields)}
+        | {"database_url": "postgresql+asyncpg://u:p@h/d"}
+    )
+    need = Budget.of(settings)
+    assert need.uncapped() == [], "every stream has a cap"
+    assert problem(need, account) is None
+    assert need.total <= account
+    assert need.reserve >= 128 * 1024 * 1024, "room for the assignments"

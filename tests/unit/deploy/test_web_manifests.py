@@ -14,6 +14,8 @@ import yaml
 
 from devsched.protocol.subjects import Subjects
 from devsched.service.settings import ENV_PREFIX
+from devsched.web import hosts
+from devsched.web.app import allowed_hosts
 from devsched.web.settings import WebSettings
 
 from .manifests import (
@@ -46,13 +48,18 @@ def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
     assert api == {s.tasks_get, s.tasks_list, s.tasks_cancel, s.hosts_list, s.devices_drain, s.task_artifacts}
     assert s.tasks_submit not in published
     assert s.hosts_drain not in published
+    assert s.devices_forget not in published  # operators only
+    assert s.devices_label not in published
     others = published - api
     assert all(subject.startswith(("$JS.API.", "$JS.FC.")) for subject in others), others
     assert not any("ASSIGNMENTS" in subject or "STREAM.CREATE" in subject for subject in others)
     # the artifacts bucket is read (downloads), never written: no `$O.` publish, no purge or delete
     assert not any(subject.startswith("$O.") or "PURGE" in subject or ".MSG.DELETE" in subject for subject in others)
     assert 'password: "$2a$11$REPLACE' in block
-    assert "devsched.host." not in block
+    # step output: consumers whose create request names a log filter (the server holds them to it)
+    log_consumers = f"$JS.API.CONSUMER.CREATE.*.*.{s.host_log_all}"
+    assert log_consumers in others
+    assert "devsched.host." not in block.replace(log_consumers, "")
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +154,26 @@ def test_the_web_network_policy_admits_only_its_port_and_reaches_only_nats_and_d
     ingress = find(rendered, "Ingress", "devsched-web")
     backend = ingress["spec"]["rules"][0]["http"]["paths"][0]["backend"]["service"]
     assert backend["name"] == service["metadata"]["name"]
+
+
+def test_the_web_answers_only_its_names_and_behind_the_ingress_its_host_with_secure_cookies(
+    rendered: list[dict[str, Any]],
+) -> None:
+    """DNS rebinding: the pods answer the Service's and a port-forward's names, plus the Ingress's host
+    when `components/web-ingress` is in (which also believes its proxy and forces Secure cookies)."""
+    for overlay in OVERLAYS:
+        (container,) = containers(pod_spec(find(render(overlay), "Deployment", "devsched-web")))
+        values = {e["name"]: e.get("value") for e in container["env"]}
+        entries = hosts.parse(values["DEVSCHED_WEB_ALLOWED_HOSTS"])
+        assert hosts.allowed(entries, "localhost:8080", "http")  # kubectl port-forward
+        assert not hosts.allowed(entries, "devsched.example.com", "https")
+        assert "DEVSCHED_WEB_FORWARDED_ALLOW_IPS" not in values
+    (container,) = containers(pod_spec(find(rendered, "Deployment", "devsched-web")))
+    values = {e["name"]: e.get("value") for e in container["env"]}
+    settings = WebSettings.model_validate({k.removeprefix(ENV_PREFIX).lower(): v for k, v in values.items() if v})
+    (ingress,) = [d for d in rendered if d["kind"] == "Ingress"]
+    host = ingress["spec"]["rules"][0]["host"]
+    assert hosts.allowed(allowed_hosts(settings), host, "https")
+    assert not hosts.allowed(allowed_hosts(settings), "evil.example", "https")
+    assert settings.web_secure_cookies
+    assert settings.web_forwarded_allow_ips

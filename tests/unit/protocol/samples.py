@@ -184,6 +184,19 @@ SAMPLES: dict[str, BaseModel] = {
     "ReleaseRequest(bare)": m.ReleaseRequest(task_id=TASK_ID, attempt=1, lease_id=LEASE_ID),
     "ReleaseReply": m.ReleaseReply(task_id=TASK_ID, attempt=2, status=TaskStatus.QUEUED, recorded_at=T1),
     "HostDrainRequest": m.HostDrainRequest(host_id="bench-07", reason="kernel update"),
+    "ForgetDeviceRequest": m.ForgetDeviceRequest(device_id="d1", reason="moved to bench-08"),
+    "DeviceForgottenView": m.DeviceForgottenView(
+        device_id="d1", host_id="bench-07", freed_at=T1, reason="moved to bench-08", actor="operator-api", audit_id=7
+    ),
+    "LabelDeviceRequest": m.LabelDeviceRequest(device_id="d1", labels={"pool": "release"}, unset=["rack"]),
+    "DeviceDrainView(labelled)": m.DeviceDrainView(
+        device_id="d1",
+        host_id="h1",
+        labels={"pool": "release", "os": "14"},
+        state=DeviceState.AVAILABLE,
+        drained=False,
+        operator_labels={"pool": "release"},
+    ),
     "Nudge": m.Nudge(task_id=TASK_ID, attempt=3),
     "DrainNotice": m.DrainNotice(drain=True, reason="kernel update"),
     "ErrorBody": m.ErrorBody(

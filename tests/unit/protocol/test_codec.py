@@ -286,6 +286,8 @@ def test_the_error_numbers_of_the_protocol_table() -> None:
         "device_conflict": 409, "too_large": 413, "unavailable": 503, "internal": 500,
         "too_many_requests": 429,  # an addition (docs/protocol.md)
         "artifact_too_large": 413, "artifact_quota_exceeded": 413, "upload_mismatch": 400,  # additions (issue 12)
+        "upload_timeout": 408, "reply_too_large": 500,  # additions: commit deadline, replies above max_payload
+        "storage_full": 507,  # an addition: no room for one host more
     }  # fmt: skip
     assert {code: encode_error(cls())[0][ERROR_CODE_HEADER] for code, cls in BY_CODE.items()} == {
         code: str(n) for code, n in expected.items()

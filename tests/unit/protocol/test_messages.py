@@ -69,6 +69,27 @@ def test_defaults_of_submit() -> None:
     assert (step.timeout_s, step.interruptible, step.always, step.args) == (3600.0, False, False, {})
 
 
+@pytest.mark.parametrize(
+    ("body", "rule"),
+    [
+        (b'{"device_id": "d1", "labels": {"a": "1"}, "unset": ["a"]}', "'unset'"),
+        (b'{"device_id": "d1"}', "labels to set or keys to unset"),
+        (b'{"device_id": "d1", "labels": {"devsched.action.flash": "1"}}', "'labels'"),
+        (b'{"device_id": "d1", "unset": ["devsched.action.flash"]}', "'unset'"),
+    ],
+)
+def test_a_label_request_sets_or_unsets_each_key_and_no_reserved_one(body: bytes, rule: str) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        decode(m.LabelDeviceRequest, body)
+    assert rule in repr(err.value.details)
+
+
+def test_a_forget_needs_a_reason() -> None:
+    for body in (b'{"device_id": "d1"}', b'{"device_id": "d1", "reason": ""}'):
+        with pytest.raises(InvalidRequest):
+            decode(m.ForgetDeviceRequest, body)
+
+
 def test_defaults_of_list_and_drain() -> None:
     assert decode(m.ListTasksRequest, b"{}") == m.ListTasksRequest(status=None, limit=100, after=None)
     assert decode(m.DrainRequest, b'{"device_id": "d1"}').drained is True
@@ -269,7 +290,7 @@ def test_builtin_args_are_typed_and_plugin_args_are_free() -> None:
 
 
 @pytest.mark.parametrize(
-    ("env", "what"), [({"A=B": "1"}, "'A=B'"), ({"": "1"}, "''"), ({"A\0": "1"}, "NUL"), ({"A": "x\0y"}, "NUL byte")]
+    ("env", "what"), [({"A=B": "1"}, "'A=B'"), ({"": "1"}, "''"), ({"A\0": "1"}, "NUL"), ({"A": "x\0y"}, "NUL")]
 )
 def test_a_shell_env_the_agent_could_not_set_is_refused_at_submit(env: dict[str, str], what: str) -> None:
     body = {"plan": {"steps": [{"name": "a", "action": "shell", "args": {"command": "true", "env": env}}]}}
@@ -330,13 +351,21 @@ def test_a_claim_without_progress_is_encoded_as_an_older_scheduler_takes_it() ->
 
 # -- properties ------------------------------------------------------------------------------------------
 
+#: Text the store can keep (no NUL, no lone surrogate: `devsched.core.text`), which valid requests hold.
+_storable = st.characters(exclude_characters="\0", exclude_categories=("Cs",))
+
+
+def _text(*, min_size: int = 0, max_size: int | None = None) -> st.SearchStrategy[str]:
+    return st.text(_storable, min_size=min_size, max_size=max_size)
+
+
 #: What an environment can hold: a name without "=" or NUL, a value without NUL.
-_env_names = st.text(min_size=1).filter(lambda n: "=" not in n and "\0" not in n)
-_env_values = st.text().filter(lambda v: "\0" not in v)
-_json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+_env_names = _text(min_size=1, max_size=200).filter(lambda n: "=" not in n and "\0" not in n)
+_env_values = _text().filter(lambda v: "\0" not in v)
+_json_scalars = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | _text()
 _json_values = st.recursive(
     _json_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text(max_size=8), inner, max_size=4),
     max_leaves=12,
 )
 _tokens = st.from_regex(TOKEN_PATTERN, fullmatch=True)
@@ -348,15 +377,18 @@ def _steps(draw: st.DrawFn, name: str) -> dict[str, Any]:
     kind = draw(st.sampled_from(["shell", "sleep", "noop", "plugin"]))
     args: dict[str, Any]
     if kind == "shell":
-        args = {"command": draw(st.text(min_size=1)), "env": draw(st.dictionaries(_env_names, _env_values, max_size=3))}
+        args = {
+            "command": draw(_text(min_size=1, max_size=200)),
+            "env": draw(st.dictionaries(_env_names, _env_values, max_size=3)),
+        }
         action = "shell"
     elif kind == "sleep":
         args, action = {"seconds": draw(_seconds | st.integers(1, 10**6))}, "sleep"
     elif kind == "noop":
         args, action = {}, "noop"
     else:
-        args = draw(st.dictionaries(st.text(max_size=8), _json_values, max_size=4))
-        action = draw(st.text(min_size=1).filter(lambda a: a not in m.BUILTIN_ARGS))
+        args = draw(st.dictionaries(_text(max_size=8), _json_values, max_size=4))
+        action = draw(_text(min_size=1, max_size=200).filter(lambda a: a not in m.BUILTIN_ARGS))
     step: dict[str, Any] = {"name": name, "action": action, "args": args}
     if draw(st.booleans()):
         step["timeout_s"] = draw(_seconds)
@@ -367,19 +399,19 @@ def _steps(draw: st.DrawFn, name: str) -> dict[str, Any]:
 
 @st.composite
 def _submit_bodies(draw: st.DrawFn) -> dict[str, Any]:
-    names = draw(st.lists(st.text(min_size=1, max_size=20), min_size=1, max_size=100, unique=True))
+    names = draw(st.lists(_text(min_size=1, max_size=20), min_size=1, max_size=100, unique=True))
     return {
-        "name": draw(st.none() | st.text(min_size=1)),
+        "name": draw(st.none() | _text(min_size=1, max_size=200)),
         "selector": {
-            "labels": draw(st.dictionaries(st.text(), st.text(), max_size=3)),
+            "labels": draw(st.dictionaries(_text(), _text(), max_size=3)),
             "device_id": draw(st.none() | _tokens),
         },
         "plan": {"steps": [draw(_steps(n)) for n in names]},
         "priority": draw(st.integers(-1000, 1000)),
         "max_attempts": draw(st.integers(1, 100)),
         "lease_ttl_s": draw(st.integers(1, 3600)),
-        "idempotency_key": draw(st.none() | st.text(min_size=1)),
-        "metadata": draw(st.dictionaries(st.text(max_size=8), _json_values, max_size=4)),
+        "idempotency_key": draw(st.none() | _text(min_size=1, max_size=200)),
+        "metadata": draw(st.dictionaries(_text(max_size=8), _json_values, max_size=4)),
     }
 
 

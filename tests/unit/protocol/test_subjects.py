@@ -36,6 +36,8 @@ def test_api_subjects() -> None:
     assert S.tasks_cancel == "devsched.api.tasks.cancel"
     assert S.hosts_list == "devsched.api.hosts.list"
     assert S.devices_drain == "devsched.api.devices.drain"
+    assert S.devices_forget == "devsched.api.devices.forget"
+    assert S.devices_label == "devsched.api.devices.label"
 
 
 @pytest.mark.parametrize("verb", list(HostVerb))

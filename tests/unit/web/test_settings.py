@@ -37,3 +37,14 @@ def test_the_token_never_shows_in_the_settings_repr() -> None:
                                                    ("0.0.0.0", False), ("10.0.0.5", False)])  # fmt: skip
 def test_loopback(address: str, loopback: bool) -> None:
     assert WebSettings(web_host=address).loopback is loopback
+
+
+def test_the_guards_default_to_no_trusted_proxy_and_bounded_streams_and_logins() -> None:
+    settings = WebSettings()
+    assert settings.web_allowed_hosts is None  # the loopback names with the dashboard's port
+    assert settings.web_forwarded_allow_ips == ""
+    assert not settings.web_secure_cookies
+    assert (settings.web_streams_per_client, settings.web_streams_total, settings.web_stream_max_s) == (8, 200, 900)
+    assert (settings.web_login_failures_per_ip, settings.web_login_failures_total) == (5, 60)
+    with pytest.raises(ValidationError):
+        WebSettings(web_streams_per_client=0)

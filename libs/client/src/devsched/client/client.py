@@ -30,7 +30,7 @@ import contextlib
 import io
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Generator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Generator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -51,7 +51,9 @@ from devsched.protocol.messages import (
     CancelReply,
     CancelRequest,
     DeviceDrainView,
+    DeviceForgottenView,
     DrainRequest,
+    ForgetDeviceRequest,
     GetTaskRequest,
     HealthCheckDeleteRequest,
     HealthCheckListReply,
@@ -62,6 +64,7 @@ from devsched.protocol.messages import (
     HostsListReply,
     HostsListRequest,
     HostView,
+    LabelDeviceRequest,
     ListArtifactsReply,
     ListArtifactsRequest,
     ListTasksReply,
@@ -73,6 +76,7 @@ from devsched.protocol.messages import (
     TaskEvent,
     TaskSummary,
     TaskView,
+    TrimmedField,
 )
 from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
 from devsched.protocol.tls import NatsAccess
@@ -384,14 +388,19 @@ class Client:
             reply = reply.model_copy(update={"created": True})
         return reply
 
-    async def get(self, task_id: TaskId) -> TaskView:
+    async def get(self, task_id: TaskId, *, full: Sequence[TrimmedField | str] | None = None) -> TaskView:
         """The task with all its attempts (`P.api.tasks.get`).
+
+        A view too large for one NATS message comes trimmed, its `truncated` naming the fields cut; `full`
+        asks for those fields whole (the others are cut first to make room).
 
         Raises:
             NotFound: no such task.
-            InvalidRequest: `task_id` is not a UUID.
+            InvalidRequest: `task_id` is not a UUID, or `full` names another field.
+            ReplyTooLarge: even so the view does not fit one message.
         """
-        return await self._call(self.subjects.tasks_get, GetTaskRequest(task_id=task_uuid(task_id)), TaskView)
+        body = _build(GetTaskRequest, task_id=task_uuid(task_id), full=list(full) if full else None)
+        return await self._call(self.subjects.tasks_get, body, TaskView)
 
     async def list_page(
         self,
@@ -510,7 +519,13 @@ class Client:
     async def artifacts(self, task_id: TaskId, *, attempt: int | None = None) -> ListArtifactsReply:
         """The task's stored artifacts (of one attempt, or all), by attempt then name, and their bucket."""
         body = ListArtifactsRequest(task_id=task_uuid(task_id), attempt=attempt)
-        return await self._call(self.subjects.task_artifacts, body, ListArtifactsReply)
+        listing = await self._call(self.subjects.task_artifacts, body, ListArtifactsReply)
+        found = list(listing.artifacts)
+        while listing.next is not None and listing.artifacts:  # the rest, when one reply could not hold them
+            body = body.model_copy(update={"after": listing.next})
+            listing = await self._call(self.subjects.task_artifacts, body, ListArtifactsReply)
+            found += listing.artifacts
+        return listing.model_copy(update={"artifacts": found, "next": None})
 
     async def artifact_bytes(self, task_id: TaskId, name: str, *, attempt: int | None = None) -> bytes:
         """One artifact's bytes (of `attempt`, or the newest attempt's), checked against its SHA-256."""
@@ -531,7 +546,12 @@ class Client:
 
     async def hosts(self) -> builtins.list[HostView]:
         """Every registered host with its devices and their states (`P.api.hosts.list`)."""
-        return (await self._call(self.subjects.hosts_list, HostsListRequest(), HostsListReply)).hosts
+        reply = await self._call(self.subjects.hosts_list, HostsListRequest(), HostsListReply)
+        hosts = list(reply.hosts)
+        while reply.next is not None and reply.hosts:  # the rest, when one reply could not hold them
+            reply = await self._call(self.subjects.hosts_list, HostsListRequest(after=reply.next), HostsListReply)
+            hosts += reply.hosts
+        return hosts
 
     async def drain(self, device_id: str, *, drained: bool = True, reason: str | None = None) -> DeviceDrainView:
         """Take a device out of service (`drained=False`: put it back) (`P.api.devices.drain`).
@@ -543,6 +563,31 @@ class Client:
         """
         body = _build(DrainRequest, device_id=device_id, drained=drained, reason=reason)
         return await self._call(self.subjects.devices_drain, body, DeviceDrainView)
+
+    async def forget_device(self, device_id: str, *, reason: str) -> DeviceForgottenView:
+        """Free a device from the host that registered it (`P.api.devices.forget`); what was freed.
+
+        The next host that registers it owns it. The act is kept in the scheduler's audit records.
+
+        Raises:
+            NotFound: no such device.
+            Conflict: it runs an attempt (or is in its grace after an expired one).
+        """
+        body = _build(ForgetDeviceRequest, device_id=device_id, reason=reason)
+        return await self._call(self.subjects.devices_forget, body, DeviceForgottenView)
+
+    async def label_device(
+        self, device_id: str, labels: Mapping[str, str] | None = None, *, unset: builtins.list[str] | None = None
+    ) -> DeviceDrainView:
+        """Pin operator labels on a device, or unpin keys (`P.api.devices.label`); the device after it.
+
+        Pinned labels win over its host's: the host's registration can neither override nor remove them.
+
+        Raises:
+            NotFound: no such device.
+        """
+        body = _build(LabelDeviceRequest, device_id=device_id, labels=dict(labels or {}), unset=list(unset or []))
+        return await self._call(self.subjects.devices_label, body, DeviceDrainView)
 
     async def drain_host(self, host_id: str, *, drained: bool = True, reason: str | None = None) -> HostView:
         """Drain every device of a host and tell its agent to finish (`P.api.hosts.drain`); the host after it.
@@ -577,7 +622,12 @@ class Client:
     async def health_checks(self) -> builtins.list[HealthCheckView]:
         """The health checks in force, by name (`P.api.health.list`)."""
         reply = await self._call(self.subjects.health_list, HealthCheckListRequest(), HealthCheckListReply)
-        return reply.checks
+        checks = list(reply.checks)
+        while reply.next is not None and reply.checks:  # the rest, when one reply could not hold them
+            body = HealthCheckListRequest(after=reply.next)
+            reply = await self._call(self.subjects.health_list, body, HealthCheckListReply)
+            checks += reply.checks
+        return checks
 
     async def health_delete(self, name: str) -> HealthCheckView:
         """Remove the health check `name` (`P.api.health.delete`); the check removed.

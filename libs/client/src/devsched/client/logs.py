@@ -1,4 +1,4 @@
-"""Reading a task's step output from the `<PU>_LOGS` stream (`Client.logs`, `devsched logs`).
+"""Reading a task's step output from its host's `<PU>_LOGS_<host_id>` stream (`Client.logs`, `devsched logs`).
 
 An attempt's records are read from the subject of the host that ran it, as the task view names it
 (`P.host.<host_id>.log.<task_id>.<attempt>`): another host can only write under its own id, so it cannot
@@ -26,9 +26,9 @@ from typing import Self
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 
 from devsched.client.errors import NatsUnreachable, NotFound, Unavailable
+from devsched.client.filtered import FilteredJetStream
 from devsched.core.errors import InvalidRequest
 from devsched.core.status import TERMINAL, AttemptStatus
 from devsched.protocol.codec import decode
@@ -194,29 +194,46 @@ class LogReader:
 
     # -- one attempt -----------------------------------------------------------------------------------
 
-    async def _stored(self, subject: str) -> int:
-        try:
-            info = await self._js.stream_info(self._subjects.logs_stream, subjects_filter=subject)
-        except nats.js.errors.NotFoundError:
+    async def _open(self, attempt: AttemptView, subject: str) -> int:
+        """Subscribe to the attempt's records (`self._sub`); how many are stored now.
+
+        They are in the host's own stream; records written before it had one are in the retired shared
+        stream `<PU>_LOGS`, read until they age out.
+
+        Raises:
+            Unavailable: neither stream exists.
+        """
+        js = FilteredJetStream.like(self._js)
+        own = self._subjects.host_logs_stream(attempt.host_id)
+        for stream in (own, self._subjects.logs_stream):
+            try:
+                sub, stored = await js.ordered(stream, subject)
+            except nats.js.errors.NotFoundError:
+                continue
+            except (nats.errors.Error, OSError) as exc:
+                raise NatsUnreachable(f"cannot read the logs stream: {type(exc).__name__}: {exc}") from None
+            if stored or (stream == own and self._follow and attempt.status is AttemptStatus.ACTIVE):
+                await self._unsubscribe()
+                self._sub = sub
+                return stored
+            if self._sub is None and stream == own:
+                self._sub = sub  # empty, kept in case the shared stream holds nothing either
+                continue
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if self._sub is None:
             raise Unavailable(
-                f"the logs stream {self._subjects.logs_stream} does not exist: is a scheduler of this version "
-                f"running with prefix {self._subjects.prefix!r}?"
-            ) from None
-        except (nats.errors.Error, OSError) as exc:
-            raise NatsUnreachable(f"cannot read the logs stream: {type(exc).__name__}: {exc}") from None
-        return (info.state.subjects or {}).get(subject, 0)
+                f"the logs stream {own} does not exist: has host {attempt.host_id!r} registered with a "
+                f"scheduler of this version and prefix {self._subjects.prefix!r}?"
+            )
+        return 0
 
     async def _read(self, attempt: AttemptView) -> AsyncIterator[LogRecord]:
         subject = self._subjects.host_log(attempt.host_id, self.task_id, attempt.attempt)
-        if await self._stored(subject) == 0 and (not self._follow or attempt.status is not AttemptStatus.ACTIVE):
-            return  # nothing stored, and nothing to wait for: an attempt over (a quiet one sends no records)
         try:
-            self._sub = await self._js.subscribe(
-                subject, stream=self._subjects.logs_stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-            )
-        except (nats.errors.Error, OSError) as exc:
-            raise NatsUnreachable(f"cannot read the logs stream: {type(exc).__name__}: {exc}") from None
-        try:
+            stored = await self._open(attempt, subject)
+            if stored == 0 and (not self._follow or attempt.status is not AttemptStatus.ACTIVE):
+                return  # nothing stored, and nothing to wait for: an attempt over (a quiet one sends no records)
             async for record in self._records_of(attempt):
                 yield record
         finally:

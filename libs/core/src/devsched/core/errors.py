@@ -113,6 +113,16 @@ class UploadMismatch(InvalidRequest):
     code = "upload_mismatch"
 
 
+class UploadTimeout(DevschedError):
+    """The artifact commit did not complete within its deadline; the chunks read so far are purged (an addition).
+
+    The host may upload the file again and commit it anew.
+    """
+
+    code = "upload_timeout"
+    status = 408
+
+
 class TooManyRequests(DevschedError):
     """Too many requests from this host; retry after `details.retry_after_s` seconds.
 
@@ -123,6 +133,19 @@ class TooManyRequests(DevschedError):
     code = "too_many_requests"
     status = 429
     retryable = True
+
+
+class StorageFull(DevschedError):
+    """The JetStream store has no room for one host more (an addition): registration refused.
+
+    Each host has its own logs and uploads streams, each a fixed share of the budgets (`max_hosts` hosts at
+    most), so that no host can take the room of another; the room is there again once an operator raises
+    the budget or removes a host's streams. Nothing changed (its devices are not registered); the
+    registration may be repeated (the agent does, with its backoff), but only room made by an operator helps.
+    """
+
+    code = "storage_full"
+    status = 507
 
 
 class Unavailable(DevschedError):
@@ -143,6 +166,15 @@ class Internal(DevschedError):
 
     code = "internal"
     status = 500
+
+
+class ReplyTooLarge(Internal):
+    """The reply does not fit the NATS server's `max_payload`; nothing changed (an addition).
+
+    `details` name the endpoint, the reply's size and the limit: ask for a smaller page or view.
+    """
+
+    code = "reply_too_large"
 
 
 class IllegalTransition(DevschedError):
@@ -169,8 +201,11 @@ BY_CODE: dict[str, type[DevschedError]] = {
         ArtifactTooLarge,
         ArtifactQuotaExceeded,
         UploadMismatch,
+        UploadTimeout,
         TooManyRequests,
+        StorageFull,
         Unavailable,
         Internal,
+        ReplyTooLarge,
     )
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -114,6 +114,8 @@ class DeviceView:
     quarantined_since: datetime | None = None
     #: Its consecutive infrastructure failures so far.
     infra_failures: int = 0
+    #: The labels an operator pinned (`devices.label`); in `labels` too, where they win over the host's.
+    operator_labels: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,21 @@ class HostView:
     devices: tuple[DeviceView, ...]
     #: What it advertised at its latest registration, built-ins included; empty from an older agent.
     actions: tuple[ActionInfo, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ForgottenDevice:
+    """What an operator freed (`devices.forget`): the device, the host it belonged to, and the audit record."""
+
+    device_id: str
+    #: The host it belonged to; the next host that registers it owns it.
+    host_id: str
+    freed_at: datetime
+    reason: str
+    #: Who asked (there are no identities yet: the endpoint that was called).
+    actor: str
+    #: The `device_audit` row written in the same transaction.
+    audit_id: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ import unicodedata
 
 from pydantic import Field, field_validator
 
-from devsched.protocol.base import Id, Name, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.base import Cursor, Id, ReplyModel, RequestModel, ShortName, Timestamp, Token
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -26,6 +26,9 @@ CHUNK_BYTES = 128 * KiB
 CHUNK_HEADER = "Devsched-Chunk"
 #: Longest artifact name (its path under the artifacts directory), in characters; each part at most 255.
 MAX_NAME_CHARS = 1024
+#: Longest artifact name in UTF-8 bytes: it is part of the artifacts' btree key, whose entries hold at most
+#: 2704 bytes (1024 characters of up to 4 bytes each would not fit).
+MAX_NAME_BYTES = 2048
 _MAX_PART_CHARS = 255
 #: Most failures a step's artifacts summary names (the counts cover them all).
 MAX_FAILURES_LISTED = 20
@@ -59,6 +62,8 @@ def normalise_name(name: str) -> str:
     normal = "/".join(parts)
     if len(normal) > MAX_NAME_CHARS:
         raise ValueError(f"artifact name is longer than {MAX_NAME_CHARS} characters")
+    if len(normal.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+        raise ValueError(f"artifact name is longer than {MAX_NAME_BYTES} bytes of UTF-8")
     return normal
 
 
@@ -88,7 +93,7 @@ class ArtifactCommit(RequestModel):
     """The attempt's lease id, from the assignment."""
     name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     """The file's path under the artifacts directory, normalised (`normalise_name`)."""
-    step: Name
+    step: ShortName
     """The step after which the file was found (new, or changed since)."""
     size: int = Field(ge=0)
     """The file's size in bytes."""
@@ -142,6 +147,8 @@ class ListArtifactsRequest(RequestModel):
     """The task."""
     attempt: int | None = Field(default=None, ge=1)
     """Only this attempt's; all attempts' when null."""
+    after: Cursor | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: the `next` of the previous reply (opaque): only the artifacts after it; left out when null."""
 
 
 class ListArtifactsReply(ReplyModel):
@@ -152,7 +159,10 @@ class ListArtifactsReply(ReplyModel):
     bucket: str
     """The Object Store bucket that holds them."""
     artifacts: list[ArtifactView] = Field(default_factory=list)
-    """By attempt, then name."""
+    """By attempt, then name (up to `next`)."""
+    next: str | None = None
+    """Addition: set when the artifacts left would make the reply larger than NATS's `max_payload`: pass it
+    as `after` for the rest; null when every one is listed."""
 
 
 class ArtifactFailure(RequestModel):

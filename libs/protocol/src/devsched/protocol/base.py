@@ -9,9 +9,11 @@ contract lets a newer server ADD fields and an older client must keep working.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Self, TypeVar
@@ -27,6 +29,8 @@ from pydantic import (
     PlainSerializer,
     Strict,
     StringConstraints,
+    ValidationInfo,
+    WithJsonSchema,
 )
 from pydantic_core import PydanticCustomError
 
@@ -108,6 +112,117 @@ Lax = Annotated[_E, Strict(False)]
 #: A string that is not empty (names, actions).
 Name = Annotated[str, StringConstraints(min_length=1)]
 
+# Bounds of what a request may carry. Each is well below what the store indexes or keeps: the one
+# indexed free string, the idempotency key, is a btree key, and a btree entry holds at most 2704 bytes
+# (a third of an 8 KiB page), which 200 characters of up to 4 UTF-8 bytes each (800) stay far below.
+
+#: Longest name a request gives (task, step, action, progress step, idempotency key, cursor), in characters.
+MAX_NAME_CHARS = 200
+#: Longest reason a request gives (report, release, cancel, drain), in characters.
+MAX_REASON_CHARS = 1024
+#: Longest label key, and label value, of a device or a selector, in characters.
+MAX_LABEL_CHARS = 256
+#: Most labels a device or a selector has.
+MAX_LABELS = 100
+#: Longest version a host gives for its agent, in characters.
+MAX_VERSION_CHARS = 200
+#: Longest opaque cursor a reply hands out and a request gives back (an artifact's holds its name), in characters.
+MAX_CURSOR_CHARS = 4096
+#: Longest free-form JSON object a request keeps with a task (`metadata`), in bytes of compact UTF-8 JSON.
+MAX_METADATA_BYTES = 64 * 1024
+
+#: The validation context of a value read back (a view built from the store, a reply decoded): the request
+#: bounds below are not applied to it. They guard what a request may bring; a row stored before a bound
+#: existed (or was tightened) must still be shown, or one old task would make every page that lists it fail.
+STORED = {"stored": True}
+
+
+def _requested(info: ValidationInfo) -> bool:
+    return not (isinstance(info.context, dict) and info.context.get("stored"))
+
+
+def _max_chars(limit: int) -> Callable[[str, ValidationInfo], str]:
+    def check(value: str, info: ValidationInfo) -> str:
+        if len(value) > limit and _requested(info):
+            raise PydanticCustomError(
+                "string_too_long", "String should have at most {max_length} characters", {"max_length": limit}
+            )
+        return value
+
+    return check
+
+
+def _max_items(limit: int) -> Callable[[dict[str, str], ValidationInfo], dict[str, str]]:
+    def check(value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if len(value) > limit and _requested(info):
+            raise PydanticCustomError(
+                "too_long", "Object should have at most {max_length} items", {"max_length": limit}
+            )
+        return value
+
+    return check
+
+
+def _str_schema(limit: int, min_length: int = 0) -> WithJsonSchema:
+    schema: dict[str, Any] = {"type": "string", "maxLength": limit}
+    if min_length:
+        schema["minLength"] = min_length
+    return WithJsonSchema(schema)
+
+
+#: A name a request gives: 1 to `MAX_NAME_CHARS` characters.
+ShortName = Annotated[
+    str,
+    StringConstraints(min_length=1),
+    AfterValidator(_max_chars(MAX_NAME_CHARS)),
+    _str_schema(MAX_NAME_CHARS, min_length=1),
+]
+
+#: An opaque cursor (`next` of a reply, `after` of the next request): 1 to `MAX_CURSOR_CHARS` characters.
+Cursor = Annotated[
+    str,
+    StringConstraints(min_length=1),
+    AfterValidator(_max_chars(MAX_CURSOR_CHARS)),
+    _str_schema(MAX_CURSOR_CHARS, min_length=1),
+]
+
+#: A reason a request gives: at most `MAX_REASON_CHARS` characters.
+Reason = Annotated[str, AfterValidator(_max_chars(MAX_REASON_CHARS)), _str_schema(MAX_REASON_CHARS)]
+
+#: A label key or value: at most `MAX_LABEL_CHARS` characters.
+LabelText = Annotated[str, AfterValidator(_max_chars(MAX_LABEL_CHARS)), _str_schema(MAX_LABEL_CHARS)]
+
+#: The labels of a device or selector: at most `MAX_LABELS` pairs of `LabelText`.
+Labels = Annotated[
+    dict[LabelText, LabelText],
+    AfterValidator(_max_items(MAX_LABELS)),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "maxProperties": MAX_LABELS,
+            "propertyNames": {"maxLength": MAX_LABEL_CHARS},
+            "additionalProperties": {"type": "string", "maxLength": MAX_LABEL_CHARS},
+        }
+    ),
+]
+
+
+def _json_bytes(value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+    if not _requested(info):
+        return value
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    if size > MAX_METADATA_BYTES:
+        raise PydanticCustomError(
+            "json_too_large",
+            "the object is {size} bytes of JSON, above the limit of {limit}",
+            {"size": size, "limit": MAX_METADATA_BYTES},
+        )
+    return value
+
+
+#: `JsonObject` of at most `MAX_METADATA_BYTES` bytes of compact JSON (task metadata).
+BoundedJsonObject = Annotated[JsonObject, AfterValidator(_json_bytes)]
+
 
 class WireModel(BaseModel):
     """Common configuration: strict types, immutable values, no unknown fields, field docstrings."""
@@ -131,7 +246,7 @@ class WireModel(BaseModel):
         """
         # Lax, because the value is typed Python (tuples and mappings where the model has lists and dicts),
         # not JSON from a peer: the strictness that guards decoding has nothing to guard here.
-        return cls.model_validate(value, from_attributes=True, strict=False)
+        return cls.model_validate(value, from_attributes=True, strict=False, context=STORED)
 
 
 class RequestModel(WireModel):

@@ -1,13 +1,16 @@
 """The one place where bytes become models and models become bytes, and errors become replies.
 
 `decode` is stricter than a plain `json.loads`: the protocol rejects duplicate keys, NaN/Infinity and
-non-objects, which Python's and pydantic's parsers would silently accept (last key wins, NaN is a float).
+non-objects, which Python's and pydantic's parsers would silently accept (last key wins, NaN is a float),
+and text the store cannot keep (NUL, lone surrogates: `devsched.core.text`), which would otherwise fail
+in Postgres, after the request was accepted, as an `internal` error.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, NoReturn, TypeVar
 
@@ -21,11 +24,14 @@ from devsched.core.errors import (
     Internal,
     InvalidRequest,
     NotFound,
+    StorageFull,
     TooLarge,
     TooManyRequests,
     Unavailable,
 )
-from devsched.protocol.base import ReplyModel
+from devsched.core.text import RULE as UNSTORABLE_RULE
+from devsched.core.text import unstorable_paths
+from devsched.protocol.base import STORED, ReplyModel
 from devsched.protocol.events import ErrorBody, ErrorDetail
 
 M = TypeVar("M", bound=BaseModel)
@@ -48,6 +54,7 @@ _BY_STATUS: dict[int, type[DevschedError]] = {
     413: TooLarge,
     429: TooManyRequests,
     503: Unavailable,
+    507: StorageFull,
 }
 
 
@@ -77,6 +84,11 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+#: The JSON escapes that give text Postgres cannot keep: `\u0000` and a surrogate `\ud800`..`\udfff` (hex in
+#: any case). Raw NUL is not JSON and raw UTF-8 holds no surrogate, so a body without one of these escapes is
+#: storable and is not walked; with one (a proper surrogate pair too), the parsed body is.
+_SUSPECT_ESCAPE = re.compile(r"\\u(?:0000|[dD][89a-fA-F][0-9a-fA-F]{2})")
+
 #: The protocol's strict parser, made once: `json.loads` with hooks builds a decoder and its scanner on
 #: every call, a good part of decoding a small request.
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite_float)
@@ -98,11 +110,27 @@ def _body_error(message: str) -> InvalidRequest:
 
 
 def schema_errors(exc: ValidationError) -> list[dict[str, str]]:
-    """Pydantic's errors as `{"path": "plan.steps.0.action", "message": ...}` (the protocol's shape)."""
-    return [
-        {"path": ".".join(str(part) for part in e["loc"]), "message": e["msg"]}
-        for e in exc.errors(include_url=False, include_input=False)
-    ]
+    """Pydantic's errors as `{"path": "plan.steps.0.action", "message": ...}` (the protocol's shape).
+
+    An error in an object's key is at `<object>.<key>` (pydantic's location repeats the refused key itself).
+    """
+    return [{"path": _path(e["loc"]), "message": e["msg"]} for e in exc.errors(include_url=False, include_input=False)]
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    if len(loc) >= 2 and loc[-1] == "[key]":
+        loc = (*loc[:-2], "<key>")
+    return ".".join(str(part) for part in loc)
+
+
+def _refuse_unstorable(parsed: dict[str, Any]) -> None:
+    """Refuse a body holding text the store cannot keep, naming each place and the rule, never the value."""
+    try:
+        paths = [".".join(path) for path in unstorable_paths(parsed)]
+    except RecursionError:  # nested deeper than the walk can go, though the parser took it
+        raise _body_error("body is not acceptable JSON: RecursionError") from None
+    if paths:
+        raise _invalid([{"path": path, "message": UNSTORABLE_RULE} for path in paths])
 
 
 def _extra(model_type: type[BaseModel]) -> Literal["ignore"] | None:
@@ -114,13 +142,15 @@ def decode(model_type: type[M], data: bytes) -> M:
     """Parse and validate `data` as `model_type`.
 
     A `ReplyModel` (reply, stream message, error body) ignores unknown fields at any depth; anything
-    else, requests in particular, rejects them.
+    else, requests in particular, rejects them, and text the store cannot keep (a log record's output may
+    hold a NUL: it goes to a stream, never to the store).
 
     An empty body reads as `{}`, so endpoints without required fields work from the NATS CLI with `''`.
 
     Raises:
-        InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, or a schema
-            error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
+        InvalidRequest: not UTF-8, not JSON, not an object, a duplicate key, NaN/Infinity, text the store
+            cannot keep (a NUL or a lone surrogate in any key or string, at any depth, of a request), or a
+            schema error; `details["errors"]` lists `{"path", "message"}`, path `""` meaning the whole body.
     """
     try:
         text = data.decode("utf-8")
@@ -141,10 +171,14 @@ def decode(model_type: type[M], data: bytes) -> M:
         raise _body_error(f"body is not acceptable JSON: {type(exc).__name__}") from None
     if not isinstance(parsed, dict):
         raise _body_error(f"body must be a JSON object, not {type(parsed).__name__}")
+    if "\\u" in text and _SUSPECT_ESCAPE.search(text) is not None and not issubclass(model_type, ReplyModel):
+        _refuse_unstorable(parsed)
     # Validate the original text in JSON mode: strict types then accept RFC 3339 strings for timestamps
     # and UUID strings for ids, which Python-mode strict validation of `parsed` would refuse.
     try:
-        return model_type.model_validate_json(text, extra=_extra(model_type))
+        extra = _extra(model_type)
+        # A reply shows what the server stored, which may predate a request bound: only requests are bounded.
+        return model_type.model_validate_json(text, extra=extra, context=STORED if extra else None)
     except ValidationError as exc:
         errors = schema_errors(exc)
         raise _invalid(errors) from None
@@ -156,12 +190,37 @@ def from_jsonable(model_type: type[M], value: Mapping[str, Any]) -> M:
     For a JSONB column or an outbox row: strict Python-mode validation would refuse the timestamp and
     UUID strings of parsed JSON, so this validates leniently. Never use it for input from the wire.
     """
-    return model_type.model_validate(value, strict=False, extra=_extra(model_type))
+    return model_type.model_validate(value, strict=False, extra=_extra(model_type), context=STORED)
 
 
 def encode(model: BaseModel) -> bytes:
     """Compact JSON of `model`; null fields are written, as the protocol shows them."""
     return model.model_dump_json(exclude_none=False).encode()
+
+
+#: Most field paths a refusal's log line names, and the longest of them (paths name submitted keys too).
+MAX_LOGGED_PATHS = 10
+MAX_LOGGED_PATH_CHARS = 120
+
+
+def refusal_log_fields(err: DevschedError) -> dict[str, Any]:
+    """What a log line may say of an error reply: its code, its status and the paths of the fields refused.
+
+    `paths` is one string, the paths separated by spaces (`<body>` for the body as a whole).
+
+    Never the message: messages may quote what was submitted (a schema error quotes the bad value, a
+    plug-in's jsonschema message a mistyped argument, which may be a token), and a log is read by more
+    people, kept longer and shipped further than the reply that went to the one who sent it.
+    """
+    fields: dict[str, Any] = {"error": err.code, "status": err.status}
+    errors = err.details.get("errors")
+    if isinstance(errors, list) and errors:
+        fields["paths"] = " ".join(
+            str(e.get("path", ""))[:MAX_LOGGED_PATH_CHARS] or "<body>"
+            for e in errors[:MAX_LOGGED_PATHS]
+            if isinstance(e, dict)
+        )
+    return fields
 
 
 def _header_text(text: str) -> str:

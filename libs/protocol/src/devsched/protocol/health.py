@@ -11,15 +11,15 @@ from pydantic import Field, field_validator
 
 from devsched.core.health import HEALTH_INTERVAL_DEFAULT_S
 from devsched.core.limits import TIMEOUT_MAX_S
-from devsched.protocol.base import Name, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.base import Labels, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, refuse_reserved_labels
 
 
 class HealthSelector(RequestModel):
     """Which devices a check applies to: those whose labels contain these pairs (every device when empty)."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
-    """A device matches when its labels contain every one of these pairs."""
+    labels: Labels = Field(default_factory=dict)
+    """A device matches when its labels contain every one of these pairs (bounded as a task's selector)."""
 
     _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
 
@@ -55,14 +55,20 @@ class HealthCheckView(ReplyModel):
 
 
 class HealthCheckListRequest(RequestModel):
-    """`P.api.health.list`: every check in force. Takes no fields."""
+    """`P.api.health.list`: every check in force, by name."""
+
+    after: Token | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: the `next` of the previous reply: only checks after it; left out when null."""
 
 
 class HealthCheckListReply(ReplyModel):
     """The checks, by name."""
 
     checks: list[HealthCheckView]
-    """Every check in force."""
+    """Every check in force (up to `next`)."""
+    next: str | None = None
+    """Addition: set when the checks left would make the reply larger than NATS's `max_payload`: pass it as
+    `after` for the rest; null when every check is listed."""
 
 
 class HealthCheckDeleteRequest(RequestModel):

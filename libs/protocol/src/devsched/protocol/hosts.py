@@ -1,14 +1,26 @@
-"""Hosts and devices: `P.api.hosts.list|drain`, `P.api.devices.drain`, `P.host.<id>.register|heartbeat`."""
+"""Hosts and devices: `P.api.hosts.list|drain`, `P.api.devices.drain|forget|label`, `P.host.<id>.register|heartbeat`."""
 
 from __future__ import annotations
 
 from collections import Counter
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from devsched.core.status import DeviceState
-from devsched.protocol.base import JsonObject, Lax, Name, ReplyModel, RequestModel, Seconds, Timestamp, Token
+from devsched.protocol.base import (
+    MAX_VERSION_CHARS,
+    JsonObject,
+    Labels,
+    Lax,
+    Name,
+    Reason,
+    ReplyModel,
+    RequestModel,
+    Seconds,
+    Timestamp,
+    Token,
+)
 from devsched.protocol.plans import refuse_reserved_labels
 
 #: Most actions a host may advertise.
@@ -16,10 +28,17 @@ MAX_ACTIONS = 100
 #: Longest action name and version a host may advertise, in characters.
 MAX_ACTION_NAME_CHARS = 200
 MAX_ACTION_VERSION_CHARS = 100
+#: Longest reason an operator may give for forgetting a device, in characters.
+MAX_FORGET_REASON_CHARS = 1000
+#: Most labels one `devices.label` request may pin or unpin.
+MAX_OPERATOR_LABELS = 100
 
 
 class HostsListRequest(RequestModel):
-    """`P.api.hosts.list`: every registered host with its devices. Takes no fields."""
+    """`P.api.hosts.list`: every registered host with its devices, by host id."""
+
+    after: Token | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Addition: the `next` of the previous reply: only hosts after it; left out when null."""
 
 
 class DeviceView(ReplyModel):
@@ -45,6 +64,9 @@ class DeviceView(ReplyModel):
     """When it was quarantined (an addition)."""
     infra_failures: int = 0
     """Its consecutive infrastructure failures so far (an addition); a success resets it."""
+    operator_labels: dict[str, str] = Field(default_factory=dict)
+    """The labels an operator pinned (`P.api.devices.label`, an addition); `labels` shows them too, where
+    they win over the host's."""
 
 
 class ActionView(ReplyModel):
@@ -78,7 +100,10 @@ class HostsListReply(ReplyModel):
     """Answer to a hosts list."""
 
     hosts: list[HostView]
-    """Every registered host."""
+    """Every registered host, by host id (up to `next`)."""
+    next: str | None = None
+    """Addition: set when the hosts left would make the reply larger than NATS's `max_payload`: pass it as
+    `after` for the rest; null when every host is listed."""
 
 
 class DrainRequest(RequestModel):
@@ -89,8 +114,8 @@ class DrainRequest(RequestModel):
     drained: bool = True
     """True: no new work goes to it (a running attempt goes on); false: back in service, which also lifts
     a quarantine."""
-    reason: str | None = None
-    """Why, for other operators."""
+    reason: Reason | None = None
+    """Why, for other operators. At most 1024 characters."""
 
 
 class HostDrainRequest(RequestModel):
@@ -104,8 +129,8 @@ class HostDrainRequest(RequestModel):
     """The host."""
     drained: bool = True
     """True: drain the host's devices and tell its agent; false: return them to service."""
-    reason: str | None = None
-    """Why, for other operators (kept as each device's `drain_reason`)."""
+    reason: Reason | None = None
+    """Why, for other operators (kept as each device's `drain_reason`). At most 1024 characters."""
 
 
 class DeviceDrainView(ReplyModel):
@@ -133,6 +158,74 @@ class DeviceDrainView(ReplyModel):
     """When it was quarantined (an addition)."""
     infra_failures: int = 0
     """Its consecutive infrastructure failures so far (an addition); a success resets it."""
+    operator_labels: dict[str, str] = Field(default_factory=dict)
+    """The labels an operator pinned (`P.api.devices.label`, an addition); `labels` shows them too, where
+    they win over the host's."""
+
+
+class ForgetDeviceRequest(RequestModel):
+    """`P.api.devices.forget` (an addition): free a device from the host that registered it.
+
+    A device id belongs to the host that first registered it; another host's registration naming it is
+    refused (`device_conflict`) until an operator frees it. Refused (`conflict`) while it runs an attempt
+    or is in its grace after an expired one.
+    """
+
+    device_id: Token
+    """The device."""
+    reason: str = Field(min_length=1, max_length=MAX_FORGET_REASON_CHARS)
+    """Why, kept in the audit record."""
+
+
+class DeviceForgottenView(ReplyModel):
+    """Answer to a forget (an addition): what was freed, and the audit record of it."""
+
+    device_id: Token
+    """The device."""
+    host_id: Token
+    """The host it belonged to; the next host that registers it owns it."""
+    freed_at: Timestamp
+    """When it was freed (a repeated forget answers the first one)."""
+    reason: str
+    """The reason given."""
+    actor: str
+    """Who freed it: `operator-api` (the operator endpoint; there are no operator identities yet)."""
+    audit_id: int
+    """The audit record's id."""
+
+
+class LabelDeviceRequest(RequestModel):
+    """`P.api.devices.label` (an addition): pin operator labels on a device, or unpin them.
+
+    Operator labels are kept apart from the host's and win: a host's registration can neither override
+    nor remove them. Selectors match the effective labels, the host's overlaid by the operator's.
+    """
+
+    device_id: Token
+    """The device."""
+    labels: dict[str, str] = Field(default_factory=dict, max_length=MAX_OPERATOR_LABELS)
+    """Labels to pin (a pinned key gets the new value)."""
+    unset: list[Name] = Field(default_factory=list, max_length=MAX_OPERATOR_LABELS)
+    """Keys to unpin: the host's value, if it asserts one, shows again."""
+
+    _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
+
+    @field_validator("unset")
+    @classmethod
+    def _no_reserved_keys(cls, unset: list[str], info: ValidationInfo) -> list[str]:
+        refuse_reserved_labels(dict.fromkeys(unset, ""))
+        both = sorted(set(info.data.get("labels") or ()) & set(unset))
+        if both:
+            raise PydanticCustomError(
+                "label_set_and_unset", "a key is either set or unset, not both: {keys}", {"keys": ", ".join(both)}
+            )
+        return unset
+
+    @model_validator(mode="after")
+    def _something(self) -> LabelDeviceRequest:
+        if not self.labels and not self.unset:
+            raise PydanticCustomError("nothing_to_label", "give labels to set or keys to unset", {})
+        return self
 
 
 class DeviceRegistration(RequestModel):
@@ -140,8 +233,8 @@ class DeviceRegistration(RequestModel):
 
     device_id: Token
     """Unique across all hosts (another host's id: `device_conflict`)."""
-    labels: dict[str, str] = Field(default_factory=dict)
-    """What selectors match against."""
+    labels: Labels = Field(default_factory=dict)
+    """What selectors match against: at most 100, keys and values at most 256 characters each."""
 
     _no_reserved_labels = field_validator("labels")(refuse_reserved_labels)
 
@@ -162,8 +255,8 @@ class RegisterRequest(RequestModel):
 
     devices: list[DeviceRegistration] = Field(default_factory=list)
     """May be empty; device ids are unique within the request."""
-    agent_version: str | None = None
-    """The agent's version, for operators."""
+    agent_version: str | None = Field(default=None, max_length=MAX_VERSION_CHARS)
+    """The agent's version, for operators. At most 200 characters."""
     actions: list[ActionOffer] | None = Field(default=None, max_length=MAX_ACTIONS)
     """Every action the agent runs, built-ins included (an addition). Null (an agent that predates plug-ins):
     the built-ins only. Each plug-in among them becomes a reserved label on every device of the host."""

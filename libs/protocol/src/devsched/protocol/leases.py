@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from devsched.core.status import Outcome, TaskStatus
-from devsched.protocol.base import Id, Lax, ReplyModel, RequestModel, Timestamp
+from devsched.protocol.base import Id, Lax, Reason, ReplyModel, RequestModel, Timestamp
 from devsched.protocol.events import Assignment
 from devsched.protocol.plans import Progress, RunResult
 
@@ -56,8 +56,8 @@ class ReportRequest(LeaseRequest):
 
     outcome: Lax[Outcome]
     """`done`, `failed`, or `cancelled` (only when the host stopped for a cancellation request)."""
-    reason: str | None = None
-    """The agent's explanation, kept as the task's `reason`."""
+    reason: Reason | None = None
+    """The agent's explanation, kept as the task's `reason`. At most 1024 characters."""
     result: RunResult | None = None
     """Every step of the plan in order with its status."""
     take_next: bool = Field(default=False, exclude_if=lambda take: not take)
@@ -106,8 +106,8 @@ class ReleaseRequest(LeaseRequest):
     step boundary, or killed), so the device is free at once and the task is queued again.
     """
 
-    reason: str | None = None
-    """Why the host gives it back (`agent shutting down`, ...), kept on the attempt."""
+    reason: Reason | None = None
+    """Why the host gives it back (`agent shutting down`, ...), kept on the attempt. At most 1024 characters."""
     result: RunResult | None = None
     """The steps so far, as in a report (the ones not run are `skipped`)."""
 

@@ -45,15 +45,18 @@ from devsched.protocol.hosts import (
     ActionOffer,
     ActionView,
     DeviceDrainView,
+    DeviceForgottenView,
     DeviceRegistration,
     DeviceView,
     DrainRequest,
+    ForgetDeviceRequest,
     HeartbeatReply,
     HeartbeatRequest,
     HostDrainRequest,
     HostsListReply,
     HostsListRequest,
     HostView,
+    LabelDeviceRequest,
     RegisterReply,
     RegisterRequest,
 )
@@ -98,6 +101,7 @@ from devsched.protocol.tasks import (
     SubmitRequest,
     TaskSummary,
     TaskView,
+    TrimmedField,
 )
 
 __all__ = [
@@ -117,6 +121,7 @@ __all__ = [
     "DataEncoding",
     "DeviceDrainView",
     "DeviceEventMessage",
+    "DeviceForgottenView",
     "DeviceRegistration",
     "DeviceView",
     "DrainNotice",
@@ -124,6 +129,7 @@ __all__ = [
     "ErrorBody",
     "ErrorDetail",
     "FailedTest",
+    "ForgetDeviceRequest",
     "GetTaskRequest",
     "HandedAttempt",
     "HealthCheckDeleteRequest",
@@ -140,6 +146,7 @@ __all__ = [
     "HostsListRequest",
     "Id",
     "JsonObject",
+    "LabelDeviceRequest",
     "LeaseReply",
     "LeaseRequest",
     "ListArtifactsReply",
@@ -182,6 +189,7 @@ __all__ = [
     "TaskView",
     "Timestamp",
     "Token",
+    "TrimmedField",
     "WireModel",
     "format_timestamp",
 ]

@@ -12,13 +12,17 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from devsched.core.actions import is_reserved
 from devsched.protocol.artifacts import StepArtifacts
-from devsched.protocol.base import JsonObject, Lax, Name, RequestModel, Seconds, Timestamp, Token
+from devsched.protocol.base import JsonObject, Labels, Lax, Name, RequestModel, Seconds, ShortName, Timestamp, Token
 
 #: Most steps a plan may have.
 MAX_STEPS = 100
 #: Longest path of a step's results file (`results.junit`), in characters; each part of it at most 255.
 MAX_RESULTS_PATH_CHARS = 1024
 _MAX_PATH_PART_CHARS = 255
+#: Longest working directory of a `shell` step, in characters (Linux's PATH_MAX is 4096 bytes).
+MAX_CWD_CHARS = 4096
+#: Longest output tail of a step result, in characters (the agent sends the last 4 KiB of a shell step's output).
+MAX_OUTPUT_TAIL_CHARS = 64 * 1024
 #: Most failing tests a results summary names (the counts cover them all).
 MAX_FAILED_LISTED = 20
 #: Longest test name or class name in a results summary, in characters (longer ones are cut).
@@ -40,7 +44,7 @@ class ShellArgs(RequestModel):
     """The shell command line to run."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables, on top of the device's `env` and the `DEVSCHED_*` ones."""
-    cwd: str | None = None
+    cwd: str | None = Field(default=None, max_length=MAX_CWD_CHARS)
     """Working directory; the attempt's own directory when null."""
 
     @field_validator("env")
@@ -105,10 +109,10 @@ class ResultFiles(RequestModel):
 class Step(RequestModel):
     """One step of a plan."""
 
-    name: Name
-    """Unique within the plan; reported back in progress and results."""
-    action: Name
-    """`shell`, `sleep`, `noop`, or a plugged-in action."""
+    name: ShortName
+    """Unique within the plan; reported back in progress and results. At most 200 characters."""
+    action: ShortName
+    """`shell`, `sleep`, `noop`, or a plugged-in action. At most 200 characters."""
     args: JsonObject = Field(default_factory=dict, validate_default=True)
     """Arguments of the action; checked here for the built-in actions so a typo fails at submit."""
     timeout_s: Seconds = 3600.0
@@ -197,8 +201,9 @@ class Plan(RequestModel):
 class Selector(RequestModel):
     """Which devices a task may run on. The default matches any device."""
 
-    labels: dict[str, str] = Field(default_factory=dict)
-    """A device matches when its labels contain every one of these pairs."""
+    labels: Labels = Field(default_factory=dict)
+    """A device matches when its labels contain every one of these pairs (at most 100, keys and values at most
+    256 characters each)."""
     device_id: Token | None = None
     """Names one device, when set."""
 
@@ -208,7 +213,7 @@ class Selector(RequestModel):
 class Progress(RequestModel):
     """Where a running attempt is: the step it is at, by name and position."""
 
-    step: Name
+    step: ShortName
     """Name of the current step."""
     index: int = Field(ge=0)
     """0-based position of the step in the plan."""
@@ -251,7 +256,7 @@ class FailedTest(RequestModel):
 class ResultsSummary(RequestModel):
     """What a step's results file says, in numbers and the first failing tests (an addition)."""
 
-    format: Name
+    format: ShortName
     """The file's format: `junit`."""
     tests: int = Field(default=0, ge=0)
     """Test cases run, failing and skipped ones included."""
@@ -270,7 +275,7 @@ class ResultsSummary(RequestModel):
 class StepResult(RequestModel):
     """The result of one step, as the agent reports it."""
 
-    name: Name
+    name: ShortName
     """The step's name, in plan order."""
     status: Lax[StepStatus]
     """`done`, `failed`, `timed_out`, `interrupted` or `skipped`."""
@@ -280,8 +285,8 @@ class StepResult(RequestModel):
     """When the step started; null when skipped."""
     finished_at: Timestamp | None = None
     """When the step ended; null when skipped."""
-    output_tail: str | None = None
-    """The last part of the step's combined output."""
+    output_tail: str | None = Field(default=None, max_length=MAX_OUTPUT_TAIL_CHARS)
+    """The last part of the step's combined output (at most 64 KiB characters)."""
     results: ResultsSummary | None = Field(default=None, exclude_if=_unless_none)
     """Addition: the summary of the step's `results` file, for a step that declared one and ran."""
     artifacts: StepArtifacts | None = Field(default=None, exclude_if=_unless_none)

@@ -102,6 +102,16 @@ class Subjects:
         return f"{self.prefix}.api.devices.drain"
 
     @property
+    def devices_forget(self) -> str:
+        """`P.api.devices.forget` (an addition): free a device from its host; operators only."""
+        return f"{self.prefix}.api.devices.forget"
+
+    @property
+    def devices_label(self) -> str:
+        """`P.api.devices.label` (an addition): pin or unpin operator labels on a device; operators only."""
+        return f"{self.prefix}.api.devices.label"
+
+    @property
     def hosts_drain(self) -> str:
         """`P.api.hosts.drain` (an addition): drain every device of a host and tell its agent."""
         return f"{self.prefix}.api.hosts.drain"
@@ -268,13 +278,45 @@ class Subjects:
 
     @property
     def logs_stream(self) -> str:
-        """`<PU>_LOGS` (an addition), e.g. `DEVSCHED_LOGS`: step output, `P.host.*.log.>`."""
+        """`<PU>_LOGS` (an addition), e.g. `DEVSCHED_LOGS`: step output of earlier versions.
+
+        Before the per-host streams (`host_logs_stream`); retired to `retired_logs`, read until its records age out.
+        """
         return f"{self._stream_prefix}_LOGS"
 
     @property
     def uploads_stream(self) -> str:
-        """`<PU>_UPLOADS` (an addition): artifact chunks on their way in, `P.host.*.upload.>` (short-lived)."""
+        """`<PU>_UPLOADS` (an addition): artifact chunks of earlier versions.
+
+        Before the per-host streams (`host_uploads_stream`); retired to `retired_uploads`.
+        """
         return f"{self._stream_prefix}_UPLOADS"
+
+    def host_logs_stream(self, host_id: str) -> str:
+        """`<PU>_LOGS_<host_id>` (an addition): one host's step output, `P.host.<host_id>.log.>`.
+
+        One stream a host, so that its byte share is the stream's `max_bytes`: JetStream limits a stream or
+        an exact subject, never a subject prefix, and a host flooding its own stream evicts only its own.
+        """
+        return f"{self._stream_prefix}_LOGS_{_require_token('host id', host_id)}"
+
+    def host_uploads_stream(self, host_id: str) -> str:
+        """`<PU>_UPLOADS_<host_id>` (an addition): one host's artifact chunks, `P.host.<host_id>.upload.>`."""
+        return f"{self._stream_prefix}_UPLOADS_{_require_token('host id', host_id)}"
+
+    @property
+    def retired_logs(self) -> str:
+        """`P.retired.logs`: the one subject of the retired shared `<PU>_LOGS` (nobody publishes to it).
+
+        Its records stay readable (a consumer's filter need not be among the stream's subjects) until they
+        age out; the per-host streams then own `P.host.<host_id>.log.>`.
+        """
+        return f"{self.prefix}.retired.logs"
+
+    @property
+    def retired_uploads(self) -> str:
+        """`P.retired.uploads`: the one subject of the retired shared `<PU>_UPLOADS`."""
+        return f"{self.prefix}.retired.uploads"
 
     @property
     def artifacts_bucket(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from devsched.core.limits import (
@@ -20,7 +22,19 @@ from devsched.core.limits import (
 )
 from devsched.core.status import AttemptStatus, EndReason, TaskKind, TaskStatus
 from devsched.protocol.artifacts import ArtifactView
-from devsched.protocol.base import Id, JsonObject, Lax, Name, ReplyModel, RequestModel, Timestamp, Token
+from devsched.protocol.base import (
+    BoundedJsonObject,
+    Cursor,
+    Id,
+    JsonObject,
+    Lax,
+    Reason,
+    ReplyModel,
+    RequestModel,
+    ShortName,
+    Timestamp,
+    Token,
+)
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
 from devsched.protocol.policies import Limit, RetryPolicy
 
@@ -31,11 +45,21 @@ def _unless_none(value: object) -> bool:
     return value is None
 
 
+def _unless_empty(value: list[str] | None) -> bool:
+    return not value
+
+
+#: A large field of a task that a reply may cut to fit (see `TaskSummary.truncated`): `metadata` (left
+#: empty), `result` (each step's `output_tail` cut to its end, or left out), `attempts` (each attempt's
+#: `result` left out), `artifacts` (the list left empty: `P.api.tasks.artifacts` pages it).
+TrimmedField = Literal["metadata", "result", "attempts", "artifacts"]
+
+
 class SubmitRequest(RequestModel):
     """`P.api.tasks.submit`: a new task. Only `plan` is required."""
 
-    name: Name | None = None
-    """A label for people; not unique."""
+    name: ShortName | None = None
+    """A label for people; not unique. At most 200 characters."""
     selector: Selector = Field(default_factory=Selector)
     """Which devices may run it; any device by default."""
     plan: Plan
@@ -46,10 +70,10 @@ class SubmitRequest(RequestModel):
     """How many attempts (leases) the task may use before a lease expiry fails it."""
     lease_ttl_s: int = Field(default=LEASE_TTL_DEFAULT_S, ge=LEASE_TTL_MIN_S, le=LEASE_TTL_MAX_S)
     """How long a lease lasts without renewal, in whole seconds."""
-    idempotency_key: Name | None = None
-    """A repeated key returns the existing task with `created: false` and creates nothing."""
-    metadata: JsonObject = Field(default_factory=dict)
-    """Free-form data kept with the task."""
+    idempotency_key: ShortName | None = None
+    """A repeated key returns the existing task with `created: false` and creates nothing. At most 200 characters."""
+    metadata: BoundedJsonObject = Field(default_factory=dict)
+    """Free-form data kept with the task: at most 64 KiB of compact JSON."""
     retry: RetryPolicy | None = None
     """Addition: which failures are retried, with which backoff; null keeps the behaviour without a policy
     (expiries and releases retried at once, a failed report final)."""
@@ -79,6 +103,9 @@ class GetTaskRequest(RequestModel):
 
     task_id: Id
     """The task to show."""
+    full: list[TrimmedField] | None = Field(default=None, max_length=4, exclude_if=_unless_none)
+    """Addition: fields to show whole even in a view too large for one reply (the others are cut first to
+    make room); a view that still does not fit is answered `reply_too_large`. Left out when null."""
 
 
 class AttemptView(ReplyModel):
@@ -168,6 +195,9 @@ class TaskSummary(ReplyModel):
     """Addition (issue 13): `user`, or `health`: a health check the scheduler ran on one device."""
     health_device_id: str | None = Field(default=None, exclude_if=_unless_none)
     """Addition: the device a `health` task checks; left out for user tasks."""
+    truncated: list[TrimmedField] = Field(default_factory=list, exclude_if=_unless_empty)
+    """Addition: the fields cut so that the reply fits NATS's `max_payload` (a list cuts `metadata` and
+    `result` above a few KiB); `P.api.tasks.get` with `full` shows them whole. Left out when nothing is cut."""
 
 
 class TaskView(TaskSummary):
@@ -186,7 +216,7 @@ class ListTasksRequest(RequestModel):
     """Only tasks in this status; all statuses when null."""
     limit: int = Field(default=LIST_LIMIT_DEFAULT, ge=LIST_LIMIT_MIN, le=LIST_LIMIT_MAX)
     """Page size, 1 to 1000."""
-    after: Name | None = None
+    after: Cursor | None = None
     """The `next` cursor of the previous page; null for the first page."""
     kind: Lax[TaskKind] | None = Field(default=None, exclude_if=_unless_none)
     """Addition (issue 13): only `user` tasks or only `health` tasks; both when null (left out)."""
@@ -200,7 +230,8 @@ class ListTasksReply(ReplyModel):
     tasks: list[TaskSummary]
     """The page, newest first."""
     next: str | None = None
-    """Opaque cursor for the next page; null on the last page."""
+    """Opaque cursor for the next page; null on the last page. A page also ends early, with a cursor, when
+    one more task would make the reply larger than NATS's `max_payload` (an addition)."""
 
 
 class CancelRequest(RequestModel):
@@ -208,8 +239,8 @@ class CancelRequest(RequestModel):
 
     task_id: Id
     """The task to cancel."""
-    reason: str | None = None
-    """Kept on the cancellation request and carried by the `cancel_requested` event."""
+    reason: Reason | None = None
+    """Kept on the cancellation request and carried by the `cancel_requested` event. At most 1024 characters."""
 
 
 class CancelReply(ReplyModel):

@@ -23,8 +23,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from pydantic import BaseModel
 
 from devsched.core.backoff import backoff_delay
-from devsched.core.errors import DevschedError, Internal, InvalidRequest, TooLarge
-from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error
+from devsched.core.errors import DevschedError, Internal, InvalidRequest, ReplyTooLarge, TooLarge
+from devsched.protocol.codec import ERROR_HEADER, decode, encode, encode_error, raise_for_error, refusal_log_fields
 from devsched.protocol.schemas import endpoint_schemas
 from devsched.protocol.tracing import extract, inject, messaging_attributes, send_span, span_name, tracer
 
@@ -38,6 +38,14 @@ TypedHandler = Callable[[Req, str], Awaitable[BaseModel]]
 
 #: Default payload limit (`DEVSCHED_MAX_PAYLOAD_BYTES`): below NATS's 1 MiB so the 413 reply is ours.
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
+#: Bytes of a reply's `max_payload` kept for its headers (trace context, error headers): a reply body is
+#: at most `max_payload - REPLY_HEADROOM_BYTES`.
+REPLY_HEADROOM_BYTES = 8 * 1024
+
+
+def reply_limit(nc: Client) -> int:
+    """The largest reply body `nc`'s server carries: its `max_payload` (from INFO) less the headers' room."""
+    return max(1024, nc.max_payload - REPLY_HEADROOM_BYTES)
 
 
 class NoReply(DevschedError):
@@ -111,6 +119,8 @@ def typed_handler(
     *,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     tally: EndpointTally | None = None,
+    max_reply_bytes: Callable[[], int] | None = None,
+    name: str | None = None,
 ) -> Handler:
     """Wrap a model-in, model-out coroutine as a nats-py `micro` endpoint handler.
 
@@ -122,7 +132,12 @@ def typed_handler(
     Error replies are sent by this wrapper, not raised to `micro`, because `micro`'s `ServiceError`
     path sends no body; `tally` (see `EndpointTally`) has `nats micro stats` count them as errors anyway,
     and, when the endpoint hands requests off to tasks, time them from here to the reply.
+
+    A reply is never silence: one larger than `max_reply_bytes()` (see `reply_limit`; read per reply, since
+    a reconnect may change the server) is answered `reply_too_large` (500) naming the endpoint `name`, and a
+    reply NATS refuses to send all the same is answered with that error too.
     """
+    endpoint = name or "endpoint"
 
     async def handle(req: Request) -> None:
         # One coroutine, its span made current by hand: each layer (a second coroutine, the context
@@ -147,6 +162,8 @@ def typed_handler(
                         limit=max_payload_bytes,
                     )
                 reply = encode(await handler(decode(request_type, data), subject))
+                if max_reply_bytes is not None and len(reply) > (limit := max_reply_bytes()):
+                    raise _too_large(endpoint, len(reply), limit)
             except DevschedError as err:
                 _record(span, err)
                 headers, body = encode_error(err)
@@ -162,7 +179,15 @@ def typed_handler(
                 await req.respond(body, headers=headers)
                 error = stats_error(internal, headers)
                 return
-            await req.respond(reply)
+            try:
+                await req.respond(reply)
+            except nats.errors.MaxPayloadError:  # above the server's limit after all (a smaller server)
+                too_large = _too_large(endpoint, len(reply), None)
+                log.warning("reply of %s not sent: above the server's max_payload", endpoint)
+                _record(span, too_large)
+                headers, body = encode_error(too_large)
+                await req.respond(body, headers=headers)
+                error = stats_error(too_large, headers)
         except Exception as exc:  # the reply could not be sent: recorded as `use_span` would (not a cancellation)
             if recording:
                 span.record_exception(exc)
@@ -177,14 +202,26 @@ def typed_handler(
     return handle
 
 
+def _too_large(endpoint: str, size: int, limit: int | None) -> ReplyTooLarge:
+    return ReplyTooLarge(
+        f"the reply of {endpoint} is {size} bytes, more than the NATS server carries; ask for a smaller page or view",
+        endpoint=endpoint,
+        size=size,
+        limit=limit,
+    )
+
+
 def stats_error(err: DevschedError, headers: Mapping[str, str] | None = None) -> str:
     """The `last_error` of `nats micro stats` for an error reply: `"<status>:<code> <message>"`.
 
     micro's own form is `"<Nats-Service-Error-Code>:<Nats-Service-Error>"` (`404:no such task`); the
     protocol's machine code goes between, so that `409:lease_expired ...` reads at a glance. The message is
-    the header's (one line, at most 200 characters), never more than the reply itself said.
+    the header's (one line, at most 200 characters), never more than the reply itself said; for an error
+    naming fields (`details.errors`), their paths instead (`400:invalid_request metadata.k`): its message may
+    quote the value sent, and the stats are read by every operator, not only by the one who sent it.
     """
-    message = (headers or encode_error(err)[0]).get(ERROR_HEADER, "")
+    paths = refusal_log_fields(err).get("paths")
+    message = paths if paths is not None else (headers or encode_error(err)[0]).get(ERROR_HEADER, "")
     return f"{err.status}:{err.code} {message}".rstrip()
 
 
@@ -209,6 +246,7 @@ async def add_typed_endpoint(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     hand_off: HandOff | None = None,
     reply_type: type[BaseModel] | None = None,
+    max_reply_bytes: Callable[[], int] | None = None,
     **endpoint_options: Any,
 ) -> EndpointTally:
     """`service.add_endpoint` with a `typed_handler`, whose error replies `nats micro stats` counts.
@@ -218,11 +256,19 @@ async def add_typed_endpoint(
     shares the load. `hand_off` wraps the typed handler when requests run outside micro's callback (the
     scheduler's dispatcher): the endpoint's processing time then covers each request until its reply.
     With `reply_type`, the endpoint's metadata carries its request and reply JSON Schemas (`schemas`), which
-    `nats micro info` shows. Returns the endpoint's tally (for error replies sent outside the typed handler,
+    `nats micro info` shows. `max_reply_bytes` bounds every reply (see `typed_handler`). Returns the
+    endpoint's tally (for error replies sent outside the typed handler,
     such as a 429).
     """
     tally = EndpointTally(times=hand_off is not None)
-    typed = typed_handler(request_type, handler, max_payload_bytes=max_payload_bytes, tally=tally)
+    typed = typed_handler(
+        request_type,
+        handler,
+        max_payload_bytes=max_payload_bytes,
+        tally=tally,
+        max_reply_bytes=max_reply_bytes,
+        name=subject,
+    )
     if reply_type is not None:
         endpoint_options["metadata"] = {
             **endpoint_schemas(request_type, reply_type),

@@ -3,6 +3,7 @@
 from devsched.store.clock import Clock, DatabaseClock, ManualClock
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.outbox import PublishBatch, Published
+from devsched.store.queries import task_cursor
 from devsched.store.repository import Store
 from devsched.store.views import (
     ActionSpec,
@@ -38,4 +39,5 @@ __all__ = [
     "Submitted",
     "Unclaimed",
     "make_engine",
+    "task_cursor",
 ]

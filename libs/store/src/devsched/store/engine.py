@@ -120,6 +120,8 @@ def make_engine(
         pool_size=pool_size + max_overflow,
         max_overflow=0,
         pool_recycle=1800,
+        # A statement's error must not carry its parameters into a log line: they are submitted values.
+        hide_parameters=True,
         connect_args={
             **extra,
             "timeout": t.connect_s,

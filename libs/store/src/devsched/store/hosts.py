@@ -1,4 +1,8 @@
-"""Hosts and devices: registration, heartbeats, listing, and draining."""
+"""Hosts and devices: registration, heartbeats, listing, and draining.
+
+A device id belongs to the host that first registered it until an operator frees it (`operator_devices`);
+its effective labels, which selectors match, are its host's overlaid by the operator's (`effective_labels`).
+"""
 
 from __future__ import annotations
 
@@ -32,8 +36,18 @@ def device_busy(devices: str = "d") -> str:
     )
 
 
-#: A device its host still lists, or that still runs an attempt: it belongs to that host.
+#: A device its host still lists, or that still runs an attempt: it is listed under that host.
 HELD = f"(d.registered OR {device_busy('d')})"
+
+
+def effective_labels(host: str = "host_labels", operator: str = "operator_labels") -> str:
+    """SQL: the labels selectors match, the host's overlaid by the operator's (an operator's key wins).
+
+    `devices.labels` holds them (`ck_devices_operator_labels_win`), written with this expression wherever
+    either part changes, so that every query that matches labels reads one column.
+    """
+    return f"({host} || {operator})"
+
 
 _UPSERT_HOST = text(
     """
@@ -45,22 +59,28 @@ _UPSERT_HOST = text(
     """
 )
 
-#: Devices named in the registration that another host holds: still listed there, or still running work.
+#: Devices named in the registration that belong to another host: registered there first, and not freed
+#: by an operator since (listed or not, idle or not).
 _TAKEN = text(
-    f"""
+    """
     SELECT d.device_id, d.host_id FROM devices d
-    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id AND {HELD}
+    WHERE d.device_id = ANY(CAST(:ids AS text[])) AND d.host_id <> :host_id AND d.freed_at IS NULL
+    ORDER BY d.device_id
     FOR UPDATE OF d
     """
 )
 
+#: A freed device becomes the registering host's; another host's is refused by `tg_devices_owner_kept` too
+#: (a registration racing the owner's first one loses there, runs again, and meets `_TAKEN`).
 _UPSERT_DEVICES = text(
-    """
-    INSERT INTO devices (device_id, host_id, labels, registered, updated_at)
-    SELECT id, :host_id, CAST(l AS jsonb), true, :now
+    f"""
+    INSERT INTO devices (device_id, host_id, host_labels, labels, registered, updated_at)
+    SELECT id, :host_id, CAST(l AS jsonb), CAST(l AS jsonb), true, :now
     FROM unnest(CAST(:ids AS text[]), CAST(:labels AS text[])) AS u(id, l)
     ON CONFLICT (device_id) DO UPDATE
-    SET host_id = EXCLUDED.host_id, labels = EXCLUDED.labels, registered = true, updated_at = EXCLUDED.updated_at
+    SET host_id = EXCLUDED.host_id, freed_at = NULL, host_labels = EXCLUDED.host_labels,
+        labels = {effective_labels("EXCLUDED.host_labels", "devices.operator_labels")},
+        registered = true, updated_at = EXCLUDED.updated_at
     """
 )
 
@@ -83,18 +103,20 @@ async def register_host(
 ) -> None:
     """Register `host_id` with exactly `devices` and `actions`, replacing its previous lists.
 
-    A dropped device keeps a running attempt until it ends or expires, and gets no new work. A drained
-    device stays drained. A device id another host holds is a conflict, and nothing changes. Each device
-    is stored with the reserved labels of the host's plug-in actions (`devsched.core.actions`).
+    A dropped device keeps a running attempt until it ends or expires, and gets no new work; it stays the
+    host's. A drained device stays drained. A device id that belongs to another host (until an operator
+    frees it: `operator_devices.forget_device`) is a conflict, and nothing changes. Each device's host
+    labels get the reserved labels of the host's plug-in actions (`devsched.core.actions`); operator
+    labels stay and win (`effective_labels`).
 
     Raises:
-        DeviceConflict: a device id is registered by another host.
+        DeviceConflict: a device id belongs to another host.
     """
     ids = [d.device_id for d in devices]
     taken = (await conn.execute(_TAKEN, {"ids": ids, "host_id": host_id})).all()
     if taken:
         raise DeviceConflict(
-            f"device {taken[0].device_id} is registered by host {taken[0].host_id}",
+            f"device {taken[0].device_id} belongs to host {taken[0].host_id} until an operator frees it",
             devices={r.device_id: r.host_id for r in taken},
         )
     offered = [{"name": a.name, "version": a.version, "args_schema": a.args_schema} for a in actions]
@@ -123,7 +145,7 @@ async def register_host(
 
 
 _DEVICE_COLUMNS = f"""
-    d.device_id, d.host_id, d.labels, d.drained, d.drain_reason,
+    d.device_id, d.host_id, d.labels, d.operator_labels, d.drained, d.drain_reason,
     d.quarantined_at, d.quarantine_reason, d.infra_failures,
     {host_online("h")} AS online,
     {device_busy("d")} AS busy
@@ -146,13 +168,14 @@ def device_state(*, drained: bool, busy: bool, online: bool, quarantined: bool =
     return DeviceState.AVAILABLE
 
 
-def _device_view(row: Any) -> DeviceView:
+def device_view(row: Any) -> DeviceView:
+    """The view of a row of `_DEVICE_COLUMNS`."""
     quarantined = row.quarantined_at is not None
     state = device_state(drained=row.drained, busy=row.busy, online=row.online, quarantined=quarantined)
     return DeviceView(
         row.device_id, row.host_id, visible_labels(row.labels), state, row.drained, row.drain_reason,
         quarantined=quarantined, quarantine_reason=row.quarantine_reason, quarantined_since=row.quarantined_at,
-        infra_failures=row.infra_failures,
+        infra_failures=row.infra_failures, operator_labels=dict(row.operator_labels),
     )  # fmt: skip
 
 
@@ -182,7 +205,7 @@ async def list_hosts(conn: AsyncConnection, now: datetime) -> tuple[HostView, ..
     """Every host with its devices (a dropped device is listed while it still runs an attempt)."""
     by_host: dict[str, list[DeviceView]] = {}
     for row in (await conn.execute(_LISTED_DEVICES, {"now": now})).all():
-        by_host.setdefault(row.host_id, []).append(_device_view(row))
+        by_host.setdefault(row.host_id, []).append(device_view(row))
     return tuple(
         _host_view(h, tuple(by_host.get(h.host_id, ()))) for h in (await conn.execute(_HOSTS, {"now": now})).all()
     )
@@ -224,7 +247,7 @@ _DRAIN = text(
     WHERE device_id = :device_id
     """
 )
-_ONE_DEVICE = text(f"SELECT {_DEVICE_COLUMNS} FROM devices d JOIN hosts h USING (host_id) WHERE device_id = :id")
+ONE_DEVICE = text(f"SELECT {_DEVICE_COLUMNS} FROM devices d JOIN hosts h USING (host_id) WHERE device_id = :id")
 
 
 async def drain_device(
@@ -243,7 +266,7 @@ async def drain_device(
     result = await conn.execute(_DRAIN, {"device_id": device_id, "drained": drained, "reason": reason, "now": now})
     if result.rowcount == 0:
         raise NotFound(f"no device {device_id}", device_id=device_id)
-    return _device_view((await conn.execute(_ONE_DEVICE, {"id": device_id, "now": now})).one())
+    return device_view((await conn.execute(ONE_DEVICE, {"id": device_id, "now": now})).one())
 
 
 _DRAIN_HOST_DEVICES = text(
@@ -288,5 +311,5 @@ async def drain_host(
     if not drained:
         await quarantine.returning(conn, now, outbox, host_id=host_id)
     await conn.execute(_DRAIN_HOST_DEVICES, {"host_id": host_id, "drained": drained, "reason": reason, "now": now})
-    devices = tuple(_device_view(r) for r in (await conn.execute(_HOST_DEVICES, {"id": host_id, "now": now})).all())
+    devices = tuple(device_view(r) for r in (await conn.execute(_HOST_DEVICES, {"id": host_id, "now": now})).all())
     return _host_view(host, devices)

@@ -152,7 +152,11 @@ async def get_task(conn: AsyncConnection, now: datetime, task_id: uuid.UUID) -> 
     return _task_view(row, attempts, pending)
 
 
-def _encode_cursor(created_at: datetime, task_id: uuid.UUID) -> str:
+def task_cursor(created_at: datetime, task_id: uuid.UUID) -> str:
+    """The `after` cursor that continues a listing after the task created at `created_at` with `task_id`.
+
+    A page may end before its `limit` (the scheduler cuts it to fit a reply): it continues after its last task.
+    """
     raw = f"{created_at.isoformat()}|{task_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -202,5 +206,5 @@ async def list_tasks(
     sql += " ORDER BY t.created_at DESC, t.task_id DESC LIMIT :limit"
     rows = (await conn.execute(text(sql), params)).all()
     page = rows[:limit]
-    nxt = _encode_cursor(page[-1].created_at, page[-1].task_id) if len(rows) > limit else None
+    nxt = task_cursor(page[-1].created_at, page[-1].task_id) if len(rows) > limit else None
     return TaskPage(tuple(_task_view(r) for r in page), nxt)

@@ -25,7 +25,15 @@ from devsched.core.leases import Extension
 from devsched.core.limits import LIST_LIMIT_DEFAULT, MAX_RELEASES_DEFAULT
 from devsched.core.records import LeaseRef
 from devsched.core.status import Outcome, TaskKind, TaskStatus
-from devsched.core.views import ArtifactView, DeviceView, HealthCheckView, HostView, TaskPage, TaskView
+from devsched.core.views import (
+    ArtifactView,
+    DeviceView,
+    ForgottenDevice,
+    HealthCheckView,
+    HostView,
+    TaskPage,
+    TaskView,
+)
 from devsched.store import (
     artifacts,
     assignment,
@@ -35,6 +43,7 @@ from devsched.store import (
     hosts,
     leasing,
     liveness,
+    operator_devices,
     outbox,
     placement,
     pruning,
@@ -355,6 +364,24 @@ class Store:
             return await hosts.drain_device(conn, now, changes.outbox, device_id, drained, reason)
 
         return await self._write("drain", op, assignable=not drained)
+
+    async def forget_device(self, device_id: str, reason: str) -> ForgottenDevice:
+        """Free a device from its host, audited (`operator_devices.forget_device`)."""
+
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> ForgottenDevice:
+            return await operator_devices.forget_device(conn, now, device_id, reason)
+
+        return await self._write("forget_device", op, assignable=False)
+
+    async def label_device(
+        self, device_id: str, set_labels: Mapping[str, str], unset: Sequence[str] = ()
+    ) -> DeviceView:
+        """Pin (and unpin) operator labels on a device, audited; the device after the change."""
+
+        async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> DeviceView:
+            return await operator_devices.label_device(conn, now, device_id, set_labels, unset)
+
+        return await self._write("label_device", op, assignable=True)
 
     async def drain_host(self, host_id: str, drained: bool, reason: str | None = None) -> HostView:
         """Take every device the host lists out of service, or return them all; the host after the change."""

@@ -52,6 +52,8 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         "artifacts": "SELECT, INSERT, UPDATE",
         # issue 13: operators register health checks; the scheduler submits the health tasks (migration 0010)
         "health_checks": "SELECT, INSERT, UPDATE",
+        # operators' acts on devices (forget, label), one row each, never changed (migration 0016)
+        "device_audit": "SELECT, INSERT",
     },
     "sweeper": {
         # not `releases`: only the scheduler's release endpoint counts one (migration 0005)
@@ -68,7 +70,7 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
 
 #: Sequences each service draws from (`outbox.id` is a bigserial).
 SEQUENCE_GRANTS: Mapping[str, tuple[str, ...]] = {
-    "scheduler": ("outbox_id_seq",),
+    "scheduler": ("outbox_id_seq", "device_audit_id_seq"),
     "sweeper": ("outbox_id_seq",),
 }
 
@@ -407,7 +409,7 @@ def ensure_roles_at(
     from sqlalchemy.pool import NullPool
 
     async def run() -> None:
-        engine = create_async_engine(admin_url, poolclass=NullPool)
+        engine = create_async_engine(admin_url, poolclass=NullPool, hide_parameters=True)
         try:
             async with engine.begin() as conn:
                 await conn.run_sync(lambda sync: ensure_roles(sync, roles, passwords))

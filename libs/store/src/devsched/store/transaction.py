@@ -48,6 +48,8 @@ _RETRY_CONSTRAINTS = frozenset(
         "pk_cancel_requests",
         "hosts_pkey",
         "devices_pkey",
+        # another host's registration racing the owner's first one: run again, it then meets the owner's row
+        "tg_devices_owner_kept",
     }
 )
 #: The connection itself failed (or the server shut down): after a COMMIT was sent, its outcome is unknown.

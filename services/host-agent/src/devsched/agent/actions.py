@@ -6,7 +6,9 @@ action; bad ones raise `ActionError`, which fails the step with the message in i
 
 The registry also knows what the host advertises of each action when it registers (`offers`): its
 version and, for a plug-in, the JSON Schema of its args. A plug-in that cannot be loaded is logged and
-left out: the host does not advertise it, so no task that needs it comes here.
+left out: the host does not advertise it, so no task that needs it comes here. A schema that breaks the
+scheduler's bounds (`devsched.core.schema_limits`) is logged and not advertised: the scheduler would refuse
+the registration, and the action still runs, its args checked here only.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from importlib.metadata import entry_points
 from devsched.agent.shell import shell
 from devsched.agent.steps import Action, ActionError, ActionPlugin, ActionResult, StepContext, parse_args
 from devsched.core.actions import BUILTIN_ACTIONS
+from devsched.core.schema_limits import schema_limit_problem
 from devsched.protocol.hosts import ActionOffer
 from devsched.protocol.plans import NoopArgs, SleepArgs, StepStatus
 
@@ -105,6 +108,18 @@ def default_registry() -> ActionRegistry:
     return ActionRegistry({"shell": shell, "sleep": sleep, "noop": noop})
 
 
+def advertised_schema(action: str, schema: dict[str, object] | None) -> dict[str, object] | None:
+    """`schema`, or None when it breaks the scheduler's bounds (logged).
+
+    The scheduler would refuse the whole registration; unadvertised, the action is checked only here, by
+    the plug-in's model, when a step runs.
+    """
+    if schema is not None and (problem := schema_limit_problem(schema)) is not None:
+        log.warning("plug-in args schema not advertised", extra={"action": action, "error": f"args schema {problem}"})
+        return None
+    return schema
+
+
 def load_plugins(registry: ActionRegistry, *, group: str = PLUGIN_GROUP) -> list[str]:
     """Add every action of the installed plug-in packages (entry points of `group`); returns their names.
 
@@ -121,7 +136,7 @@ def load_plugins(registry: ActionRegistry, *, group: str = PLUGIN_GROUP) -> list
             if entry.name in BUILTIN_ACTIONS or entry.name in registry:
                 raise ValueError(f"action {entry.name!r} is already registered")
             version = plugin.version or (entry.dist.version if entry.dist is not None else None)
-            schema = plugin.args.model_json_schema() if plugin.args is not None else None
+            schema = advertised_schema(entry.name, plugin.args.model_json_schema() if plugin.args is not None else None)
             registry.register(entry.name, plugin.run, version=version, args_schema=schema)
         except Exception as exc:
             log.error("plug-in action not loaded", extra={**where, "error": repr(exc)})

@@ -41,7 +41,7 @@ from devsched.agent.health import add_checks
 from devsched.agent.held import HeldAttempt, HeldAttempts
 from devsched.agent.intake import Intake, Received
 from devsched.agent.logstream import LogStreams, jetstream_publish
-from devsched.agent.metrics import READY, SPOOL
+from devsched.agent.metrics import PARKED, READY, SPOOL
 from devsched.agent.metrics import REGISTRY as METRICS
 from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
@@ -120,6 +120,10 @@ class Agent:
         self.nc: Client | None = None
         #: The health endpoints while serving, when `metrics_port` is set.
         self.health: HealthServer | None = None
+        #: The registration while connected (for the readiness checks: a refused one says why).
+        self.registration: Registration | None = None
+        #: Spool keys of the reports parked in this run (`Reporter`): not sent again before the next start.
+        self.parked_reports: set[str] = set()
 
     def request_drain(self, source: str, reason: str | None = None) -> None:
         """Drain: finish the running attempts, take no more work, and exit 0 once idle.
@@ -159,6 +163,7 @@ class Agent:
                 taken.callback(spool.unlock)
                 if self.config.metrics_port is not None:
                     SPOOL.depth = spool.depth
+                    PARKED.count = self.parked_reports.__len__
                 groups, held, taken_before = await asyncio.to_thread(self._recover, spool)
             except (OSError, SpoolLocked, SpoolUnsafe) as exc:
                 logger.error("cannot use the spool directory", extra={"error": str(exc)})
@@ -284,7 +289,14 @@ class Agent:
         registration = Registration(
             client, config.devices, self.version, actions=self.registry.offers(), registered=self.registered
         )
-        reporter = Reporter(client, taken.spool, on_not_found=registration.reregister)
+        self.registration = registration
+        reporter = Reporter(
+            client,
+            taken.spool,
+            on_not_found=registration.reregister,
+            park_after_s=config.report_park_after_s,
+            parked=self.parked_reports,
+        )
         reports = ReportDelivery(reporter)
         logs = (
             LogStreams(

@@ -26,7 +26,9 @@ from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import InvalidRequest
 from devsched.core.leases import Extension
 from devsched.core.status import Outcome
+from devsched.core.text import fit
 from devsched.protocol import messages as wire
+from devsched.protocol.base import MAX_REASON_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +57,7 @@ def release_of(assignment: wire.Assignment, reason: str, result: RunResult | Non
         task_id=assignment.task_id,
         attempt=assignment.attempt,
         lease_id=assignment.lease_id,
-        reason=reason,
+        reason=fit(reason, MAX_REASON_CHARS),
         result=None if result is None else wire.RunResult(steps=list(result.steps)),
     )
 
@@ -67,7 +69,7 @@ def to_wire(result: RunResult, report_of: wire.Assignment, *, take_next: bool = 
         attempt=report_of.attempt,
         lease_id=report_of.lease_id,
         outcome=result.outcome,
-        reason=result.reason,
+        reason=None if result.reason is None else fit(result.reason, MAX_REASON_CHARS),
         result=wire.RunResult(steps=list(result.steps)),
         take_next=take_next,
     )

@@ -39,8 +39,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.agent.logbatch import LogLimits, MiB
+from devsched.agent.reporter import PARK_AFTER_S_DEFAULT
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.core.text import RULE, is_storable
 from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES
+from devsched.protocol.base import Labels
 from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
 
 #: What a `nats_url` with credentials in it is refused with (one line).
@@ -74,8 +77,17 @@ class DeviceConfig(BaseModel):
 
     #: Unique across all hosts; a subject token.
     device_id: Token
-    #: What selectors match on (`platform = "android"`).
-    labels: dict[str, str] = Field(default_factory=dict)
+    #: What selectors match on (`platform = "android"`): as the protocol bounds them (at most 100, keys and
+    #: values at most 256 characters, no NUL), so a registration is never refused for them.
+    labels: Labels = Field(default_factory=dict)
+
+    @field_validator("labels")
+    @classmethod
+    def _storable_labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        if not all(is_storable(k) and is_storable(v) for k, v in labels.items()):
+            raise ValueError(f"a label {RULE}")
+        return labels
+
     #: Given to every step that runs on this device.
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -103,6 +115,10 @@ class AgentConfig(BaseModel):
     shutdown_grace_s: Seconds = 10.0
     #: Timeout of one request to the scheduler (claim, renew, report, register, heartbeat).
     request_timeout_s: Seconds = 5.0
+    #: How long a report is retried while the scheduler answers it with server errors (500 `internal`, not
+    #: an outage's 503 or silence, which are waited out): then it is parked, kept in the spool and sent
+    #: again at the next start.
+    report_park_after_s: Seconds = PARK_AFTER_S_DEFAULT
     #: Bound on draining the NATS connection at shutdown (nats-py's default of 30 s is too long).
     drain_timeout_s: Seconds = 2.0
     #: Where this host sends its JetStream API requests (consumer info, pull). `$JS.API` in the account of

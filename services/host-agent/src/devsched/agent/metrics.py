@@ -1,15 +1,16 @@
 """The agent's Prometheus metrics (`/metrics` on `metrics_port` of agent.toml).
 
 Step duration by action and status (an action this agent does not have counts as `unknown`, so a plan
-cannot make up label values), the renewal round trip, and the spool's depth (reports waiting to be sent,
-counted at each scrape: a directory listing of a few entries).
+cannot make up label values), the renewal round trip, the spool's depth (reports waiting to be sent,
+counted at each scrape: a directory listing of a few entries), and the reports parked after the
+scheduler kept failing on them (`reporter.py`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -31,8 +32,31 @@ RENEWAL_SECONDS = Histogram(
     buckets=FAST_BUCKETS,
     registry=REGISTRY,
 )
+REPORTS_PARKED = Counter(
+    "devsched_agent_reports_parked",
+    "Reports (and releases) no longer retried in this run after the scheduler kept failing on them "
+    "(server errors for report_park_after_s); they stay in the spool and are sent again at the next start.",
+    registry=REGISTRY,
+)
 #: The label value of a step whose action this agent does not have.
 UNKNOWN_ACTION = "unknown"
+
+
+class ParkedNow(Collector):
+    """`devsched_agent_reports_parked_now`: reports parked in this run, still in the spool."""
+
+    def __init__(self) -> None:
+        #: Counts the parked reports; set once the agent has its reporter.
+        self.count: Callable[[], int] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        """The gauge, read now."""
+        family = GaugeMetricFamily(
+            "devsched_agent_reports_parked_now", "Reports parked in this run, waiting in the spool for the next start."
+        )
+        if self.count is not None:
+            family.add_metric([], self.count())
+        yield family
 
 
 class SpoolDepth(Collector):
@@ -52,3 +76,5 @@ class SpoolDepth(Collector):
 
 SPOOL = SpoolDepth()
 REGISTRY.register(SPOOL)
+PARKED = ParkedNow()
+REGISTRY.register(PARKED)

@@ -6,6 +6,11 @@ while the host's consumer is missing) no longer knows the host, which then regis
 When the agent stops taking work (shutdown, drain) it withdraws its devices: it registers again with none,
 so the scheduler assigns it nothing it would not run (and a task it gives back goes to another host).
 Running attempts keep their devices until they end. The next start registers the devices again.
+
+A device id belongs to the host that first registered it until an operator frees it (`devsched devices
+forget`): a registration naming another host's device is refused whole (409 `device_conflict`). Only an
+operator can resolve that, so the agent says so once (an ERROR line naming the devices), retries slowly
+(`CONFLICT_RETRY_S`) to notice the fix, and is not ready meanwhile (`refused_devices`, `health.py`).
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from collections.abc import Callable, Sequence
 from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.core.backoff import backoff_delay, retry_after
-from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound
+from devsched.core.errors import DeviceConflict, InvalidRequest, NotFound, StorageFull
 from devsched.protocol import messages as wire
 from devsched.service import sleep_or_stop
 
 logger = logging.getLogger(__name__)
+
+#: Seconds between registrations refused for another host's device: an operator has to act first.
+CONFLICT_RETRY_S = 60.0
 
 
 class Registration:
@@ -48,6 +56,9 @@ class Registration:
         self.heartbeat_interval_s = 5.0
         #: Set once the devices are withdrawn: every later registration (a 404's) lists none.
         self._withdrawn = False
+        #: The devices of the last registration refused as another host's (`device_conflict`); empty once
+        #: registered (readiness says which, `health.py`).
+        self.refused_devices: tuple[str, ...] = ()
 
     async def register(self) -> None:
         """Register once (any failure raises)."""
@@ -55,6 +66,7 @@ class Registration:
         async with self._lock:
             reply = await self._client.register(devices, self._version, self._actions)
         self.heartbeat_interval_s = reply.heartbeat_interval_s
+        self.refused_devices = ()
         self.registered.set()
         logger.info("registered", extra={"devices": len(devices), "heartbeat_interval_s": reply.heartbeat_interval_s})
 
@@ -80,18 +92,46 @@ class Registration:
             try:
                 await self.register()
                 return True
+            except DeviceConflict as exc:
+                failures += 1
+                pause = self._refused(exc)
             except Exception as exc:
                 pause = retry_after(exc)
                 failures += 1
-                level = logging.ERROR if isinstance(exc, DeviceConflict | InvalidRequest) else logging.WARNING
-                logger.log(level, "registration failed, will retry", extra={"error": repr(exc), "failures": failures})
+                refused = DeviceConflict | InvalidRequest | StorageFull
+                level = logging.ERROR if isinstance(exc, refused) else logging.WARNING
+                extra: dict[str, object] = {"error": repr(exc), "failures": failures}
+                if isinstance(exc, InvalidRequest) and exc.details.get("errors"):
+                    extra["errors"] = exc.details["errors"]  # every refused field, not only the first
+                logger.log(level, "registration failed, will retry", extra=extra)
             await sleep_or_stop(stop, max(backoff_delay(failures, base_s=0.2, cap_s=10.0), pause))
         return False
+
+    def _refused(self, exc: DeviceConflict) -> float:
+        """Note a registration refused for another host's devices; the pause before the next try.
+
+        One ERROR line per distinct set of devices (the retries that meet the same refusal log at DEBUG).
+        """
+        owners = exc.details.get("devices")
+        devices = tuple(sorted(owners)) if isinstance(owners, dict) and owners else ("?",)
+        level = logging.DEBUG if devices == self.refused_devices else logging.ERROR
+        self.refused_devices = devices
+        logger.log(
+            level,
+            "registration refused: device %s belongs to another host; an operator frees it with"
+            " `devsched devices forget`, or remove it from this agent's config (retrying every %g s)",
+            ", ".join(devices),
+            CONFLICT_RETRY_S,
+            extra={"devices": " ".join(devices)},
+        )
+        return CONFLICT_RETRY_S
 
     async def reregister(self) -> None:
         """Register again (the scheduler answered 404: it no longer knows this host); never raises."""
         try:
             await self.register()
+        except DeviceConflict as exc:
+            self._refused(exc)
         except Exception as exc:
             logger.warning("re-registration failed", extra={"error": repr(exc)})
 

@@ -9,9 +9,16 @@ path as a report and is answered the same way; the table holds for both.
 | 409 (expired, superseded, foreign, terminal, outcome conflict) | removed: the report is moot |
 | 409 `cancel_not_requested`, 400, 413 | moved to `rejected/`: it can never be accepted as it is |
 | 404 | the host is re-registered and the report retried; after a few, moved to `rejected/` |
-| no reply, 503, 500, connection trouble | retried with capped exponential backoff and jitter |
+| no reply, 503, connection trouble | retried with capped exponential backoff and jitter |
+| 500 (`internal`, or an unknown server error) | retried so for `park_after_s` of such errors in a row; then parked |
 
 A report whose delivery is given up (the agent is shutting down) stays in the spool for the next start.
+
+A parked report is one the scheduler keeps failing on: not an outage (no reply, 503), which is waited
+out however long it lasts, but a server error that says the scheduler took the report and could not
+handle it. Hammering it would only repeat the error; it stays in the spool (never lost), the agent says so
+(`parked`, the `reports` readiness check, `devsched_agent_reports_parked`), and the next start of the
+agent sends it again, once, with the same limit: by then the scheduler may have been fixed.
 """
 
 from __future__ import annotations
@@ -23,12 +30,14 @@ import time
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.client import HostClient
+from devsched.agent.metrics import REPORTS_PARKED
 from devsched.agent.spool import Spool, SpooledReport, release_key, report_key
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import (
     CancelNotRequested,
     Conflict,
     DevschedError,
+    Internal,
     InvalidRequest,
     NotFound,
     TooLarge,
@@ -48,6 +57,19 @@ logger = logging.getLogger(__name__)
 
 #: 404s in a row (each after a re-registration) before a report is put aside.
 MAX_NOT_FOUND = 3
+
+#: Default of how long a report is retried while the scheduler answers it with server errors (agent.toml
+#: `report_park_after_s`).
+PARK_AFTER_S_DEFAULT = 600.0
+
+
+def is_server_error(exc: BaseException) -> bool:
+    """Whether the scheduler answered with a server error: it failed on this request (500, `internal`).
+
+    Not an outage: no reply (`NoReply`, raised here, never answered) and 503 (`unavailable`) are waited out.
+    """
+    return isinstance(exc, Internal)
+
 
 #: Told of the reply to a recorded report or release, and when the try it answers was sent (monotonic).
 Answered = Callable[[ReportReply | ReleaseReply, float], Awaitable[None]]
@@ -159,8 +181,14 @@ class Reporter:
         on_not_found: Callable[[], Awaitable[None]] | None = None,
         base_backoff_s: float = 0.2,
         max_backoff_s: float = 30.0,
+        park_after_s: float = PARK_AFTER_S_DEFAULT,
+        parked: set[str] | None = None,
     ) -> None:
         self._client = client
+        self._park_after_s = park_after_s
+        #: Spool keys of the reports parked in this run (kept in the spool, sent again at the next start);
+        #: the agent's own set, which outlives a reconnection's reporter.
+        self.parked: set[str] = set() if parked is None else parked
         self._spool = spool
         self._on_not_found = on_not_found
         self._base_backoff_s = base_backoff_s
@@ -201,8 +229,9 @@ class Reporter:
         return SpooledReport(key, body, path)
 
     async def pending(self) -> list[SpooledReport]:
-        """Reports left in the spool (by an earlier run of the agent, or given up at shutdown)."""
-        return await asyncio.to_thread(self._spool.pending)
+        """Reports left in the spool (by an earlier run of the agent, or given up at shutdown), but those parked."""
+        pending = await asyncio.to_thread(self._spool.pending)
+        return [report for report in pending if report.key not in self.parked]
 
     async def deliver(
         self,
@@ -225,6 +254,8 @@ class Reporter:
         key, body = spooled.key, spooled.body
         send = self._client.release if spooled.is_release else self._client.report
         failures = not_found = 0
+        #: When the current run of server errors began (monotonic); None while there is none.
+        failing_since: float | None = None
         while True:
             pause = 0.0
             sent_at = time.monotonic()
@@ -254,9 +285,16 @@ class Reporter:
                         await self._on_not_found()
             except Exception as exc:
                 pause = retry_after(exc)
+                if not is_server_error(exc):
+                    failing_since = None
+                elif failing_since is None:
+                    failing_since = sent_at
+                elif time.monotonic() - failing_since >= self._park_after_s:
+                    self._park(key, exc, failures + 1)
+                    return None
                 logger.warning(
                     "report not answered, will retry",
-                    extra={"spool_key": key, "error": repr(exc), "failures": failures + 1},
+                    extra={"spool_key": key, "error": _describe(exc), "failures": failures + 1},
                 )
             else:
                 logger.info(
@@ -277,6 +315,14 @@ class Reporter:
                 logger.warning("report left in the spool", extra={"spool_key": key})
                 return None
 
+    def _park(self, key: str, exc: BaseException, failures: int) -> None:
+        self.parked.add(key)
+        REPORTS_PARKED.inc()
+        logger.error(
+            "report parked: the scheduler kept failing on it; kept in the spool, sent again at the next start",
+            extra={"spool_key": key, "error": _describe(exc), "failures": failures, "after_s": self._park_after_s},
+        )
+
     def _without_take_next(self, key: str, body: bytes) -> bytes:
         """The report spooled under `key` as `body`, spooled again without `take_next` (blocking)."""
         report = decode(ReportRequest, body).model_copy(update={"take_next": False})
@@ -288,6 +334,11 @@ class Reporter:
         why = f"{exc.code}: {exc.message}"
         path = await asyncio.to_thread(self._spool.reject, key, why)
         logger.error("report can never be accepted; kept aside", extra={"spool_key": key, "error": why, "path": path})
+
+
+def _describe(exc: BaseException) -> str:
+    # A protocol error by its code (its message may quote what the report holds); anything else by its repr.
+    return f"{exc.status}:{exc.code}" if isinstance(exc, DevschedError) else repr(exc)
 
 
 async def _wait(event: asyncio.Event | None, seconds: float, kick: asyncio.Event | None = None) -> bool:

@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -51,8 +51,9 @@ from devsched.agent.steps import (
 )
 from devsched.agent.stop import StopLevel, StopReason, StopSignal
 from devsched.core.status import Outcome
+from devsched.core.text import fit
 from devsched.protocol.artifacts import StepArtifacts
-from devsched.protocol.plans import Progress, ResultFiles, StepResult, StepStatus
+from devsched.protocol.plans import MAX_OUTPUT_TAIL_CHARS, Progress, ResultFiles, StepResult, StepStatus
 
 logger = logging.getLogger(__name__)
 
@@ -308,6 +309,8 @@ class PlanRunner:
         started = time.perf_counter()
         with self._stop.interrupt(self._threshold(step)) as interrupt:
             result = await self._call(step, interrupt, output)
+        # A plug-in's tail may hold anything; the report carries only text the scheduler can store.
+        result = replace(result, output_tail=fit(result.output_tail, MAX_OUTPUT_TAIL_CHARS, tail=True))
         finished_at = self._now()
         action = step.action if step.action in self._registry else UNKNOWN_ACTION
         STEP_SECONDS.labels(action, result.status.value).observe(time.perf_counter() - started)

@@ -37,6 +37,8 @@ from nats.js import JetStreamContext
 from devsched.agent.results import ResultsError, open_beneath
 from devsched.agent.steps import StepUser
 from devsched.agent.stop import StopSignal
+from devsched.core.errors import TooManyRequests
+from devsched.core.text import storable
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import (
     CHUNK_BYTES,
@@ -58,6 +60,9 @@ logger = logging.getLogger(__name__)
 WINDOW = 16
 #: Time per MiB a commit may take on top of the request timeout (the scheduler copies the chunks).
 _COMMIT_S_PER_MIB = 0.25
+#: Tries of a commit the scheduler answers 429 (its commit slots busy), and the longest pause between them.
+_COMMIT_TRIES = 30
+_COMMIT_MAX_PAUSE_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +134,7 @@ class _Summary:
     def fail(self, name: str, why: str) -> None:
         self.failed += 1
         if len(self.failures) < MAX_FAILURES_LISTED:
-            self.failures.append(m.ArtifactFailure(name=cut(name, 1024), error=cut(why)))
+            self.failures.append(m.ArtifactFailure(name=cut(storable(name), 1024), error=cut(storable(why))))
         logger.warning("artifact not stored", extra={"artifact": name, "error": why})
 
     def result(self) -> m.StepArtifacts | None:
@@ -255,13 +260,24 @@ class AttemptUploads:
             upload_id=upload_id,
         )
         timeout = self._timeout_s + _COMMIT_S_PER_MIB * size / (1024 * 1024)
-        try:
-            await request(
-                self._nc, self._subjects.host(self._host_id, HostVerb.ARTIFACT), commit, m.ArtifactView, timeout=timeout
-            )
-        except Exception as exc:
-            code = getattr(exc, "code", type(exc).__name__)
-            return f"refused by the scheduler ({code}): {exc}"
+        for tries_left in range(_COMMIT_TRIES - 1, -1, -1):
+            try:
+                await request(
+                    self._nc,
+                    self._subjects.host(self._host_id, HostVerb.ARTIFACT),
+                    commit,
+                    m.ArtifactView,
+                    timeout=timeout,
+                )
+            except TooManyRequests as exc:  # the scheduler's commit slots are busy: the chunks wait in the stream
+                if tries_left:
+                    await asyncio.sleep(min(_COMMIT_MAX_PAUSE_S, float(exc.details.get("retry_after_s") or 1.0)))
+                    continue
+                return f"refused by the scheduler ({exc.code}): {exc}"
+            except Exception as exc:
+                code = getattr(exc, "code", type(exc).__name__)
+                return f"refused by the scheduler ({code}): {exc}"
+            break
         self._stored[item.name] = st
         self._sizes[item.name] = size
         summary.stored += 1

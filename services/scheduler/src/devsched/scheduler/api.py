@@ -24,17 +24,24 @@ from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
 from devsched.core.records import LeaseRef
 from devsched.core.records import Selector as CoreSelector
 from devsched.protocol import messages as m
-from devsched.protocol.codec import encode
+from devsched.protocol.codec import encode, refusal_log_fields
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
+from devsched.protocol.transport import reply_limit
 from devsched.scheduler.artifacts import ArtifactIntake
-from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_consumer, ensure_streams
+from devsched.scheduler.jetstream import (
+    JETSTREAM_ERRORS,
+    ensure_host_consumer,
+    ensure_host_streams,
+    ensure_streams,
+)
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
-from devsched.scheduler.plugin_args import check_plugin_args, schema_problem
+from devsched.scheduler.plugin_args import check_offers, check_plugin_args
+from devsched.scheduler.replies import fit, list_item, size, trim_view
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
-from devsched.store import ActionSpec, DeviceSpec, NewTask, Store
+from devsched.store import ActionSpec, DeviceSpec, NewTask, Store, task_cursor
 from devsched.store.outbox import trace_headers
 
 log = logging.getLogger("devsched.scheduler.api")
@@ -59,9 +66,9 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
     """Wrap a handler: carry the request's trace into outbox rows, translate errors, log refusals, count replies.
 
     Handlers log what happened (submitted, claimed, reported, ...) at INFO, once; this wrapper adds a
-    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx). Replies
-    are counted by code (`metrics.Replies`). One wrapper, not one per concern: each layer of coroutine
-    costs every request its frame and its await (issue 10).
+    DEBUG line with the time taken, and one line for every refusal (INFO for 4xx, WARNING for 5xx) with its
+    code, status and field paths, never its message. Replies are counted by code (`metrics.Replies`). One
+    wrapper, not one per concern: each layer of coroutine costs every request its frame and its await.
     """
     replies = Replies(name)
 
@@ -79,7 +86,8 @@ def observed(name: str, handler: Callable[[Req, str], Awaitable[Rep]]) -> Callab
                         raise
                     replies.failed(err)
                     level = logging.WARNING if err.status >= 500 else logging.INFO
-                    log.log(level, "%s refused: %s", name, err.message, extra={"error": err.code, "status": err.status})
+                    # Code, status and field paths only: a message may quote the submitted value.
+                    log.log(level, "%s refused", name, extra=refusal_log_fields(err))
                     if err is exc:
                         raise
                     raise err from exc
@@ -115,20 +123,8 @@ def _new_task(req: m.SubmitRequest) -> NewTask:
 
 
 def _action_specs(offers: Sequence[m.ActionOffer]) -> list[ActionSpec]:
-    """The store's value of a registration's actions.
-
-    An args schema that `plugin_args.schema_problem` refuses is dropped (logged): that action's args are
-    then checked only by the agent that runs it. Refusing the registration instead would keep a host with
-    a carelessly written plug-in from running anything at all.
-    """
-    specs = []
-    for offer in offers:
-        schema = offer.args_schema
-        if schema is not None and (problem := schema_problem(schema)) is not None:
-            log.warning("args schema ignored", extra={"action": offer.name, "error": problem})
-            schema = None
-        specs.append(ActionSpec(offer.name, offer.version, schema))
-    return specs
+    """The store's value of a registration's actions (their schemas checked first: `plugin_args.check_offers`)."""
+    return [ActionSpec(offer.name, offer.version, offer.args_schema) for offer in offers]
 
 
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
@@ -195,24 +191,34 @@ class Api:
         with bind(task_id=req.task_id):
             view = await self._store.get_task(req.task_id)
             artifacts = await self._store.list_artifacts(req.task_id)  # issue 12: the view lists them
-            return m.TaskView.from_value(dataclasses.replace(view, artifacts=artifacts) if artifacts else view)
+            reply = m.TaskView.from_value(dataclasses.replace(view, artifacts=artifacts) if artifacts else view)
+            budget = reply_limit(self._nc)
+            if size(reply) <= budget:
+                return reply
+            reply = trim_view(reply, budget, req.full or ())
+            log.info("task view trimmed to fit a reply", extra={"fields": reply.truncated})
+            return reply
 
     async def artifacts(self, req: m.ListArtifactsRequest, subject: str) -> m.ListArtifactsReply:
         """`P.api.tasks.artifacts` (an addition, issue 12): a task's stored artifacts."""
         with bind(task_id=req.task_id):
-            return await self._artifacts.list(req)
+            return await self._artifacts.list(req, reply_limit(self._nc))
 
     async def artifact(self, req: m.ArtifactCommit, subject: str) -> m.ArtifactView:
         """`P.host.<id>.artifact` (an addition, issue 12): store an uploaded file (`devsched.scheduler.artifacts`)."""
         return await self._artifacts.commit(self._host_of(subject), req)
 
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
-        """`P.api.tasks.list`."""
-        return m.ListTasksReply.from_value(
-            await self._store.list_tasks(
-                status=req.status, limit=req.limit, after=req.after, kind=req.kind, device_id=req.device_id
-            )
+        """`P.api.tasks.list`: a page cut by bytes too (`devsched.scheduler.replies`), its large fields cut."""
+        page = await self._store.list_tasks(
+            status=req.status, limit=req.limit, after=req.after, kind=req.kind, device_id=req.device_id
         )
+        tasks = [list_item(m.TaskSummary.from_value(task)) for task in page.tasks]
+        n = fit(tasks, reply_limit(self._nc))
+        if n == len(tasks):
+            return m.ListTasksReply(tasks=tasks, next=page.next)
+        last = page.tasks[n - 1]
+        return m.ListTasksReply(tasks=tasks[:n], next=task_cursor(last.created_at, last.task_id))
 
     async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:
         """`P.api.tasks.cancel`; nudges the host when work is in flight there."""
@@ -237,8 +243,12 @@ class Api:
             log.info("nudged", extra={"host_id": host_id, "attempt": attempt})
 
     async def hosts(self, req: m.HostsListRequest, subject: str) -> m.HostsListReply:
-        """`P.api.hosts.list`."""
-        return m.HostsListReply(hosts=[m.HostView.from_value(h) for h in await self._store.list_hosts()])
+        """`P.api.hosts.list`, by host id: cut to fit a reply, `next` naming the last host listed."""
+        # Sorted here, not by the database's collation: `after` compares as Python does.
+        listed = sorted(await self._store.list_hosts(), key=lambda h: h.host_id)
+        hosts = [m.HostView.from_value(h) for h in listed if req.after is None or h.host_id > req.after]
+        n = fit(hosts, reply_limit(self._nc))
+        return m.HostsListReply(hosts=hosts[:n], next=hosts[n - 1].host_id if n < len(hosts) else None)
 
     async def drain(self, req: m.DrainRequest, subject: str) -> m.DeviceDrainView:
         """`P.api.devices.drain`."""
@@ -246,6 +256,34 @@ class Api:
         if not view.drained:
             self._assign.set()
         log.info("drained" if view.drained else "returned to service", extra={"device_id": view.device_id})
+        return m.DeviceDrainView.from_value(view)
+
+    async def forget(self, req: m.ForgetDeviceRequest, subject: str) -> m.DeviceForgottenView:
+        """`P.api.devices.forget` (an addition): free a device from its host; the audit record says so."""
+        freed = await self._store.forget_device(req.device_id, req.reason)
+        log.warning(
+            "device forgotten: the next host that registers it owns it",
+            extra={
+                "device_id": freed.device_id,
+                "host_id": freed.host_id,
+                "actor": freed.actor,
+                "audit_id": freed.audit_id,
+            },
+        )
+        return m.DeviceForgottenView.from_value(freed)
+
+    async def label(self, req: m.LabelDeviceRequest, subject: str) -> m.DeviceDrainView:
+        """`P.api.devices.label` (an addition): pin or unpin operator labels (the keys are logged, no value)."""
+        view = await self._store.label_device(req.device_id, req.labels, req.unset)
+        self._assign.set()
+        log.info(
+            "device labelled by operator",
+            extra={
+                "device_id": view.device_id,
+                "pinned": " ".join(sorted(req.labels)),
+                "unpinned": " ".join(sorted(req.unset)),
+            },
+        )
         return m.DeviceDrainView.from_value(view)
 
     # -- health checks (issue 13) -------------------------------------------------------------
@@ -261,8 +299,13 @@ class Api:
 
     async def health_list(self, req: m.HealthCheckListRequest, subject: str) -> m.HealthCheckListReply:
         """`P.api.health.list` (an addition): the health checks in force."""
-        checks = await self._store.list_health_checks()
-        return m.HealthCheckListReply(checks=[m.HealthCheckView.from_value(c) for c in checks])
+        checks = [
+            m.HealthCheckView.from_value(c)
+            for c in sorted(await self._store.list_health_checks(), key=lambda c: c.name)
+            if req.after is None or c.name > req.after
+        ]
+        n = fit(checks, reply_limit(self._nc))
+        return m.HealthCheckListReply(checks=checks[:n], next=checks[n - 1].name if n < len(checks) else None)
 
     async def health_delete(self, req: m.HealthCheckDeleteRequest, subject: str) -> m.HealthCheckView:
         """`P.api.health.delete` (an addition): remove a health check; answers the check removed."""
@@ -273,14 +316,21 @@ class Api:
     # -- hosts ---------------------------------------------------------------------------------
 
     async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
-        """`P.host.<id>.register`: the devices, then the host's durable consumer (503 if JetStream fails).
+        """`P.host.<id>.register`: the host's streams, its devices, then its consumer (503 if JetStream fails).
 
         Then the host's unclaimed assignments are published again (in the background, best effort).
         """
         host_id = self._host_of(subject)
         with bind(host_id=host_id):
             devices = [DeviceSpec(d.device_id, dict(d.labels)) for d in req.devices]
+            # A schema that breaks the rules refuses the registration (400 naming `actions.N.args_schema`):
+            # the agent leaves out what it knows the scheduler refuses, so only a hostile host meets this.
+            await check_offers(req.actions or ())
             actions = _action_specs(req.actions or ())
+            # First its own logs and uploads streams, each its share of the budgets: 507 `storage_full` when
+            # there is no room for one host more, and nothing registered (no device of it is given work).
+            if self._settings.create_streams:  # else an operator makes them
+                await ensure_host_streams(self._js, self._subjects, self._settings, host_id)
             interval = await self._store.register_host(host_id, devices, req.agent_version, actions)
             # After the commit: a registration refused by the store leaves no consumer behind; one whose
             # consumer fails is answered 503 and repeated by the agent (both steps are idempotent).

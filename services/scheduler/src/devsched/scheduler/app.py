@@ -11,23 +11,27 @@ import asyncio
 import logging
 from contextlib import AsyncExitStack
 
+import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.errors import APIError
 from nats.micro.service import Service
 
+from devsched.core.errors import StorageFull
 from devsched.core.fairshare import ShareLimits
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler import budget
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api
 from devsched.scheduler.assigner import Assigner
 from devsched.scheduler.health import add_checks
-from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_streams
+from devsched.scheduler.jetstream import JETSTREAM_ERRORS, ensure_host_streams, ensure_streams
 from devsched.scheduler.loops import Wakeup, WorkLoop
 from devsched.scheduler.metrics import DATABASE_GAUGES, READY, REGISTRY, Latencies, Stats, observe_store
 from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
-from devsched.scheduler.service import Dispatcher, endpoint_specs, start_service, stop_taking_requests
+from devsched.scheduler.service import Dispatcher, Lane, endpoint_specs, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import (
     Backoff,
@@ -82,6 +86,9 @@ class Scheduler:
         backoff = Backoff(base=0.2, cap=5.0)
         while not stop.is_set():
             try:
+                refusal = await budget.check(js, self.settings)
+                if refusal is not None:
+                    raise budget.StoreTooSmall(refusal)
                 await ensure_streams(js, self.subjects, self.settings)
                 return True
             except JETSTREAM_ERRORS as exc:
@@ -89,6 +96,20 @@ class Scheduler:
                 log.warning("JetStream not ready: %s", type(exc).__name__, extra={"retry_in_s": delay})
                 await sleep_or_stop(stop, delay)
         return False
+
+    async def _host_streams(self, js: JetStreamContext, store: Store) -> None:
+        """Each online host's logs and uploads streams, best effort.
+
+        After an upgrade from the shared streams, agents that do not register again publish into them at once
+        (a registration makes them too).
+        """
+        try:
+            hosts = await store.list_hosts()
+            for host in hosts:
+                if host.online:  # one gone for good keeps no share; it gets its streams when it registers
+                    await ensure_host_streams(js, self.subjects, self.settings, host.host_id)
+        except (StorageFull, nats.errors.Error, APIError, TimeoutError) as exc:
+            log.warning("hosts' streams not all made: %s", type(exc).__name__)
 
     async def _wake_from(self, nc: Client) -> None:
         async def on_wake(_: Msg) -> None:
@@ -127,9 +148,18 @@ class Scheduler:
                 latencies = Latencies()
             nc = self.nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
             stack.push_async_callback(close_nats, nc)
+            if s.max_payload_bytes > nc.max_payload // 2:
+                # A task view holds what several requests brought (plan, metadata, report): with requests this
+                # close to the server's limit, one task may not fit any reply, even trimmed (docs/protocol.md).
+                log.warning(
+                    "DEVSCHED_MAX_PAYLOAD_BYTES is above half the NATS server's max_payload: some replies may not fit",
+                    extra={"max_payload_bytes": s.max_payload_bytes, "server_max_payload": nc.max_payload},
+                )
             js = nc.jetstream(timeout=s.publish_timeout_s)
-            if s.create_streams and not await self._streams(js, stop):
-                return
+            if s.create_streams:
+                if not await self._streams(js, stop):
+                    return
+                await self._host_streams(js, store)
 
             loops: list[WorkLoop] = []
             assigner = self.assigner = Assigner(store, self.assign_wakeup, batch=s.assign_batch, tick=s.assign_tick_s)
@@ -182,7 +212,12 @@ class Scheduler:
                 on_registered=resync.host_registered,
             )
             service = self.service = await start_service(
-                nc, api, self.subjects, self.dispatcher, max_payload_bytes=s.max_payload_bytes
+                nc,
+                api,
+                self.subjects,
+                self.dispatcher,
+                max_payload_bytes=s.max_payload_bytes,
+                commit_lane=Lane(limit=s.artifact_commit_slots, per_host=s.artifact_commits_per_host),
             )
             await self._wake_from(nc)
             await flush_subscriptions(nc)

@@ -1,7 +1,8 @@
 """Artifacts in (issue 12): a host's commit moves its uploaded chunks into the artifacts bucket.
 
 A host cannot write to the bucket: an Object Store's chunk subjects (`$O.<bucket>.C.<nuid>`) cannot be
-confined to one host. It publishes a file's chunks on its own upload subject (stream `<PU>_UPLOADS`) and
+confined to one host. It publishes a file's chunks on its own upload subject (its own stream
+`<PU>_UPLOADS_<host_id>`, which holds its share of the uploads budget) and
 commits them here (`P.host.<host_id>.artifact`). The scheduler then
 
 1. refuses a file above `artifact_max_file_bytes` (`artifact_too_large`), a chunk count that does not fit
@@ -15,6 +16,10 @@ commits them here (`P.host.<host_id>.artifact`). The scheduler then
 3. writes the object's meta (the object is then complete), records the row (the same checks again, so
    commits that raced cannot pass the cap together; on a refusal the object is deleted), deletes the object
    a re-upload of the same name replaced, and purges the upload.
+
+A commit has a deadline (`artifact_commit_timeout_s`): a host trickling its chunks gets `upload_timeout`
+and its chunks are purged. Commits run in a lane of their own (`service.Lane`), not in the request slots.
+A chunk whose `Devsched-Chunk` header is not a plain ASCII number is a 400 naming the header.
 
 The object is `<task_id>/<attempt>/<upload_id>` in bucket `<PU>_ARTIFACTS`, written in the format of the
 NATS Object Store (nats-py and the `nats` CLI read it), its description the artifact's name.
@@ -36,12 +41,13 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from devsched.core.errors import ArtifactTooLarge, UploadMismatch
+from devsched.core.errors import ArtifactTooLarge, UploadMismatch, UploadTimeout
 from devsched.core.records import LeaseRef
 from devsched.core.views import ArtifactView
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, object_name
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler.replies import decode_key, encode_key, fit
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
 from devsched.store import Store
@@ -79,21 +85,23 @@ def bucket_stream_config(subjects: Subjects, settings: SchedulerSettings) -> api
     )
 
 
-def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings) -> api.StreamConfig:
-    """`<PU>_UPLOADS`: chunks on their way in, `P.host.*.upload.>`; each upload is purged once committed.
+def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings, host_id: str) -> api.StreamConfig:
+    """`<PU>_UPLOADS_<host_id>`: one host's chunks on their way in, `P.host.<host_id>.upload.>`.
 
-    Short-lived (`uploads_max_age_s`, an hour by default) and bounded (`uploads_max_bytes`); when full, new
-    chunks are refused (DiscardPolicy NEW) rather than older uploads cut short.
+    Each upload is purged once committed.
+    Short-lived (`uploads_max_age_s`, an hour by default) and bounded by the host's share of the uploads
+    budget (`uploads_host_max_bytes`); when full, the host's new chunks are refused (DiscardPolicy NEW)
+    rather than its older uploads cut short, and no other host's stream is touched.
     """
     return api.StreamConfig(
-        name=subjects.uploads_stream,
-        description=f"devsched artifact uploads ({subjects.prefix}): chunks until the scheduler commits them",
-        subjects=[subjects.host_upload_all],
+        name=subjects.host_uploads_stream(host_id),
+        description=f"devsched artifact uploads ({subjects.prefix}) of host {host_id}: chunks until committed",
+        subjects=[subjects.host_uploads(host_id)],
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType(settings.stream_storage),
         num_replicas=settings.stream_replicas,
         max_age=settings.uploads_max_age_s,
-        max_bytes=settings.uploads_max_bytes,
+        max_bytes=settings.uploads_host_max_bytes,
         max_msg_size=CHUNK_BYTES + 4096,  # and its headers
         duplicate_window=min(settings.duplicate_window_s, settings.uploads_max_age_s),
         discard=api.DiscardPolicy.NEW,
@@ -120,6 +128,7 @@ class ArtifactIntake:
         ref = LeaseRef(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id)
         settings = self._settings
         upload = self._subjects.host_upload(host_id, req.task_id, req.attempt, req.upload_id)
+        deadline = asyncio.get_running_loop().time() + settings.artifact_commit_timeout_s
         with bind(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id):
             try:
                 if req.size > settings.artifact_max_file_bytes:
@@ -138,7 +147,7 @@ class ArtifactIntake:
                 )
                 started = time.perf_counter()
                 name = object_name(req.task_id, req.attempt, req.upload_id)
-                await self._copy(upload, req, name)
+                await self._copy_within(deadline, host_id, upload, req, name)
                 row = ArtifactView(
                     attempt=req.attempt,
                     name=req.name,
@@ -159,7 +168,7 @@ class ArtifactIntake:
                 if replaced is not None:
                     await self._delete(replaced)
             finally:
-                await self._purge(upload)
+                await self._purge(host_id, upload)
             log.info(
                 "artifact stored",
                 extra={
@@ -171,20 +180,39 @@ class ArtifactIntake:
             )
             return m.ArtifactView.from_value(row)
 
-    async def list(self, req: m.ListArtifactsRequest) -> m.ListArtifactsReply:
-        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them."""
-        rows = await self._store.list_artifacts(req.task_id, req.attempt)
-        return m.ListArtifactsReply(
-            task_id=req.task_id, bucket=self._bucket, artifacts=[m.ArtifactView.from_value(r) for r in rows]
-        )
+    async def _copy_within(self, deadline: float, host_id: str, upload: str, req: m.ArtifactCommit, name: str) -> None:
+        """`_copy` by `deadline` (event loop time), the part of a commit that waits on the host's chunks.
 
-    async def _copy(self, upload: str, req: m.ArtifactCommit, name: str) -> None:
+        The database steps before and after are left to finish: cut short after the row is recorded, the
+        host would be told of a failure while the artifact exists.
+        """
+        timeout_s = self._settings.artifact_commit_timeout_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                await self._copy(host_id, upload, req, name)  # purges what it copied when cut short
+        except TimeoutError:
+            log.info("artifact commit timed out", extra={"timeout_s": timeout_s})
+            raise UploadTimeout(
+                f"the commit of {req.name!r} did not complete within {timeout_s} s; its chunks were purged",
+                timeout_s=timeout_s,
+            ) from None
+
+    async def list(self, req: m.ListArtifactsRequest, budget: int) -> m.ListArtifactsReply:
+        """`P.api.tasks.artifacts`: the task's artifacts, and the bucket that holds them, in `budget` bytes."""
+        rows = sorted(await self._store.list_artifacts(req.task_id, req.attempt), key=lambda r: (r.attempt, r.name))
+        after = decode_key(req.after, (int, str)) if req.after is not None else None
+        views = [m.ArtifactView.from_value(r) for r in rows if after is None or (r.attempt, r.name) > after]
+        n = fit(views, budget)
+        nxt = encode_key([views[n - 1].attempt, views[n - 1].name]) if n < len(views) else None
+        return m.ListArtifactsReply(task_id=req.task_id, bucket=self._bucket, artifacts=views[:n], next=nxt)
+
+    async def _copy(self, host_id: str, upload: str, req: m.ArtifactCommit, name: str) -> None:
         """Move the upload's chunks into a new object `name`, checked chunk by chunk, then its meta."""
         nuid = self._nc._nuid.next().decode()
         chunks = _CHUNKS.format(bucket=self._bucket, nuid=nuid)
         digest = hashlib.sha256()
         try:
-            size = await self._copy_chunks(upload, req, chunks, digest) if req.chunks else 0
+            size = await self._copy_chunks(host_id, upload, req, chunks, digest) if req.chunks else 0
             if size != req.size or digest.hexdigest() != req.sha256:
                 raise UploadMismatch(
                     f"the uploaded bytes of {req.name!r} are not the committed file ({size} bytes, sha256 "
@@ -210,9 +238,12 @@ class ArtifactIntake:
                 await self._js.purge_stream(object_stream(self._bucket), subject=chunks)
             raise
 
-    async def _copy_chunks(self, upload: str, req: m.ArtifactCommit, chunks: str, digest: hashlib._Hash) -> int:
+    async def _copy_chunks(
+        self, host_id: str, upload: str, req: m.ArtifactCommit, chunks: str, digest: hashlib._Hash
+    ) -> int:
         """The upload's chunks, in order, published as `chunks`; the bytes copied."""
-        sub = await self._js.subscribe(upload, stream=self._subjects.uploads_stream, ordered_consumer=True)
+        stream = self._subjects.host_uploads_stream(host_id)
+        sub = await self._js.subscribe(upload, stream=stream, ordered_consumer=True)
         expected, size, last = 0, 0, req.chunks - 1
         pending: list[asyncio.Future[api.PubAck]] = []
         try:
@@ -224,7 +255,7 @@ class ArtifactIntake:
                         f"chunk {expected} of {req.chunks} of {req.name!r} is missing from the upload"
                     ) from None
                 index = _index(msg)
-                if index is None or index > expected:
+                if index > expected:
                     raise UploadMismatch(f"chunk {expected} of {req.name!r} is missing or out of order")
                 if index < expected:
                     continue  # a publish the host retried, stored twice
@@ -259,13 +290,35 @@ class ArtifactIntake:
         except Exception as exc:
             log.warning("object not deleted: %s", type(exc).__name__, extra={"object": name})
 
-    async def _purge(self, upload: str) -> None:
+    async def _purge(self, host_id: str, upload: str) -> None:
         try:
-            await self._js.purge_stream(self._subjects.uploads_stream, subject=upload)
+            await self._js.purge_stream(self._subjects.host_uploads_stream(host_id), subject=upload)
         except Exception as exc:  # the stream's max age removes it
             log.info("upload not purged: %s", type(exc).__name__, extra={"subject": upload})
 
 
-def _index(msg: Msg) -> int | None:
-    value = (msg.headers or {}).get(CHUNK_HEADER, "")
-    return int(value) if value.isdigit() and len(value) < 10 else None
+#: Longest chunk index, in digits (a file of the largest size has fewer than 10**9 chunks).
+_MAX_INDEX_DIGITS = 9
+
+
+def _index(msg: Msg) -> int:
+    """The chunk's index from its `Devsched-Chunk` header: plain ASCII digits only.
+
+    `str.isdigit` and `int` take other digits too (`²`, Arabic-Indic ...): `int("²")` raises, and was a 500.
+
+    Raises:
+        UploadMismatch: (400) the header is missing, not ASCII digits, or too long; it names the header.
+    """
+    value = (msg.headers or {}).get(CHUNK_HEADER)
+    if value is None:
+        problem = "missing"
+    elif not (value.isascii() and value.isdigit()):
+        problem = "not a non-negative number in ASCII digits"
+    elif len(value) > _MAX_INDEX_DIGITS:
+        problem = f"longer than {_MAX_INDEX_DIGITS} digits"
+    else:
+        return int(value)
+    raise UploadMismatch(
+        f"a chunk's {CHUNK_HEADER} header is {problem}",
+        errors=[{"path": f"headers.{CHUNK_HEADER}", "message": problem}],
+    )

@@ -9,9 +9,11 @@ that never comes back leaves behind; its leases expired long before.
 Events: LIMITS retention with a max age (7 days by default) and an optional size cap: an audit log that
 any number of watchers read, with their own consumers, at their own pace.
 
-Logs (an addition): LIMITS retention by age and optional total size, for step output (`logs_stream_config`).
+Logs and uploads (additions): one stream of each per host, made when it registers (`ensure_host_streams`),
+each holding the host's share of the budget, so that a host filling its own evicts or is refused only its
+own (`logs_stream_config`, `artifacts.uploads_stream_config`). The budgets fit the store: `budget.py`.
 
-Uploads and the artifacts bucket (additions, issue 12): `devsched.scheduler.artifacts`.
+The artifacts bucket (an addition): `devsched.scheduler.artifacts`.
 
 All: file storage, a de-duplication window long enough to cover a relay that crashed between publishing
 and marking a row (the next relay republishes within seconds; the window is minutes), configurable replicas.
@@ -19,6 +21,8 @@ and marking a row (the next relay republishes within seconds; the window is minu
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 
 import nats.errors
@@ -32,8 +36,9 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import APIError, BadRequestError
+from nats.js.errors import APIError, BadRequestError, NotFoundError, ServerError
 
+from devsched.core.errors import StorageFull
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler.artifacts import bucket_stream_config, uploads_stream_config
 from devsched.scheduler.settings import SchedulerSettings
@@ -42,10 +47,17 @@ log = logging.getLogger("devsched.scheduler.jetstream")
 
 #: JetStream's error code for "stream name already in use with a different configuration".
 _STREAM_NAME_IN_USE = 10058
+#: "subjects overlap with an existing stream".
+_SUBJECTS_OVERLAP = 10065
+#: "insufficient storage resources available": the store cannot reserve the stream's max_bytes.
+_INSUFFICIENT_RESOURCES = 10047
 
 
 def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[StreamConfig]:
-    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS`, `<PU>_LOGS`, `<PU>_UPLOADS` and `OBJ_<PU>_ARTIFACTS`."""
+    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS` and `OBJ_<PU>_ARTIFACTS`.
+
+    Each host's logs and uploads streams are made when it registers (`ensure_host_streams`).
+    """
     storage = StorageType(settings.stream_storage)
     return [
         StreamConfig(
@@ -72,35 +84,36 @@ def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[Stre
             discard=DiscardPolicy.OLD,
             allow_direct=True,
         ),
-        logs_stream_config(subjects, settings),
-        uploads_stream_config(subjects, settings),
         bucket_stream_config(subjects, settings),
     ]
 
 
-def logs_stream_config(subjects: Subjects, settings: SchedulerSettings) -> StreamConfig:
-    """`<PU>_LOGS`: step output as the agents stream it (`P.host.*.log.>`).
+def logs_stream_config(subjects: Subjects, settings: SchedulerSettings, host_id: str) -> StreamConfig:
+    """`<PU>_LOGS_<host_id>`: one host's step output as its agent streams it (`P.host.<host_id>.log.>`).
 
-    LIMITS retention, oldest dropped first, by age (7 days by default) and optionally by total size; each
-    agent caps its attempts' output itself. Hosts publish into it through their own subjects only (deploy
-    accounts) and cannot read it; operators read it with ordered consumers.
+    LIMITS retention, the host's own oldest output dropped first, by age (7 days by default) and by its
+    share of the logs budget (`logs_host_max_bytes`); each agent caps its attempts' output itself. A host
+    publishes into it through its own subjects only (deploy accounts) and cannot read it; operators read it
+    with ordered consumers.
     """
     return StreamConfig(
-        name=subjects.logs_stream,
-        description=f"devsched step output ({subjects.prefix}): records of each attempt's stdout and stderr",
-        subjects=[subjects.host_log_all],
+        name=subjects.host_logs_stream(host_id),
+        description=f"devsched step output ({subjects.prefix}) of host {host_id}",
+        subjects=[subjects.host_logs(host_id)],
         retention=RetentionPolicy.LIMITS,
         storage=StorageType(settings.stream_storage),
         num_replicas=settings.stream_replicas,
         max_age=settings.logs_max_age_s,
-        max_bytes=settings.logs_max_bytes,
+        max_bytes=settings.logs_host_max_bytes,
         duplicate_window=settings.duplicate_window_s,
         discard=DiscardPolicy.OLD,
     )
 
 
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, settings: SchedulerSettings) -> None:
-    """Create the streams, or bring existing ones to our configuration.
+    """Create the streams, or bring existing ones to our configuration; retire the shared ones of before.
+
+    The shared logs and uploads streams of earlier versions are retired (`retire_shared_streams`).
 
     An existing stream whose configuration cannot be changed in place (its retention, say) is left as
     it is with an error logged: it still carries the messages, and replacing it would lose them.
@@ -109,20 +122,98 @@ async def ensure_streams(js: JetStreamContext, subjects: Subjects, settings: Sch
         nats.errors.Error: JetStream is unreachable or refused (the caller retries).
     """
     for config in stream_configs(subjects, settings):
+        await _ensure_stream(js, config)
+    await retire_shared_streams(js, subjects)
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.add_stream(config)
+        log.info("stream ready", extra={"stream": config.name})
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
         try:
-            await js.add_stream(config)
-            log.info("stream ready", extra={"stream": config.name})
+            await js.update_stream(config)
+            log.info("stream updated to the configured settings", extra={"stream": config.name})
+        except BadRequestError as update_error:
+            log.error(
+                "stream exists with settings that cannot be changed in place; keeping it",
+                extra={"stream": config.name, "error": update_error.description},
+            )
+
+
+async def retire_shared_streams(js: JetStreamContext, subjects: Subjects) -> None:
+    """Move the shared `<PU>_LOGS` and `<PU>_UPLOADS` of earlier versions off the host subjects.
+
+    JetStream refuses streams whose subjects overlap, so each host's own streams can take
+    `P.host.<id>.log.>` and `P.host.<id>.upload.>` only once the shared ones let go of them. Each keeps its
+    records under a subject nobody publishes to (`P.retired.logs`, `P.retired.uploads`): readers still find
+    an attempt's older output there until it ages out (max age and size as they were). Idempotent.
+    """
+    for name, retired in (
+        (subjects.logs_stream, subjects.retired_logs),
+        (subjects.uploads_stream, subjects.retired_uploads),
+    ):
+        try:
+            info = await js.stream_info(name)
+        except NotFoundError:
+            continue
+        if info.config.subjects == [retired]:
+            continue
+        await js.update_stream(dataclasses.replace(info.config, subjects=[retired]))
+        log.info("shared stream retired: its records stay readable until they age out", extra={"stream": name})
+
+
+async def ensure_host_streams(
+    js: JetStreamContext, subjects: Subjects, settings: SchedulerSettings, host_id: str
+) -> None:
+    """Create (or bring to our configuration) the host's logs and uploads streams; idempotent.
+
+    A host that has none yet is one host more: refused `StorageFull` when `max_hosts` hosts have theirs, or
+    when JetStream has no room left to reserve for its share (the server reserves each stream's `max_bytes`
+    from its store and refuses a stream that does not fit).
+
+    Raises:
+        StorageFull: no room for one host more.
+        nats.errors.Error: JetStream is unreachable or refused.
+    """
+    configs = (logs_stream_config(subjects, settings, host_id), uploads_stream_config(subjects, settings, host_id))
+    try:
+        await js.stream_info(subjects.host_logs_stream(host_id))
+    except NotFoundError:
+        hosts = await _hosts_with_streams(js, subjects)
+        if hosts >= settings.max_hosts:
+            raise StorageFull(
+                f"{hosts} hosts have their logs and uploads streams, the most there is room for (max_hosts)",
+                max_hosts=settings.max_hosts,
+            ) from None
+    for config in configs:
+        try:
+            await _ensure_stream(js, config)
         except BadRequestError as exc:
-            if exc.err_code != _STREAM_NAME_IN_USE:
+            if exc.err_code != _SUBJECTS_OVERLAP:
                 raise
-            try:
-                await js.update_stream(config)
-                log.info("stream updated to the configured settings", extra={"stream": config.name})
-            except BadRequestError as update_error:
-                log.error(
-                    "stream exists with settings that cannot be changed in place; keeping it",
-                    extra={"stream": config.name, "error": update_error.description},
-                )
+            await retire_shared_streams(js, subjects)  # an earlier version's replica took them back
+            await _ensure_stream(js, config)
+        except ServerError as exc:
+            if exc.err_code != _INSUFFICIENT_RESOURCES:
+                raise
+            raise StorageFull(
+                "JetStream has no room left for this host's share of the logs and uploads budgets",
+                max_hosts=settings.max_hosts,
+            ) from None
+
+
+async def _hosts_with_streams(js: JetStreamContext, subjects: Subjects) -> int:
+    """How many hosts have a logs stream (the streams that take a host's log subjects)."""
+    reply = await js._api_request(
+        f"{js._prefix}.STREAM.NAMES",
+        json.dumps({"subject": subjects.host_log_all}).encode(),
+        timeout=js._timeout,
+    )
+    total = reply.get("total", 0)
+    return int(total) if isinstance(total, int) else 0
 
 
 def consumer_config(subjects: Subjects, settings: SchedulerSettings, host_id: str) -> ConsumerConfig:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Sequence
 
 from devsched.scheduler.app import Scheduler
+from devsched.scheduler.budget import StoreTooSmall
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import (
     Stopped,
@@ -66,7 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     async def serve(stop: asyncio.Event) -> int:
         with contextlib.suppress(Stopped):  # stopped before NATS came up
-            await Scheduler(settings).run(stop)
+            try:
+                await Scheduler(settings).run(stop)
+            except StoreTooSmall as exc:
+                log.error("%s", exc)  # one line: the budgets and the store
+                return 2
         return 0
 
     settle_heap()

@@ -5,6 +5,7 @@ request at a time per process. The `Dispatcher` hands each request to its own ta
 by a semaphore (when it is full the callback waits, and requests queue in NATS's per-subscription
 buffer), and knows which requests are in flight so a shutdown can wait for them. Before that, every
 request passes the `Admission` checks: a reply subject of the requester's own, and the host's fair share.
+Artifact commits, which wait on their host's chunks, run in a `Lane` of their own instead of the slots.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, get_type_hints
 
@@ -28,7 +30,7 @@ from devsched.core.errors import TooManyRequests
 from devsched.protocol import messages as m
 from devsched.protocol.codec import ERROR_HEADER, encode_error
 from devsched.protocol.subjects import HostVerb, Subjects
-from devsched.protocol.transport import EndpointTally, add_typed_endpoint
+from devsched.protocol.transport import EndpointTally, add_typed_endpoint, reply_limit
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
 from devsched.scheduler.metrics import request_timer
@@ -49,13 +51,49 @@ def _reply_of(req: Request) -> str | None:
     return req._msg.reply or None
 
 
+#: The pause a host refused by a full `Lane` is told to wait.
+LANE_RETRY_AFTER_S = 1.0
+
+
+@dataclass(slots=True)
+class Lane:
+    """A small pool of its own for requests that wait on their host (artifact commits), off the shared slots.
+
+    A commit waits for its host's chunks: in the shared slots, a few hosts trickling chunks would hold every
+    slot that renewals need. A lane holds at most `limit` requests, `per_host` of one host; more are
+    refused 429 at once rather than queued.
+    """
+
+    limit: int
+    per_host: int
+    running: int = 0
+    by_host: Counter[str] = field(default_factory=Counter)
+
+    def enter(self, host_id: str) -> bool:
+        """Take a place for a request of `host_id`; False when the lane or the host's part of it is full."""
+        if self.running >= self.limit or self.by_host[host_id] >= self.per_host:
+            return False
+        self.running += 1
+        self.by_host[host_id] += 1
+        return True
+
+    def leave(self, host_id: str) -> None:
+        """Give back the place of a finished request of `host_id`."""
+        self.running -= 1
+        self.by_host[host_id] -= 1
+        if self.by_host[host_id] <= 0:
+            del self.by_host[host_id]
+
+
 class Dispatcher:
-    """Runs each admitted request in its own task, at most `limit` at once."""
+    """Runs each admitted request in its own task, at most `limit` at once (plus those of its lanes)."""
 
     def __init__(self, limit: int, admission: Admission | None = None) -> None:
         self._slots = asyncio.Semaphore(limit)
         #: Each request's task, with the host whose fair share it holds (None: an operator's request).
         self._running: dict[asyncio.Task[None], str | None] = {}
+        #: The tasks that run in a lane instead of a slot, with the lane and the host they count against.
+        self._in_lane: dict[asyncio.Task[None], tuple[Lane, str]] = {}
         self.admission = admission
 
     @property
@@ -64,13 +102,19 @@ class Dispatcher:
         return len(self._running)
 
     def wrap(
-        self, handler: Handler, *, host_of: Callable[[str], str] | None = None, tally: EndpointTally | None = None
+        self,
+        handler: Handler,
+        *,
+        host_of: Callable[[str], str] | None = None,
+        tally: EndpointTally | None = None,
+        lane: Lane | None = None,
     ) -> Handler:
         """A micro handler that admits a request and starts `handler` for it in a task, returning at once.
 
         `host_of` (host endpoints) names the requesting host from the subject; without it the endpoint is
         an operator's. A request whose reply subject is not the requester's inbox is dropped unanswered;
         a host over its fair share is answered 429 at once (counted in `tally`, the endpoint's stats).
+        With `lane`, the request runs in that lane instead of a slot, or is answered 429 when it is full.
         """
         admission = self.admission
 
@@ -96,6 +140,9 @@ class Dispatcher:
                         if retry_after_s is not None:
                             await _refuse(req, retry_after_s, tally)
                             return
+            if lane is not None:
+                await self._start_in_lane(req, handler, lane, host_id, host_of, tally)
+                return
             await self._slots.acquire()
             task: asyncio.Task[None] = asyncio.ensure_future(handler(req))
             self._running[task] = host_id
@@ -103,10 +150,39 @@ class Dispatcher:
 
         return dispatch
 
+    async def _start_in_lane(
+        self,
+        req: Request,
+        handler: Handler,
+        lane: Lane,
+        host_id: str | None,
+        host_of: Callable[[str], str] | None,
+        tally: EndpointTally | None,
+    ) -> None:
+        key = host_id
+        if key is None and host_of is not None:
+            try:
+                key = host_of(req.subject)
+            except ValueError:
+                key = ""  # the handler answers 400
+        if not lane.enter(key or ""):
+            if host_id is not None and self.admission is not None:
+                self.admission.give_back(host_id)
+            await _refuse(req, LANE_RETRY_AFTER_S, tally, what="artifact commits in flight (of this host, or in all)")
+            return
+        task: asyncio.Task[None] = asyncio.ensure_future(handler(req))
+        self._running[task] = host_id
+        self._in_lane[task] = (lane, key or "")
+        task.add_done_callback(self._finished)
+
     def _finished(self, task: asyncio.Task[None]) -> None:
         # The fair share is given back here, not in the task: one coroutine fewer per request (issue 10).
         host_id = self._running.pop(task, None)
-        self._slots.release()
+        in_lane = self._in_lane.pop(task, None)
+        if in_lane is None:
+            self._slots.release()
+        else:
+            in_lane[0].leave(in_lane[1])
         if host_id is not None and self.admission is not None:
             self.admission.give_back(host_id)
         if not task.cancelled() and task.exception() is not None:  # typed_handler answers everything
@@ -120,18 +196,18 @@ class Dispatcher:
 
 
 @functools.lru_cache(maxsize=1024)
-def _too_many_requests(retry_after_ms: int) -> tuple[dict[str, str], bytes]:
+def _too_many_requests(retry_after_ms: int, what: str = "requests from this host") -> tuple[dict[str, str], bytes]:
     # A flooding host gets thousands of these a second: each distinct pause is encoded once.
     retry_after_s = retry_after_ms / 1000
-    err = TooManyRequests(
-        f"too many requests from this host; retry after {retry_after_s} s", retry_after_s=retry_after_s
-    )
+    err = TooManyRequests(f"too many {what}; retry after {retry_after_s} s", retry_after_s=retry_after_s)
     return encode_error(err)
 
 
-async def _refuse(req: Request, retry_after_s: float, tally: EndpointTally | None) -> None:
+async def _refuse(
+    req: Request, retry_after_s: float, tally: EndpointTally | None, *, what: str = "requests from this host"
+) -> None:
     retry_after_ms = max(1, round(retry_after_s * 1000))
-    headers, body = _too_many_requests(retry_after_ms)
+    headers, body = _too_many_requests(retry_after_ms, what)
     try:
         await req.respond(body, headers=dict(headers))
     except Exception as exc:  # the connection is going away; the host retries after its timeout
@@ -169,6 +245,8 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
         EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
         EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
         EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
+        EndpointSpec("devices-forget", subjects.devices_forget, m.ForgetDeviceRequest, api.forget),
+        EndpointSpec("devices-label", subjects.devices_label, m.LabelDeviceRequest, api.label),
         EndpointSpec("tasks-artifacts", subjects.task_artifacts, m.ListArtifactsRequest, api.artifacts),
         EndpointSpec("health-set", subjects.health_set, m.HealthCheckSetRequest, api.health_set),
         EndpointSpec("health-list", subjects.health_list, m.HealthCheckListRequest, api.health_list),
@@ -192,9 +270,19 @@ def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
 
 
 async def start_service(
-    nc: Client, api: Api, subjects: Subjects, dispatcher: Dispatcher, *, max_payload_bytes: int
+    nc: Client,
+    api: Api,
+    subjects: Subjects,
+    dispatcher: Dispatcher,
+    *,
+    max_payload_bytes: int,
+    commit_lane: Lane | None = None,
 ) -> Service:
-    """Add the micro service with every endpoint in the deployment's queue group."""
+    """Add the micro service with every endpoint in the deployment's queue group.
+
+    Artifact commits run in `commit_lane` when given, else in the dispatcher's slots like any request.
+    Every reply is bounded by the server's `max_payload` (`reply_limit`).
+    """
     service = await nats.micro.add_service(
         nc,
         name=subjects.service_name,
@@ -205,6 +293,7 @@ async def start_service(
     )
     for spec in endpoint_specs(api, subjects):
         host_of = api.host_id_of if spec.host else None
+        lane = commit_lane if spec.name == "host-artifact" else None
         await add_typed_endpoint(
             service,
             name=spec.name,
@@ -212,17 +301,23 @@ async def start_service(
             request_type=spec.request_type,
             handler=observed(spec.name, spec.handler),
             max_payload_bytes=max_payload_bytes,
-            hand_off=functools.partial(_dispatched, dispatcher, host_of, spec.name),
+            hand_off=functools.partial(_dispatched, dispatcher, host_of, spec.name, lane),
             reply_type=spec.reply_type,
+            max_reply_bytes=functools.partial(reply_limit, nc),
         )
     return service
 
 
 def _dispatched(
-    dispatcher: Dispatcher, host_of: Callable[[str], str] | None, name: str, handler: Handler, tally: EndpointTally
+    dispatcher: Dispatcher,
+    host_of: Callable[[str], str] | None,
+    name: str,
+    lane: Lane | None,
+    handler: Handler,
+    tally: EndpointTally,
 ) -> Handler:
     tally.observe = request_timer(name)  # the typed handler's own timing, from its start to its reply
-    return dispatcher.wrap(handler, host_of=host_of, tally=tally)
+    return dispatcher.wrap(handler, host_of=host_of, tally=tally, lane=lane)
 
 
 def endpoints_registered(service: Service) -> int:

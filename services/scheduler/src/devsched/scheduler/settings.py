@@ -8,8 +8,13 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from devsched.core.limits import MAX_RELEASES_DEFAULT
-from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES
+from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
 from devsched.service.settings import Seconds, ServiceSettings
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+#: Room a stored chunk takes beyond its bytes (its subject, headers and the store's record), rounded up.
+CHUNK_OVERHEAD_BYTES = 512
 
 #: A list of subject prefixes: comma-separated in the environment and on the command line.
 Prefixes = Annotated[tuple[str, ...], NoDecode]
@@ -30,25 +35,46 @@ class SchedulerSettings(ServiceSettings):
     """Oldest assignment kept in the (work-queue) assignments stream; leases are far shorter."""
     events_max_age_s: Seconds = 7 * 86400.0
     """Oldest event kept in the events stream."""
-    events_max_bytes: int = Field(default=-1, ge=-1)
-    """Size cap of the events stream in bytes (oldest dropped first); -1 for none."""
+    events_max_bytes: int = Field(default=512 * MiB, ge=-1)
+    """Size cap of the events stream in bytes (oldest dropped first); -1 for none (the store check then
+    refuses to start wherever the store's size is known)."""
     logs_max_age_s: Seconds = 7 * 86400.0
-    """Oldest step output kept in the logs stream (`<PU>_LOGS`)."""
-    logs_max_bytes: int = Field(default=-1, ge=-1)
-    """Size cap of the logs stream in bytes, oldest output dropped first; -1 for none (only the max age).
-    Each attempt's output is capped by its agent (`log_max_bytes`, 64 MiB by default)."""
+    """Oldest step output kept in each host's logs stream (`<PU>_LOGS_<host_id>`)."""
+    logs_max_bytes: int = Field(default=GiB, ge=-1)
+    """The logs budget in bytes: every host's logs stream together. Each host's stream holds
+    `logs_max_bytes // max_hosts` (its share), its own oldest output dropped first; -1 for no cap (only the
+    max age). Each attempt's output is also capped by its agent (`log_max_bytes`, 64 MiB by default)."""
+    max_hosts: int = Field(default=8, ge=1, le=100_000)
+    """Hosts that may have their own logs and uploads streams: the logs and uploads budgets are divided by it,
+    and the registration of one host more is refused 507 `storage_full`."""
     artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
     """Largest artifact file a host may store (issue 12); a larger one is refused `artifact_too_large`."""
     artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
     """Most bytes of artifacts one attempt may store; past it, `artifact_quota_exceeded`."""
+    artifact_commit_slots: int = Field(default=8, ge=1, le=1000)
+    """Artifact commits handled at once by this process, apart from the request slots (`max_concurrency`):
+    a commit waits on its host's chunks, and must not hold a slot that renewals need. More are answered 429."""
+    artifact_commits_per_host: int = Field(default=2, ge=1, le=100)
+    """Artifact commits of one host handled at once; more are answered 429 `too_many_requests`."""
+    artifact_commit_timeout_s: Seconds = 120.0
+    """Deadline of one artifact commit, from its start: past it the commit fails `upload_timeout` (408) and
+    the chunks read so far are purged (a host trickling its chunks holds a commit slot this long at most)."""
     artifacts_max_age_s: Seconds = 7 * 86400.0
     """Oldest artifact kept in the bucket `<PU>_ARTIFACTS` (like the logs); its row goes with its task."""
-    artifacts_max_bytes: int = Field(default=-1, ge=-1)
+    artifacts_max_bytes: int = Field(default=2 * GiB, ge=-1)
     """Size cap of the artifacts bucket in bytes (new objects refused when full); -1 for none."""
     uploads_max_age_s: Seconds = 3600.0
-    """Oldest chunk kept in `<PU>_UPLOADS` (a commit purges its upload at once; this drops abandoned ones)."""
-    uploads_max_bytes: int = Field(default=4 * 1024 * 1024 * 1024, ge=-1)
-    """Size cap of `<PU>_UPLOADS` in bytes (new chunks refused when full); -1 for none."""
+    """Oldest chunk kept in a host's `<PU>_UPLOADS_<host_id>` (a commit purges its upload at once; this drops
+    abandoned ones)."""
+    uploads_max_bytes: int = Field(default=8 * 288 * MiB, ge=-1)
+    """The uploads budget in bytes: every host's uploads stream together. Each host's stream holds
+    `uploads_max_bytes // max_hosts` (its share; its new chunks refused when full), which must hold the
+    largest artifact file; -1 for no cap."""
+    jetstream_store_bytes: int = Field(default=0, ge=0)
+    """Size of the JetStream store (the server's `max_file_store`, or its volume) for the check at start
+    when the account has no storage limit of its own; 0: only the account's limit is checked."""
+    jetstream_reserve_bytes: int = Field(default=256 * MiB, ge=0)
+    """Room of the JetStream store kept out of the budgets, for the assignments stream and the consumers."""
     consumer_ack_wait_s: Seconds = 30.0
     """How long an agent has to ack an assignment before JetStream redelivers it."""
     consumer_max_deliver: int = Field(default=10, ge=1)
@@ -133,3 +159,24 @@ class SchedulerSettings(ServiceSettings):
         if self.duplicate_window_s > shortest:
             raise ValueError(f"duplicate_window_s must not exceed the streams' max age ({shortest} s)")
         return self
+
+    @model_validator(mode="after")
+    def _upload_share_holds_a_file(self) -> SchedulerSettings:
+        share = self.uploads_host_max_bytes
+        need = self.artifact_max_file_bytes + chunk_count(self.artifact_max_file_bytes) * CHUNK_OVERHEAD_BYTES
+        if share >= 0 and share < need:
+            raise ValueError(
+                f"uploads_max_bytes / max_hosts ({share} bytes a host) must hold the largest artifact file "
+                f"(artifact_max_file_bytes, {need} bytes with its chunks' headers)"
+            )
+        return self
+
+    @property
+    def logs_host_max_bytes(self) -> int:
+        """Each host's share of the logs budget (`max_bytes` of its logs stream); -1 for no cap."""
+        return -1 if self.logs_max_bytes < 0 else self.logs_max_bytes // self.max_hosts
+
+    @property
+    def uploads_host_max_bytes(self) -> int:
+        """Each host's share of the uploads budget (`max_bytes` of its uploads stream); -1 for no cap."""
+        return -1 if self.uploads_max_bytes < 0 else self.uploads_max_bytes // self.max_hosts

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +45,7 @@ from devsched.client import Client, DevschedError, InvalidRequest, NotFound
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
-from devsched.web import charts, downloads, security, views
+from devsched.web import charts, downloads, hosts, limits, security, sessions, views
 from devsched.web.events import stored_events
 from devsched.web.sampler import Sampler, Snapshot
 from devsched.web.settings import WebSettings
@@ -89,8 +89,12 @@ class Web:
         self.sampler = Sampler(client, refresh_s=settings.web_refresh_s, queue_max=settings.web_queue_max)
         self.templates = _templates()
         self._token = settings.web_token.get_secret_value() if settings.web_token is not None else None
+        self.sessions = sessions.Sessions(self._token) if self._token is not None else None
+        self.logins = limits.LoginLimiter(settings.web_login_failures_per_ip, settings.web_login_failures_total)
+        self.streams = limits.StreamSlots(settings.web_streams_per_client, settings.web_streams_total)
         self._rendered: dict[Hashable, str] = {}
         self._rendered_version = 0
+        self._reads: dict[Hashable, tuple[int, asyncio.Task[Any]]] = {}
 
     def cached(self, key: Hashable, version: int, render: Callable[[], str]) -> str:
         """`render()` once per snapshot version and `key`: every viewer and live stream of it shares the HTML.
@@ -106,15 +110,34 @@ class Web:
             html = self._rendered[key] = render()
         return html
 
+    async def shared(self, key: Hashable, version: int, read: Callable[[], Awaitable[Any]]) -> Any:
+        """`await read()` once per `key` and `version`, shared by every live stream that asks.
+
+        All the streams of one task (or one device's history) wait for the same scheduler request.
+        """
+        held = self._reads.get(key)
+        if held is None or held[0] != version:
+            if len(self._reads) > 2 * self.settings.web_streams_total:
+                self._reads = {k: v for k, v in self._reads.items() if not v[1].done()}
+            reading = asyncio.ensure_future(read())
+            reading.add_done_callback(_retrieved)  # a failure nobody waits for any more is not "never retrieved"
+            held = self._reads[key] = (version, reading)
+        # shielded: one stream that closes does not cancel the read the others wait for
+        return await asyncio.shield(held[1])
+
     # -- who may act -----------------------------------------------------------------------------------------
 
     def logged_in(self, request: Request) -> bool:
         """Whether the request comes from someone allowed to act (token session, or the trusted proxy)."""
         if not self.settings.web_actions:
             return False
-        if self._token is None:
+        if self.sessions is None:
             return self.settings.web_auth_proxy
-        return security.session_ok(self._token, request.cookies.get(security.SESSION_COOKIE), time.time())
+        return self.sessions.check(request.cookies.get(security.SESSION_COOKIE), time.time())
+
+    def secure(self, request: Request) -> bool:
+        """Whether cookies get `Secure`: the request came over https (as a trusted proxy says), or forced."""
+        return self.settings.web_secure_cookies or request.url.scheme == "https"
 
     def context(self, request: Request, csrf: str) -> dict[str, Any]:
         """What every page's layout needs."""
@@ -130,14 +153,13 @@ class Web:
 
     def page(self, request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
         """A rendered page, setting the CSRF cookie when the browser has none."""
-        cookie = request.cookies.get(security.CSRF_COOKIE)
+        cookie = security.csrf_cookie(request.cookies.get(security.CSRF_COOKIE))
         csrf = cookie or security.new_csrf_token()
         html = self.templates.get_template(template).render({**self.context(request, csrf), **values})
         response = HTMLResponse(html, status_code=status_code)
         if cookie is None:
-            response.set_cookie(
-                security.CSRF_COOKIE, csrf, httponly=True, samesite="strict", secure=request.url.scheme == "https"
-            )
+            secure = self.secure(request)
+            response.set_cookie(security.CSRF_COOKIE, csrf, httponly=True, samesite="strict", secure=secure)
         return response
 
     def fragment(self, template: str, **values: Any) -> str:
@@ -153,9 +175,14 @@ class Web:
         form = await request.form()
         submitted = form.get(security.CSRF_FIELD)
         token = submitted if isinstance(submitted, str) else None
-        if not security.csrf_ok(request.cookies.get(security.CSRF_COOKIE), token):
+        if not security.csrf_ok(security.csrf_cookie(request.cookies.get(security.CSRF_COOKIE)), token):
             raise HTTPException(403, "missing or wrong CSRF token: reload the page and try again")
         return form
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 # -- pages -------------------------------------------------------------------------------------------------
@@ -184,7 +211,7 @@ async def lab_live(request: Request) -> Response:
     """The lab's grid as it changes."""
     web = _web(request)
     filters = views.parse_label_filters(request.query_params.getlist("label"))
-    return _stream(web, lambda snap: web.fragment("_lab.html", **_lab_values(web, snap, filters)))
+    return _stream(web, request, lambda snap: web.fragment("_lab.html", **_lab_values(web, snap, filters)))
 
 
 def _queue_fragment(web: Web, snap: Snapshot, page: int) -> str:
@@ -223,7 +250,7 @@ async def queue_live(request: Request) -> Response:
     """The queue's tables as they change (the page given by `?page=N`)."""
     web = _web(request)
     page = views.page_number(request.query_params.get("page"))
-    return _stream(web, lambda snap: _queue_fragment(web, snap, page))
+    return _stream(web, request, lambda snap: _queue_fragment(web, snap, page))
 
 
 def _charts_values(web: Web, snap: Snapshot) -> dict[str, Any]:
@@ -254,7 +281,7 @@ async def charts_page(request: Request) -> Response:
 async def charts_live(request: Request) -> Response:
     """The charts as they change."""
     web = _web(request)
-    return _stream(web, lambda snap: web.fragment("_charts.html", **_charts_values(web, snap)))
+    return _stream(web, request, lambda snap: web.fragment("_charts.html", **_charts_values(web, snap)))
 
 
 def _task_id(request: Request) -> uuid.UUID:
@@ -269,6 +296,8 @@ async def _task_values(web: Web, task_id: uuid.UUID) -> dict[str, Any]:
         view, events = await asyncio.gather(web.client.get(task_id), stored_events(web.client, task_id))
     except NotFound:
         raise HTTPException(404, f"no task {task_id}") from None
+    if "artifacts" in view.truncated:  # cut to fit one reply: the listing pages them
+        view = view.model_copy(update={"artifacts": (await web.client.artifacts(task_id)).artifacts})
     return {
         "task": view,
         "status": str(view.status),
@@ -296,30 +325,38 @@ async def task_live(request: Request) -> Response:
     """The task's live part as it changes, until the task ends."""
     web = _web(request)
     task_id = _task_id(request)
-    csrf = request.cookies.get(security.CSRF_COOKIE, "")
+    csrf = security.csrf_cookie(request.cookies.get(security.CSRF_COOKIE)) or ""
     base = web.context(request, csrf)
+    held: list[dict[str, Any]] = []
 
     async def render(snap: Snapshot) -> str:
-        values = await _task_values(web, task_id)
+        # one read of the task per snapshot, whatever the number of its pages open
+        values: dict[str, Any] = await web.shared(("task", task_id), snap.version, lambda: _task_values(web, task_id))
+        held[:] = [values]
         return web.fragment("_task.html", **{**base, **values})
 
     async def over() -> bool:
-        return (await web.client.get(task_id)).status in TERMINAL
+        return bool(held) and held[0]["task"].status in TERMINAL
 
-    return _stream(web, render, ended=over)
+    return _stream(web, request, render, ended=over)
 
 
 async def task_log(request: Request) -> Response:
     """The task's step output as events: `output` (JSON text), `step` (a step ended), `end`."""
     web = _web(request)
     task_id = _task_id(request)
+    release = _admit(web, request)
     try:
         view = await web.client.get(task_id)
     except NotFound:
+        release()
         raise HTTPException(404, f"no task {task_id}") from None
+    except BaseException:
+        release()
+        raise
     leases = {str(a.lease_id) for a in view.attempts}
 
-    async def lines() -> AsyncIterator[str]:
+    async def lines() -> AsyncGenerator[str, None]:
         yield "retry: 3000\n\n"
         try:
             async with web.client.logs(task_id, follow=True) as records:
@@ -340,7 +377,8 @@ async def task_log(request: Request) -> Response:
             yield _sse("output", json.dumps(f"── log unavailable: {exc} ──\n"))
         yield _sse("end", "{}")
 
-    return StreamingResponse(lines(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+    expired = _sse("output", json.dumps("── live log closed after a while: reload the page to follow ──\n"))
+    return _LiveResponse(_bounded(lines(), web.settings.web_stream_max_s, expired + _sse("end", "{}")), release)
 
 
 async def artifact_download(request: Request) -> Response:
@@ -426,15 +464,18 @@ async def device_live(request: Request) -> Response:
     web = _web(request)
     device_id = request.path_params["device_id"]
     after = _history_query(request)
-    base = web.context(request, request.cookies.get(security.CSRF_COOKIE, ""))
+    base = web.context(request, security.csrf_cookie(request.cookies.get(security.CSRF_COOKIE)) or "")
     held: list[_History] = []
 
     async def render(snap: Snapshot) -> str:
-        if not held or held[0].changes != web.sampler.device_changes.get(device_id, 0):
-            held[:] = [await _read_history(web, device_id, after)]
+        changes = web.sampler.device_changes.get(device_id, 0)
+        if not held or held[0].changes != changes:
+            # one read per change of the device, whatever the number of its pages open
+            history = web.shared(("history", device_id, after), changes, lambda: _read_history(web, device_id, after))
+            held[:] = [await history]
         return web.fragment("_device.html", **{**base, **_device_values(web, snap, device_id, held[0])})
 
-    return _stream(web, render)
+    return _stream(web, request, render)
 
 
 # -- actions -----------------------------------------------------------------------------------------------
@@ -493,32 +534,41 @@ async def login(request: Request) -> Response:
     """Check the operator token; on success set the signed session cookie."""
     web = _web(request)
     form = await web.guard(request)
-    if web._token is None:
+    if web._token is None or web.sessions is None:
         raise HTTPException(404, "no login: actions are handled by a proxy")
     given = form.get("token")
     target = _local(form.get("next"))
+    client = _client(request)
+    wait = web.logins.retry_after(client, time.monotonic())
+    if wait is not None:  # the right token too: a guesser learns nothing more while limited
+        refused = web.page(request, "login.html", status_code=429, next=target, failed=True, limited=wait)
+        refused.headers["retry-after"] = str(wait)
+        return refused
     if not isinstance(given, str) or not security.token_ok(web._token, given):
+        web.logins.failed(client, time.monotonic())
         log.warning("dashboard login refused")
         return web.page(request, "login.html", status_code=403, next=target, failed=True)
     response = RedirectResponse(target, status_code=303)
     expires = int(time.time() + web.settings.web_session_s)
     response.set_cookie(
         security.SESSION_COOKIE,
-        security.sign_session(web._token, expires),
+        web.sessions.issue(expires),
         max_age=int(web.settings.web_session_s),
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=web.secure(request),
     )
     return response
 
 
 async def logout(request: Request) -> Response:
-    """Forget the session."""
+    """End the session: revoked here (a copy of the cookie replayed later is no session), and forgotten."""
     web = _web(request)
     await web.guard(request)
+    if web.sessions is not None and web.sessions.revoke(request.cookies.get(security.SESSION_COOKIE), time.time()):
+        log.info("dashboard logout", extra={"revoked": web.sessions.revoked})
     response = RedirectResponse("/", status_code=303)
-    response.delete_cookie(security.SESSION_COOKIE, httponly=True, samesite="strict")
+    response.delete_cookie(security.SESSION_COOKIE, httponly=True, samesite="strict", secure=web.secure(request))
     return response
 
 
@@ -536,8 +586,61 @@ def _sse(event: str, data: str) -> str:
     return f"event: {event}\n" + "".join(f"data: {line}\n" for line in data.split("\n")) + "\n"
 
 
+def _client(request: Request) -> str:
+    """The client's address (a trusted proxy's `X-Forwarded-For` client; uvicorn rewrote it)."""
+    return request.client.host if request.client is not None else "unknown"
+
+
+def _admit(web: Web, request: Request) -> Callable[[], None]:
+    """A slot for one more live stream of this client, or 429; the function that gives it back (once)."""
+    client = _client(request)
+    if not web.streams.take(client):
+        raise HTTPException(429, "too many live streams open: close some pages", headers={"retry-after": "10"})
+    given = False
+
+    def release() -> None:
+        nonlocal given
+        if not given:
+            given = True
+            web.streams.give(client)
+
+    return release
+
+
+class _LiveResponse(StreamingResponse):
+    """An event stream holding a stream slot until it ends, however it ends."""
+
+    def __init__(self, content: AsyncGenerator[str, None], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _bounded(events: AsyncGenerator[str, None], lifetime_s: float, last: str = "") -> AsyncGenerator[str, None]:
+    """`events` for at most `lifetime_s` seconds, then `last` and the end (a browser opens a new stream)."""
+    deadline = time.monotonic() + lifetime_s
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                yield await asyncio.wait_for(anext(events), left)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                break
+        if last:
+            yield last
+    finally:
+        await events.aclose()
+
+
 def _stream(
     web: Web,
+    request: Request,
     render: Callable[[Snapshot], str | Awaitable[str]],
     *,
     ended: Callable[[], Awaitable[bool]] | None = None,
@@ -545,9 +648,11 @@ def _stream(
     """An event stream of `fragment` events: the region re-rendered at each new snapshot when it changed.
 
     With `ended`, the stream sends `end` (the page stops listening) once it says the subject is over.
+    Admitted only within the client's and the process's stream slots (else 429), for `web_stream_max_s`.
     """
+    release = _admit(web, request)
 
-    async def events() -> AsyncIterator[str]:
+    async def events() -> AsyncGenerator[str, None]:
         yield "retry: 2000\n\n"
         version = -1
         last = None
@@ -574,7 +679,7 @@ def _stream(
                 yield _sse("end", "{}")
                 return
 
-    return StreamingResponse(events(), media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+    return _LiveResponse(_bounded(events(), web.settings.web_stream_max_s), release)
 
 
 async def healthz(request: Request) -> Response:
@@ -626,12 +731,26 @@ async def _error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     web = _web(request)
     if request.url.path.endswith(("/live", "/log")):
-        return PlainTextResponse(str(exc.detail), status_code=exc.status_code)
-    return web.page(request, "error.html", status_code=exc.status_code, code=exc.status_code, message=exc.detail)
+        return PlainTextResponse(str(exc.detail), status_code=exc.status_code, headers=exc.headers)
+    response = web.page(request, "error.html", status_code=exc.status_code, code=exc.status_code, message=exc.detail)
+    response.headers.update(exc.headers or {})
+    return response
 
 
-def create_app(settings: WebSettings, *, connect: Callable[[], Awaitable[Client]] | None = None) -> Starlette:
-    """The application; its lifespan connects to NATS, takes a first sample and runs the sampler."""
+def allowed_hosts(settings: WebSettings, port: int | None = None) -> list[hosts.Allowed]:
+    """The `Host` headers served: `web_allowed_hosts`, else the default for the bind address and port."""
+    if settings.web_allowed_hosts is not None:
+        return hosts.parse(settings.web_allowed_hosts)
+    return hosts.default(settings.web_host, settings.web_port if port is None else port, loopback=settings.loopback)
+
+
+def create_app(
+    settings: WebSettings, *, connect: Callable[[], Awaitable[Client]] | None = None, port: int | None = None
+) -> Starlette:
+    """The application; its lifespan connects to NATS, takes a first sample and runs the sampler.
+
+    `port`: the one listened on (with `web_port` 0, known once bound), for the default `Host` allowlist.
+    """
 
     async def default_connect() -> Client:
         access = settings.nats_access()
@@ -699,6 +818,9 @@ def create_app(settings: WebSettings, *, connect: Callable[[], Awaitable[Client]
     return Starlette(
         routes=routes,
         lifespan=lifespan,
-        middleware=[Middleware(security.SecurityHeaders)],
+        middleware=[
+            Middleware(hosts.HostAllowlist, entries=allowed_hosts(settings, port)),
+            Middleware(security.SecurityHeaders),
+        ],
         exception_handlers={HTTPException: _error},
     )

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from devsched.service import EventLoopError, configure_logging, parse_settings, run_loop
-from devsched.web.app import create_app
+from devsched.web.app import allowed_hosts, create_app
 from devsched.web.settings import WebSettings
 
 log = logging.getLogger("devsched.web")
@@ -38,13 +38,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sock.bind((settings.web_host, settings.web_port))
     port = sock.getsockname()[1]
     host = f"[{settings.web_host}]" if family == socket.AF_INET6 else settings.web_host
+    proxies = settings.web_forwarded_allow_ips.strip()
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, port=port),
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=2,
-        proxy_headers=True,
-        forwarded_allow_ips=None,
+        # X-Forwarded-Proto/-For only from the proxies named (never uvicorn's default of 127.0.0.1)
+        proxy_headers=bool(proxies),
+        forwarded_allow_ips=proxies or "",
     )
     server = uvicorn.Server(config)
 
@@ -53,7 +55,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         while not server.started and not serving.done():  # noqa: ASYNC110 - uvicorn has no "listening" event
             await asyncio.sleep(0.05)
         if server.started:
-            log.info("serving", extra={"url": f"http://{host}:{port}/", "actions": settings.web_actions})
+            names = [e.name if e.port is None else f"{e.name}:{e.port}" for e in allowed_hosts(settings, port)]
+            log.info(
+                "serving",
+                extra={"url": f"http://{host}:{port}/", "actions": settings.web_actions, "allowed_hosts": names},
+            )
         await serving
         return server.started
 

@@ -5,15 +5,15 @@
 - CSRF, double-submit: a random token in an HttpOnly, SameSite=Strict cookie, rendered into every form;
   a POST whose form field differs from the cookie is refused (403), and so is one whose `Origin` header
   names another host.
-- Login: the operator types the token once; the answer is a cookie holding an expiry and an HMAC of it
-  keyed by a hash of the token (so changing the token logs everybody out, and replicas need no shared
-  state). The token itself is never stored in a cookie nor rendered.
+- Login: the operator types the token once (compared in constant time); the answer is a signed session
+  cookie (`sessions`). The token itself is never stored in a cookie nor rendered.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from urllib.parse import urlsplit
 
@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 CSRF_COOKIE = "devsched_csrf"
 SESSION_COOKIE = "devsched_session"
 CSRF_FIELD = "csrf"
+_CSRF_SHAPE = re.compile(r"[A-Za-z0-9_-]{43}")
 
 CONTENT_SECURITY_POLICY = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -67,11 +68,16 @@ def new_csrf_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+def csrf_cookie(value: str | None) -> str | None:
+    """The CSRF cookie if it has the shape of one this service makes, else None (a new one is set)."""
+    return value if value is not None and _CSRF_SHAPE.fullmatch(value) else None
+
+
 def csrf_ok(cookie: str | None, submitted: str | None) -> bool:
     """Whether the form's token matches the cookie's (both present, compared in constant time)."""
     if not cookie or not submitted:
         return False
-    return hmac.compare_digest(cookie.encode(), submitted.encode())
+    return hmac.compare_digest(cookie.encode(errors="replace"), submitted.encode(errors="replace"))
 
 
 def same_origin(origin: str | None, host: str | None) -> bool:
@@ -80,29 +86,19 @@ def same_origin(origin: str | None, host: str | None) -> bool:
         return True
     if origin == "null" or host is None:
         return False
-    return urlsplit(origin).netloc.lower() == host.lower()
-
-
-def _key(token: str) -> bytes:
-    return hashlib.sha256(b"devsched-web session v1\0" + token.encode()).digest()
+    try:
+        return urlsplit(origin).netloc.lower() == host.lower()
+    except ValueError:  # not a URL (an unclosed `[`, ...)
+        return False
 
 
 def token_ok(expected: str, given: str) -> bool:
-    """Whether the typed token is the operator token (constant time)."""
-    return hmac.compare_digest(expected.encode(), given.encode())
+    """Whether the typed token is the operator token, in constant time.
+
+    Digests of equal length are compared, so not even the token's length shows in the time taken.
+    """
+    return hmac.compare_digest(_digest(expected), _digest(given))
 
 
-def sign_session(token: str, expires_at: int) -> str:
-    """The session cookie's value: `<expiry>.<hmac>` (epoch seconds)."""
-    mac = hmac.new(_key(token), str(expires_at).encode(), hashlib.sha256).hexdigest()
-    return f"{expires_at}.{mac}"
-
-
-def session_ok(token: str, value: str | None, now: float) -> bool:
-    """Whether a session cookie was signed with this token and has not expired."""
-    if not value:
-        return False
-    expiry = value.partition(".")[0]
-    if not expiry.isdigit() or int(expiry) <= now:
-        return False
-    return hmac.compare_digest(sign_session(token, int(expiry)), value)
+def _digest(text: str) -> bytes:
+    return hashlib.sha256(text.encode(errors="replace")).digest()

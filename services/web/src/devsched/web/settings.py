@@ -11,6 +11,7 @@ import ipaddress
 from pydantic import Field, SecretStr, model_validator
 
 from devsched.service.settings import Seconds, ServiceSettings
+from devsched.web import hosts
 
 
 class WebSettings(ServiceSettings):
@@ -34,6 +35,25 @@ class WebSettings(ServiceSettings):
     """How long a login lasts."""
     web_request_timeout_s: Seconds = 5.0
     """Seconds to wait for each reply of the scheduler."""
+    web_allowed_hosts: str | None = None
+    """`Host` headers served, comma-separated (`name` any port, `name:port` that port, `*.domain`, `*` any);
+    default: loopback names with the dashboard's port on a loopback bind, else `localhost`, `127.0.0.1`
+    and `[::1]` (a port-forward). Any other `Host` is refused (400) before any work: no DNS rebinding."""
+    web_forwarded_allow_ips: str = ""
+    """Proxies whose `X-Forwarded-Proto` and `X-Forwarded-For` are believed (comma-separated addresses or
+    networks, `*` any), as uvicorn's `--forwarded-allow-ips`; empty: none."""
+    web_secure_cookies: bool = False
+    """Mark cookies `Secure` even when the request did not arrive over https (a TLS proxy not trusted above)."""
+    web_streams_per_client: int = Field(default=8, ge=1, le=10000)
+    """Live streams (server-sent events) one client address may hold open at once; more answer 429."""
+    web_streams_total: int = Field(default=200, ge=1, le=100000)
+    """Live streams this process holds open at once, for everybody; more answer 429."""
+    web_stream_max_s: Seconds = 900.0
+    """Seconds a live stream lasts; then it ends and the browser opens a new one (counted again)."""
+    web_login_failures_per_ip: int = Field(default=5, ge=1, le=10000)
+    """Failed logins a client address may make a minute; past them every login answers 429 with Retry-After."""
+    web_login_failures_total: int = Field(default=60, ge=1, le=100000)
+    """Failed logins a minute from everybody; past them every login answers 429 until the minute ends."""
 
     @model_validator(mode="after")
     def _actions_need_auth(self) -> WebSettings:
@@ -44,6 +64,8 @@ class WebSettings(ServiceSettings):
             )
         if self.web_token is not None and len(self.web_token.get_secret_value()) < 16:
             raise ValueError("DEVSCHED_WEB_TOKEN must be at least 16 characters")
+        if self.web_allowed_hosts is not None:
+            hosts.parse(self.web_allowed_hosts)
         return self
 
     @property

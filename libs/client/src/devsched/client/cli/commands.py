@@ -230,17 +230,28 @@ async def _bounded(coro: Coroutine[Any, Any, TaskView], seconds: float | None) -
 def get(
     ctx: typer.Context,
     task_id: Annotated[str, typer.Argument(help="The task's id.")],
+    full: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--full",
+            help="Show this field whole when the task is too large for one reply (metadata, result, attempts, "
+            "artifacts); repeatable.",
+        ),
+    ] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Show a task: status, attempts, and the reported step results."""
     tid = check(lambda: task_uuid(task_id))
 
     async def main(client: Client) -> None:
-        view = await client.get(tid)
+        view = await client.get(tid, full=full)
         if json_out:
             print_json(view)
-        else:
-            out.print(task_detail(view))
+            return
+        out.print(task_detail(view))
+        if view.truncated:
+            cut = ", ".join(view.truncated)
+            out.print(f"cut to fit one reply: {cut}; --full FIELD shows a field whole", style="dim")
 
     run(lambda: with_client(ctx, main))
 
@@ -281,6 +292,12 @@ def ls(
             out.print(literal(f"no tasks{where}"))
             return
         print_table(out, lambda compact: tasks_table(tasks, compact=compact))
+        trimmed = sum(1 for t in tasks if t.truncated)
+        if trimmed:
+            out.print(
+                f"{trimmed} of these tasks have large fields cut in the list (metadata, result): devsched show <id>",
+                style="dim",
+            )
         if cursor is not None:
             given = (("status", status), ("kind", kind), ("device", device))
             filters = "".join(f" --{name} {value}" for name, value in given if value)

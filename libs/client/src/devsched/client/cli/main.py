@@ -11,6 +11,7 @@ import typer
 
 from devsched.client.cli import artifacts as artifact_commands
 from devsched.client.cli import commands
+from devsched.client.cli import devices as device_commands
 from devsched.client.cli import health as health_commands
 from devsched.client.cli import logs as log_commands
 from devsched.client.cli.common import ExitCode, Settings, fail
@@ -127,6 +128,7 @@ app.command()(artifact_commands.artifacts)
 app.command()(commands.hosts)
 app.command()(commands.drain)
 app.add_typer(health_commands.app, name="health")
+app.add_typer(device_commands.app, name="devices")
 
 
 #: Entry point group of the packages that add commands to `devsched`: each names a `register(app)` function.

@@ -180,7 +180,10 @@ def hosts_table(hosts: Sequence[HostView], *, compact: bool = False) -> Table:
         if not devices:
             table.add_row(literal(host.host_id), online, ago(host.last_seen_at), "-", "", "")
         for i, device in enumerate(sorted(devices, key=lambda d: d.device_id)):
-            labels = literal(",".join(f"{k}={v}" for k, v in sorted(device.labels.items())))
+            text = ",".join(f"{k}={v}" for k, v in sorted(device.labels.items()))
+            if device.operator_labels:  # the keys an operator pinned (`devsched devices label`)
+                text += f" (pinned: {','.join(sorted(device.operator_labels))})"
+            labels = literal(text)
             state = Text(str(device.state), style=DEVICE_STYLE.get(DeviceState(device.state), ""))
             if device.quarantined and device.quarantine_reason:
                 state.append(visible(f" ({device.quarantine_reason})"))  # why, and since: `hosts --json`

@@ -61,7 +61,9 @@ async def _main() -> None:
     url = context.config.get_main_option("sqlalchemy.url")
     assert url, "devsched.store.migrations sets sqlalchemy.url"
     bare, tls = ssl_connect_arg(url)  # libpq's sslmode/sslrootcert/... as asyncpg's TLS context
-    engine = create_async_engine(bare, poolclass=pool.NullPool, connect_args={} if tls is None else {"ssl": tls})
+    engine = create_async_engine(
+        bare, poolclass=pool.NullPool, hide_parameters=True, connect_args={} if tls is None else {"ssl": tls}
+    )
     try:
         async with engine.connect() as conn:
             await conn.run_sync(_run)
