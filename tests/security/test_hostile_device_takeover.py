@@ -6,13 +6,18 @@ A's device id: refused 409 `device_conflict` naming the device, nothing of B's r
 A registers it again. A task pinned to the device goes to A only. Then B asserts the labels an operator
 pinned elsewhere, on its own device whose key the operator pinned too: the operator's value stays, and a
 selector of the pinned value never reaches B.
+
+The takeover of an idle device is tried again with the deploy accounts (deploy/nats/accounts.conf), each host
+speaking through its own account: the refusal is the scheduler's 409, not a dropped message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 
@@ -26,6 +31,7 @@ from support.scheduler_harness import (
     service_env,
     submit,
 )
+from support.secured_nats import PREFIX, SCHEDULER_SETTINGS, SecuredNats, account_host, secured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -103,3 +109,48 @@ async def test_a_host_cannot_take_an_idle_device_of_another_host(
             await host.close()
         scheduler.kill()
         await delete_streams(nc, subject_prefix)
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredNats]:
+    with secured_nats(tmp_path / "nats") as server:
+        yield server
+
+
+async def test_a_host_cannot_take_an_idle_device_of_another_host_with_the_deploy_accounts(
+    secured: SecuredNats, database_url: str, tmp_path: Path
+) -> None:
+    env = service_env(database_url, secured.url("scheduler"), PREFIX, **SCHEDULER_SETTINGS)
+    scheduler = scheduler_process(env, tmp_path / "sched.log").start()
+    connections: list[NatsClient] = []
+    try:
+        await scheduler.wait_logged("serving")
+        operator = await nats.connect(secured.url("operator"))
+        connections.append(operator)
+        owner, owner_connection = await account_host(secured, "bench-07")
+        thief, thief_connection = await account_host(secured, "bench-08")
+        connections += [owner.nc, thief.nc]
+        await owner.register(("lab-7", {"platform": "android"}))
+        await thief.register("bench-08-d1")
+
+        await owner.register(bind=False)  # withdrawn: the agent drains or stops, the device is idle
+        err = await _refused(thief, "bench-08-d1", ("lab-7", {"platform": "android"}))
+        assert (err.status, err.code) == (409, "device_conflict")
+        assert "lab-7" in err.message
+        listed = await _devices(operator, PREFIX)
+        assert listed["bench-08-d1"][0] == "bench-08", "the thief's registration changed nothing"
+        assert listed.get("lab-7", ("bench-07",))[0] == "bench-07"
+
+        await owner.register(("lab-7", {"platform": "android"}))  # the owner's agent starts again
+        assert (await _devices(operator, PREFIX))["lab-7"][0] == "bench-07"
+        pinned = await submit(operator, PREFIX, selector={"device_id": "lab-7"})
+        got = await owner.next_assignment(timeout=20)
+        assert got.task_id == pinned, "the task pinned to the device goes to its owner"
+        assert await thief.no_assignment(wait=1.0), "and never to the thief"
+        await owner.claim(got)
+        assert owner_connection.violations == [], "the owner used only its own subjects"
+        assert thief_connection.violations == [], "the thief was refused by the scheduler, not by NATS"
+    finally:
+        for nc in connections:
+            await nc.close()
+        scheduler.kill()

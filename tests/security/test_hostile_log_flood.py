@@ -7,6 +7,9 @@ Meanwhile host B renews its lease, writes 512 KiB of output and stores an artifa
 full through the client's log reader, B's artifact is stored, B's renewals stay fast; A's oldest records are
 the ones evicted and A's extra chunks the ones refused. A fifth host is refused 507 `storage_full`, and a
 scheduler whose budgets exceed the JetStream store does not start.
+
+The flood is run again with the deploy accounts (deploy/nats/accounts.conf): the flooder writes through its
+own account's imports, as a real host would, and the operator user reads B's output by a log filter.
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ import secrets
 import statistics
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import APIError
@@ -43,6 +48,7 @@ from support.scheduler_harness import (
     service_env,
     submit,
 )
+from support.secured_nats import PREFIX, SCHEDULER_SETTINGS, SecuredNats, account_host, secured_nats
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -81,13 +87,14 @@ def record(task_id: uuid.UUID, seq: int, data: str) -> LogRecord:
     )
 
 
-async def write_output(host: TestHost, lease: dict[str, Any], total: int, letter: str) -> bytes:
-    """`total` bytes of output records on the host's own log subject of its lease's attempt, acked one by one."""
+async def write_output(host: TestHost, lease: dict[str, Any], total: int, letter: str, *, first_seq: int = 1) -> bytes:
+    """`total` bytes of output records on the host's own log subject of its lease's attempt, acked one by one,
+    numbered from `first_seq`."""
     subjects = Subjects(host.prefix)
     task_id = uuid.UUID(lease["task_id"])
     subject = subjects.host_log(host.host_id, task_id, lease["attempt"])
     written = []
-    for seq in range(1, total // RECORD_BYTES + 1):
+    for seq in range(first_seq, first_seq + total // RECORD_BYTES):
         data = f"{letter}{seq:07d}".ljust(RECORD_BYTES - 1, letter) + "\n"
         headers = {MSG_ID_HEADER: log_msg_id(lease["lease_id"], seq)}
         await host.js.publish(subject, encode(record(task_id, seq, data)), headers=headers)
@@ -220,4 +227,82 @@ async def test_a_scheduler_whose_budgets_exceed_the_store_does_not_start(
         assert "more than the 33554432 bytes of the store" in lines[0], lines[0]
         assert not scheduler.logged("serving")
     finally:
+        scheduler.kill()
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredNats]:
+    with secured_nats(tmp_path / "nats") as server:
+        yield server
+
+
+async def test_a_host_filling_its_logs_and_uploads_costs_another_host_nothing_with_the_deploy_accounts(
+    secured: SecuredNats, database_url: str, tmp_path: Path
+) -> None:
+    env = service_env(database_url, secured.url("scheduler"), PREFIX, **BUDGETS, **SCHEDULER_SETTINGS)
+    scheduler = scheduler_process(env, tmp_path / "scheduler.log").start()
+    subjects = Subjects(PREFIX)
+    connections: list[NatsClient] = []
+    try:
+        await scheduler.wait_logged("serving")
+        operator = await nats.connect(secured.url("operator"))
+        connections.append(operator)
+        flooder, flooder_connection = await account_host(secured, "bench-07")
+        honest, honest_connection = await account_host(secured, "bench-08")
+        connections += [flooder.nc, honest.nc]
+        flood_lease = await claimed_lease(operator, PREFIX, flooder)
+        lease = await claimed_lease(operator, PREFIX, honest)
+
+        # B's output before the flood and during it (256 KiB each), A's flood of 4x its share, B renewing
+        half = 256 * KiB
+        before = await write_output(honest, lease, half, "b")
+        flood = asyncio.create_task(write_output(flooder, flood_lease, 4 * SHARE, "a"))
+        during = asyncio.create_task(write_output(honest, lease, half, "c", first_seq=half // RECORD_BYTES + 1))
+        latencies = await renewals_during(honest.nc, honest, lease, flood)
+        await flood
+        expected = before + await during
+        p99 = statistics.quantiles(latencies, n=100)[98]
+        assert p99 < TTL_S / 3, f"the honest host's renewal p99 {p99:.3f} s during the flood"
+
+        scheduler_user = await nats.connect(secured.url("scheduler"))  # only it reads a host stream's state
+        connections.append(scheduler_user)
+        own = await scheduler_user.jetstream().stream_info(subjects.host_logs_stream(flooder.host_id))
+        assert own.state.bytes <= SHARE, "the flooder's stream holds its share at most"
+        assert own.state.first_seq > 1, "the flooder's own oldest records are the ones evicted"
+        assert own.state.last_seq == 4 * SHARE // RECORD_BYTES, "and its latest are kept"
+
+        async def probe() -> m.TaskView:
+            return decode(m.TaskView, json.dumps(await get_task(operator, PREFIX, lease["task_id"])).encode())
+
+        reader = LogReader(operator.jetstream(), subjects, uuid.UUID(lease["task_id"]), probe, attempt=1)
+        assert await collect_output(reader) == expected, "the honest host's 512 KiB read back in full"
+
+        # Uploads: A's chunks past its share are refused, never committed; B's artifact is stored.
+        _, refused = await upload(flooder, flood_lease, os.urandom(4 * SHARE))
+        assert refused >= chunk_count(3 * SHARE), f"only {refused} of the flooder's chunks were refused"
+        data = os.urandom(300 * KiB)
+        upload_id, none_refused = await upload(honest, lease, data)
+        assert none_refused == 0, "the honest host's chunks are stored"
+        body = {
+            **lease,
+            "name": "out/b.bin",
+            "step": "run",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "chunks": chunk_count(len(data)),
+            "upload_id": upload_id,
+        }
+        stored = await call(honest.nc, honest.subject("artifact"), body, timeout=10)
+        bucket = await operator.jetstream().object_store(subjects.artifacts_bucket)
+        assert (await bucket.get(stored["object"])).data == data
+        assert flooder_connection.violations == [], "the flood used only the flooder's own subjects"
+        assert honest_connection.violations == []
+        print(
+            f"\nflood with the deploy accounts: {4 * SHARE} bytes of logs into a {SHARE}-byte share (kept "
+            f"{own.state.bytes}, first seq {own.state.first_seq}), {refused} chunks refused; honest host: "
+            f"{len(latencies)} renewals, p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+        )
+    finally:
+        for nc in connections:
+            await nc.close()
         scheduler.kill()

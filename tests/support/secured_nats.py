@@ -18,8 +18,12 @@ from nats.aio.client import Client as NatsClient
 
 from devsched.embedded import ChildProcess, free_port, nats_server_binary
 from devsched.embedded.server import tcp_accepts
+from devsched.protocol.subjects import Subjects
+from support.scheduler_harness import TestHost
 
 NATS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+#: The subject prefix the accounts are written for (the default).
+PREFIX = "devsched"
 #: The placeholder of each service user and its password in the tests.
 PASSWORDS = {
     "THE.SCHEDULER": "schedpw",
@@ -127,3 +131,14 @@ class HostConnection:
             server.url(self.host_id), inbox_prefix=f"_INBOX.{self.host_id}", error_cb=on_error, allow_reconnect=False
         )
         return self.nc
+
+
+async def account_host(server: SecuredNats, host_id: str) -> tuple[TestHost, HostConnection]:
+    """A protocol-only test host that speaks through its own account, as a real (or hostile) agent would: its
+    consumer is reached through the API prefix its imports map. The connection holds the server's refusals
+    (`violations`); close its `nc` after."""
+    connection = HostConnection(host_id)
+    nc = await connection.connect(server)
+    host = TestHost(nc, PREFIX, host_id)
+    host.js = nc.jetstream(prefix=Subjects(PREFIX).host_jetstream_api)
+    return host, connection
