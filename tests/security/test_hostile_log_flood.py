@@ -3,9 +3,9 @@
 The real scheduler process runs with small budgets: `max_hosts` 4, so each host's logs stream holds 1 MiB
 (`logs_max_bytes` 4 MiB) and its uploads stream 1 MiB. Host A writes four times its share of well-formed
 records into its own log subject, and publishes four times its upload share of chunks it never commits.
-Meanwhile host B renews its lease, writes 512 KiB of output and stores an artifact. B's output reads back in
-full through the client's log reader, B's artifact is stored, B's renewals stay fast; A's oldest records are
-the ones evicted and A's extra chunks the ones refused. A fifth host is refused 507 `storage_full`, and a
+Meanwhile host B renews its lease, writes 512 KiB of output (half before the flood, half during it) and
+stores an artifact. B's output reads back in full through the client's log reader, B's artifact is stored,
+B's renewals stay fast; A's oldest records are the ones evicted and A's extra chunks the ones refused. A fifth host is refused 507 `storage_full`, and a
 scheduler whose budgets exceed the JetStream store does not start.
 
 The flood is run again with the deploy accounts (deploy/nats/accounts.conf): the flooder writes through its
@@ -30,6 +30,7 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from devsched.client.logs import LogReader, collect_output
@@ -139,13 +140,73 @@ async def renewals_during(
     return latencies
 
 
+async def flood_while_another_host_works(
+    operator: NatsClient,
+    streams: JetStreamContext,
+    flooder: TestHost,
+    flood_lease: dict[str, Any],
+    honest: TestHost,
+    lease: dict[str, Any],
+) -> str:
+    """A floods its logs and uploads while B writes output (before and during the flood), renews its lease
+    and stores an artifact; asserts B lost nothing and A only its own. Returns a summary line.
+
+    `operator` calls the API and reads B's output and artifact; `streams` reads the streams' state. Each host
+    speaks through its own `nc`.
+    """
+    subjects = Subjects(honest.prefix)
+    # B's output before the flood and during it (256 KiB each), A's flood of 4x its share, B renewing all along
+    half = 256 * KiB
+    before = await write_output(honest, lease, half, "b")
+    flood = asyncio.create_task(write_output(flooder, flood_lease, 4 * SHARE, "a"))
+    during = asyncio.create_task(write_output(honest, lease, half, "c", first_seq=half // RECORD_BYTES + 1))
+    latencies = await renewals_during(honest.nc, honest, lease, flood)
+    await flood
+    expected = before + await during
+    p99 = statistics.quantiles(latencies, n=100)[98]
+    assert p99 < TTL_S / 3, f"the honest host's renewal p99 {p99:.3f} s during the flood"
+
+    own = await streams.stream_info(subjects.host_logs_stream(flooder.host_id))
+    assert own.state.bytes <= SHARE, "the flooder's stream holds its share at most"
+    assert own.state.first_seq > 1, "the flooder's own oldest records are the ones evicted"
+    assert own.state.last_seq == 4 * SHARE // RECORD_BYTES, "and its latest are kept"
+
+    async def probe() -> m.TaskView:
+        return decode(m.TaskView, json.dumps(await get_task(operator, honest.prefix, lease["task_id"])).encode())
+
+    reader = LogReader(operator.jetstream(), subjects, uuid.UUID(lease["task_id"]), probe, attempt=1)
+    assert await collect_output(reader) == expected, "the honest host's 512 KiB read back in full"
+
+    # Uploads: A's chunks past its share are refused, never committed; B's artifact is stored.
+    _, refused = await upload(flooder, flood_lease, os.urandom(4 * SHARE))
+    assert refused >= chunk_count(3 * SHARE), f"only {refused} of the flooder's chunks were refused"
+    data = os.urandom(300 * KiB)
+    upload_id, none_refused = await upload(honest, lease, data)
+    assert none_refused == 0, "the honest host's chunks are stored"
+    body = {
+        **lease,
+        "name": "out/b.bin",
+        "step": "run",
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "chunks": chunk_count(len(data)),
+        "upload_id": upload_id,
+    }
+    stored = await call(honest.nc, honest.subject("artifact"), body, timeout=10)
+    bucket = await operator.jetstream().object_store(subjects.artifacts_bucket)
+    assert (await bucket.get(stored["object"])).data == data
+    return (
+        f"{4 * SHARE} bytes of logs into a {SHARE}-byte share (kept {own.state.bytes}, first seq "
+        f"{own.state.first_seq}), {refused} chunks refused; honest host: {len(latencies)} renewals, "
+        f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
+    )
+
+
 async def test_a_host_filling_its_logs_and_uploads_costs_another_host_nothing(
     database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient, tmp_path: Path
 ) -> None:
     env = service_env(database_url, nats_url, subject_prefix, **BUDGETS)
     scheduler = scheduler_process(env, tmp_path / "scheduler.log").start()
-    subjects = Subjects(subject_prefix)
-    js = nc.jetstream()
     hosts: list[TestHost] = []
     try:
         await scheduler.wait_logged("serving")
@@ -153,49 +214,7 @@ async def test_a_host_filling_its_logs_and_uploads_costs_another_host_nothing(
         hosts += [flooder, honest]
         flood_lease = await claimed_lease(nc, subject_prefix, flooder)
         lease = await claimed_lease(nc, subject_prefix, honest)
-
-        # B's output first (512 KiB), then A's flood of 4x its share, B renewing all along
-        expected = await write_output(honest, lease, 512 * KiB, "b")
-        flood = asyncio.create_task(write_output(flooder, flood_lease, 4 * SHARE, "a"))
-        latencies = await renewals_during(nc, honest, lease, flood)
-        await flood
-        p99 = statistics.quantiles(latencies, n=100)[98]
-        assert p99 < TTL_S / 3, f"the honest host's renewal p99 {p99:.3f} s during the flood"
-
-        own = await js.stream_info(subjects.host_logs_stream(flooder.host_id))
-        assert own.state.bytes <= SHARE, "the flooder's stream holds its share at most"
-        assert own.state.first_seq > 1, "the flooder's own oldest records are the ones evicted"
-        assert own.state.last_seq == 4 * SHARE // RECORD_BYTES, "and its latest are kept"
-
-        async def probe() -> m.TaskView:
-            return decode(m.TaskView, json.dumps(await get_task(nc, subject_prefix, lease["task_id"])).encode())
-
-        reader = LogReader(nc.jetstream(), subjects, uuid.UUID(lease["task_id"]), probe, attempt=1)
-        assert await collect_output(reader) == expected, "the honest host's 512 KiB read back in full"
-
-        # Uploads: A's chunks past its share are refused, never committed; B's artifact is stored.
-        _, refused = await upload(flooder, flood_lease, os.urandom(4 * SHARE))
-        assert refused >= chunk_count(3 * SHARE), f"only {refused} of the flooder's chunks were refused"
-        data = os.urandom(300 * KiB)
-        upload_id, none_refused = await upload(honest, lease, data)
-        assert none_refused == 0, "the honest host's chunks are stored"
-        body = {
-            **lease,
-            "name": "out/b.bin",
-            "step": "run",
-            "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "chunks": chunk_count(len(data)),
-            "upload_id": upload_id,
-        }
-        stored = await call(nc, honest.subject("artifact"), body, timeout=10)
-        bucket = await js.object_store(subjects.artifacts_bucket)
-        assert (await bucket.get(stored["object"])).data == data
-        print(
-            f"\nflood: {4 * SHARE} bytes of logs into a {SHARE}-byte share (kept {own.state.bytes}, first seq "
-            f"{own.state.first_seq}), {refused} chunks refused; honest host: {len(latencies)} renewals, "
-            f"p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
-        )
+        print("\nflood:", await flood_while_another_host_works(nc, nc.jetstream(), flooder, flood_lease, honest, lease))
 
         # One host more than max_hosts has no room: refused, and the others keep theirs.
         for name in ("third", "fourth"):
@@ -241,67 +260,23 @@ async def test_a_host_filling_its_logs_and_uploads_costs_another_host_nothing_wi
 ) -> None:
     env = service_env(database_url, secured.url("scheduler"), PREFIX, **BUDGETS, **SCHEDULER_SETTINGS)
     scheduler = scheduler_process(env, tmp_path / "scheduler.log").start()
-    subjects = Subjects(PREFIX)
     connections: list[NatsClient] = []
     try:
         await scheduler.wait_logged("serving")
         operator = await nats.connect(secured.url("operator"))
-        connections.append(operator)
+        scheduler_user = await nats.connect(secured.url("scheduler"))  # only it reads a host stream's state
+        connections += [operator, scheduler_user]
         flooder, flooder_connection = await account_host(secured, "bench-07")
         honest, honest_connection = await account_host(secured, "bench-08")
         connections += [flooder.nc, honest.nc]
         flood_lease = await claimed_lease(operator, PREFIX, flooder)
         lease = await claimed_lease(operator, PREFIX, honest)
-
-        # B's output before the flood and during it (256 KiB each), A's flood of 4x its share, B renewing
-        half = 256 * KiB
-        before = await write_output(honest, lease, half, "b")
-        flood = asyncio.create_task(write_output(flooder, flood_lease, 4 * SHARE, "a"))
-        during = asyncio.create_task(write_output(honest, lease, half, "c", first_seq=half // RECORD_BYTES + 1))
-        latencies = await renewals_during(honest.nc, honest, lease, flood)
-        await flood
-        expected = before + await during
-        p99 = statistics.quantiles(latencies, n=100)[98]
-        assert p99 < TTL_S / 3, f"the honest host's renewal p99 {p99:.3f} s during the flood"
-
-        scheduler_user = await nats.connect(secured.url("scheduler"))  # only it reads a host stream's state
-        connections.append(scheduler_user)
-        own = await scheduler_user.jetstream().stream_info(subjects.host_logs_stream(flooder.host_id))
-        assert own.state.bytes <= SHARE, "the flooder's stream holds its share at most"
-        assert own.state.first_seq > 1, "the flooder's own oldest records are the ones evicted"
-        assert own.state.last_seq == 4 * SHARE // RECORD_BYTES, "and its latest are kept"
-
-        async def probe() -> m.TaskView:
-            return decode(m.TaskView, json.dumps(await get_task(operator, PREFIX, lease["task_id"])).encode())
-
-        reader = LogReader(operator.jetstream(), subjects, uuid.UUID(lease["task_id"]), probe, attempt=1)
-        assert await collect_output(reader) == expected, "the honest host's 512 KiB read back in full"
-
-        # Uploads: A's chunks past its share are refused, never committed; B's artifact is stored.
-        _, refused = await upload(flooder, flood_lease, os.urandom(4 * SHARE))
-        assert refused >= chunk_count(3 * SHARE), f"only {refused} of the flooder's chunks were refused"
-        data = os.urandom(300 * KiB)
-        upload_id, none_refused = await upload(honest, lease, data)
-        assert none_refused == 0, "the honest host's chunks are stored"
-        body = {
-            **lease,
-            "name": "out/b.bin",
-            "step": "run",
-            "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "chunks": chunk_count(len(data)),
-            "upload_id": upload_id,
-        }
-        stored = await call(honest.nc, honest.subject("artifact"), body, timeout=10)
-        bucket = await operator.jetstream().object_store(subjects.artifacts_bucket)
-        assert (await bucket.get(stored["object"])).data == data
+        summary = await flood_while_another_host_works(
+            operator, scheduler_user.jetstream(), flooder, flood_lease, honest, lease
+        )
         assert flooder_connection.violations == [], "the flood used only the flooder's own subjects"
         assert honest_connection.violations == []
-        print(
-            f"\nflood with the deploy accounts: {4 * SHARE} bytes of logs into a {SHARE}-byte share (kept "
-            f"{own.state.bytes}, first seq {own.state.first_seq}), {refused} chunks refused; honest host: "
-            f"{len(latencies)} renewals, p50 {statistics.median(latencies) * 1000:.1f} ms, p99 {p99 * 1000:.1f} ms"
-        )
+        print("\nflood with the deploy accounts:", summary)
     finally:
         for nc in connections:
             await nc.close()
