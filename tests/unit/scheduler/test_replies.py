@@ -10,6 +10,7 @@ import pytest
 from devsched.core.errors import InvalidRequest
 from devsched.core.status import TaskStatus
 from devsched.protocol import messages as m
+from devsched.protocol.base import STORED
 from devsched.protocol.codec import decode, encode
 from devsched.scheduler.replies import (
     LIST_FIELD_BYTES,
@@ -47,7 +48,7 @@ VIEW = m.TaskView(
 
 
 def summary(view: m.TaskView) -> m.TaskSummary:
-    return m.TaskSummary.model_validate(view.model_dump(exclude={"attempts", "artifacts"}))
+    return m.TaskSummary.model_validate(view.model_dump(exclude={"attempts", "artifacts"}), context=STORED)
 
 
 def big_view(metadata_kib: int, tail_kib: int) -> m.TaskView:

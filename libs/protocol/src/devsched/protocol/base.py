@@ -163,7 +163,8 @@ def _max_items(limit: int) -> Callable[[dict[str, str], ValidationInfo], dict[st
     return check
 
 
-def _str_schema(limit: int, min_length: int = 0) -> WithJsonSchema:
+def text_schema(limit: int, min_length: int = 0) -> WithJsonSchema:
+    """The JSON Schema of a string of at most `limit` characters (beside `bounded_text`)."""
     schema: dict[str, Any] = {"type": "string", "maxLength": limit}
     if min_length:
         schema["minLength"] = min_length
@@ -175,7 +176,7 @@ ShortName = Annotated[
     str,
     StringConstraints(min_length=1),
     AfterValidator(_max_chars(MAX_NAME_CHARS)),
-    _str_schema(MAX_NAME_CHARS, min_length=1),
+    text_schema(MAX_NAME_CHARS, min_length=1),
 ]
 
 #: An opaque cursor (`next` of a reply, `after` of the next request): 1 to `MAX_CURSOR_CHARS` characters.
@@ -183,14 +184,24 @@ Cursor = Annotated[
     str,
     StringConstraints(min_length=1),
     AfterValidator(_max_chars(MAX_CURSOR_CHARS)),
-    _str_schema(MAX_CURSOR_CHARS, min_length=1),
+    text_schema(MAX_CURSOR_CHARS, min_length=1),
 ]
 
+
+def bounded_text(limit: int) -> AfterValidator:
+    """The check of a request's string of at most `limit` characters; a value read back is not bounded.
+
+    Use as `Annotated[str, bounded_text(N), text_schema(N)]` where `Field(max_length=N)` would refuse a
+    stored value too.
+    """
+    return AfterValidator(_max_chars(limit))
+
+
 #: A reason a request gives: at most `MAX_REASON_CHARS` characters.
-Reason = Annotated[str, AfterValidator(_max_chars(MAX_REASON_CHARS)), _str_schema(MAX_REASON_CHARS)]
+Reason = Annotated[str, AfterValidator(_max_chars(MAX_REASON_CHARS)), text_schema(MAX_REASON_CHARS)]
 
 #: A label key or value: at most `MAX_LABEL_CHARS` characters.
-LabelText = Annotated[str, AfterValidator(_max_chars(MAX_LABEL_CHARS)), _str_schema(MAX_LABEL_CHARS)]
+LabelText = Annotated[str, AfterValidator(_max_chars(MAX_LABEL_CHARS)), text_schema(MAX_LABEL_CHARS)]
 
 #: The labels of a device or selector: at most `MAX_LABELS` pairs of `LabelText`.
 Labels = Annotated[

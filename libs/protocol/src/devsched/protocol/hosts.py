@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Annotated
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -20,6 +21,8 @@ from devsched.protocol.base import (
     Seconds,
     Timestamp,
     Token,
+    bounded_text,
+    text_schema,
 )
 from devsched.protocol.plans import refuse_reserved_labels
 
@@ -255,7 +258,7 @@ class RegisterRequest(RequestModel):
 
     devices: list[DeviceRegistration] = Field(default_factory=list)
     """May be empty; device ids are unique within the request."""
-    agent_version: str | None = Field(default=None, max_length=MAX_VERSION_CHARS)
+    agent_version: Annotated[str, bounded_text(MAX_VERSION_CHARS), text_schema(MAX_VERSION_CHARS)] | None = None
     """The agent's version, for operators. At most 200 characters."""
     actions: list[ActionOffer] | None = Field(default=None, max_length=MAX_ACTIONS)
     """Every action the agent runs, built-ins included (an addition). Null (an agent that predates plug-ins):

@@ -5,14 +5,26 @@ from __future__ import annotations
 import posixpath
 from collections import Counter
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from devsched.core.actions import is_reserved
 from devsched.protocol.artifacts import StepArtifacts
-from devsched.protocol.base import JsonObject, Labels, Lax, Name, RequestModel, Seconds, ShortName, Timestamp, Token
+from devsched.protocol.base import (
+    JsonObject,
+    Labels,
+    Lax,
+    Name,
+    RequestModel,
+    Seconds,
+    ShortName,
+    Timestamp,
+    Token,
+    bounded_text,
+    text_schema,
+)
 
 #: Most steps a plan may have.
 MAX_STEPS = 100
@@ -44,7 +56,7 @@ class ShellArgs(RequestModel):
     """The shell command line to run."""
     env: dict[str, str] = Field(default_factory=dict)
     """Extra environment variables, on top of the device's `env` and the `DEVSCHED_*` ones."""
-    cwd: str | None = Field(default=None, max_length=MAX_CWD_CHARS)
+    cwd: Annotated[str, bounded_text(MAX_CWD_CHARS), text_schema(MAX_CWD_CHARS)] | None = None
     """Working directory; the attempt's own directory when null."""
 
     @field_validator("env")
@@ -133,7 +145,7 @@ class Step(RequestModel):
         model = BUILTIN_ARGS.get(info.data.get("action", ""))
         if model is not None:
             try:
-                model.model_validate(args)
+                model.model_validate(args, context=info.context)  # a stored plan is not bounded again
             except ValidationError as exc:
                 # Raised as a ValidationError, each error keeps its own location, which pydantic appends to
                 # this field's: `plan.steps.0.args.seconds`, not `plan.steps.0.args`.
@@ -285,7 +297,7 @@ class StepResult(RequestModel):
     """When the step started; null when skipped."""
     finished_at: Timestamp | None = None
     """When the step ended; null when skipped."""
-    output_tail: str | None = Field(default=None, max_length=MAX_OUTPUT_TAIL_CHARS)
+    output_tail: Annotated[str, bounded_text(MAX_OUTPUT_TAIL_CHARS), text_schema(MAX_OUTPUT_TAIL_CHARS)] | None = None
     """The last part of the step's combined output (at most 64 KiB characters)."""
     results: ResultsSummary | None = Field(default=None, exclude_if=_unless_none)
     """Addition: the summary of the step's `results` file, for a step that declared one and ran."""

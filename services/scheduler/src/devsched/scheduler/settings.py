@@ -40,11 +40,11 @@ class SchedulerSettings(ServiceSettings):
     refuses to start wherever the store's size is known)."""
     logs_max_age_s: Seconds = 7 * 86400.0
     """Oldest step output kept in each host's logs stream (`<PU>_LOGS_<host_id>`)."""
-    logs_max_bytes: int = Field(default=GiB, ge=-1)
+    logs_max_bytes: int = Field(default=4 * GiB, ge=-1)
     """The logs budget in bytes: every host's logs stream together. Each host's stream holds
     `logs_max_bytes // max_hosts` (its share), its own oldest output dropped first; -1 for no cap (only the
     max age). Each attempt's output is also capped by its agent (`log_max_bytes`, 64 MiB by default)."""
-    max_hosts: int = Field(default=8, ge=1, le=100_000)
+    max_hosts: int = Field(default=64, ge=1, le=100_000)
     """Hosts that may have their own logs and uploads streams: the logs and uploads budgets are divided by it,
     and the registration of one host more is refused 507 `storage_full`."""
     artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
@@ -66,7 +66,7 @@ class SchedulerSettings(ServiceSettings):
     uploads_max_age_s: Seconds = 3600.0
     """Oldest chunk kept in a host's `<PU>_UPLOADS_<host_id>` (a commit purges its upload at once; this drops
     abandoned ones)."""
-    uploads_max_bytes: int = Field(default=8 * 288 * MiB, ge=-1)
+    uploads_max_bytes: int = Field(default=64 * 288 * MiB, ge=-1)
     """The uploads budget in bytes: every host's uploads stream together. Each host's stream holds
     `uploads_max_bytes // max_hosts` (its share; its new chunks refused when full), which must hold the
     largest artifact file; -1 for no cap."""
