@@ -54,7 +54,7 @@ async def test_a_list_of_large_plans_is_paged_by_bytes(
 async def test_large_metadata_is_cut_in_a_list_and_whole_in_the_view(
     scheduler: Scheduler, nc: NatsClient, subject_prefix: str
 ) -> None:
-    metadata = {"blob": "m" * 400 * KiB}
+    metadata = {"blob": "m" * 60 * KiB}  # near the bound of a request's metadata (64 KiB), far above a list's 4
     ids = [await submit(nc, subject_prefix, metadata=metadata, selector={"labels": {"none": "x"}}) for _ in range(3)]
     small = await submit(nc, subject_prefix, metadata={"ci": "run-1"}, selector={"labels": {"none": "x"}})
     tasks, sizes = await listed(nc, subject_prefix, limit=100)
@@ -75,11 +75,11 @@ async def test_a_view_above_max_payload_is_trimmed_and_each_field_can_be_had_who
 ) -> None:
     host = make_host()
     await host.register("d1")
-    metadata = {"blob": "m" * 300 * KiB}
-    task_id = await submit(nc, subject_prefix, metadata=metadata, plan=shell_plan(1))
+    metadata = {"blob": "m" * 60 * KiB}
+    task_id = await submit(nc, subject_prefix, metadata=metadata, plan=shell_plan(300))
     assigned = await host.next_assignment()
     await host.claim(assigned)
-    tail = "\x01" * 70 * KiB  # a control character: 6 bytes in JSON (\u0001), 420 KiB on the wire
+    tail = "\x01" * 64 * KiB  # the longest tail, of a control character: 6 bytes in JSON (\u0001), 384 KiB
     result = {"steps": [{"name": "run", "status": "done", "exit_code": 0, "output_tail": tail}]}
     await host.report(assigned, result=result)
 
@@ -109,10 +109,10 @@ async def test_a_view_above_max_payload_is_trimmed_and_each_field_can_be_had_who
 async def test_hosts_list_is_paged_by_bytes(
     scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
 ) -> None:
-    labels = {f"label-{i}": "v" * 900 for i in range(400)}  # about 400 KiB of labels a host
+    labels = {f"label-{i}": "v" * 240 for i in range(100)}  # the most labels a device has, about 25 KiB
     hosts = [make_host() for _ in range(4)]
-    for n, host in enumerate(hosts):
-        await host.register((f"big-{n}", labels), bind=False)
+    for n, host in enumerate(hosts):  # about 375 KiB of labels a host
+        await host.register(*((f"big-{n}-{d}", labels) for d in range(15)), bind=False)
     seen: list[str] = []
     after = None
     pages = 0
