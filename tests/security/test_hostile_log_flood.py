@@ -5,8 +5,9 @@ The real scheduler process runs with small budgets: `max_hosts` 4, so each host'
 records into its own log subject, and publishes four times its upload share of chunks it never commits.
 Meanwhile host B renews its lease, writes 512 KiB of output (half before the flood, half during it) and
 stores an artifact. B's output reads back in full through the client's log reader, B's artifact is stored,
-B's renewals stay fast; A's oldest records are the ones evicted and A's extra chunks the ones refused. A fifth host is refused 507 `storage_full`, and a
-scheduler whose budgets exceed the JetStream store does not start.
+B's renewals stay fast; A's oldest records are the ones evicted and A's extra chunks the ones refused. A
+fifth host is refused 507 `storage_full`, and a scheduler whose budgets exceed the JetStream store does not
+start.
 
 The flood is run again with the deploy accounts (deploy/nats/accounts.conf): the flooder writes through its
 own account's imports, as a real host would, and the operator user reads B's output by a log filter.
