@@ -364,11 +364,11 @@ async def delete_streams_at(url: str, prefix: str) -> None:
 
 #: Small storage budgets for tests: JetStream reserves each stream's cap from the server's store.
 BUDGETS: dict[str, Any] = {
-    "max_hosts": 8,
+    "max_hosts": 64,  # a module's stack keeps every host a test made (streams are reserved only as hosts come)
     "events_max_bytes": 64 * 1024 * 1024,
     "artifacts_max_bytes": 256 * 1024 * 1024,
-    "logs_max_bytes": 8 * 32 * 1024 * 1024,  # 32 MiB a host: a test prints 10 MiB
-    "uploads_max_bytes": 8 * 40 * 1024 * 1024,
+    "logs_max_bytes": 64 * 32 * 1024 * 1024,  # 32 MiB a host: a test prints 10 MiB
+    "uploads_max_bytes": 64 * 40 * 1024 * 1024,
     "artifact_max_file_bytes": 32 * 1024 * 1024,
 }
 
