@@ -280,7 +280,9 @@ async def test_a_device_now_another_host_s_is_not_handed_to_the_reporting_host(
     lease, waiting = await _first(lab, heard)
     await lab.host("h2", "e1")
     async with lab.store.engine.begin() as conn:
-        await conn.execute(text("UPDATE devices SET host_id = 'h2' WHERE device_id = 'd1'"))
+        # As if an operator freed it (`devices.forget`) and h2 registered it: a device's host changes no other way.
+        await conn.execute(text("UPDATE devices SET freed_at = now() WHERE device_id = 'd1'"))
+        await conn.execute(text("UPDATE devices SET host_id = 'h2', freed_at = NULL WHERE device_id = 'd1'"))
     heard.clear()
     receipt = await lab.store.report(lease, Outcome.DONE, take_next=True)
     assert receipt.next is None

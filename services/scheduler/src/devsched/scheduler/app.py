@@ -8,6 +8,7 @@ ones in flight finish their transactions and replies, stop the loops, publish wh
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from contextlib import AsyncExitStack
 
@@ -18,7 +19,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 from nats.micro.service import Service
 
-from devsched.core.errors import StorageFull
+from devsched.core.backoff import backoff_delay
+from devsched.core.errors import DevschedError, StorageFull
 from devsched.core.fairshare import ShareLimits
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler import budget
@@ -97,19 +99,27 @@ class Scheduler:
                 await sleep_or_stop(stop, delay)
         return False
 
-    async def _host_streams(self, js: JetStreamContext, store: Store) -> None:
-        """Each online host's logs and uploads streams, best effort.
+    async def _host_streams(self, js: JetStreamContext, store: Store, stop: asyncio.Event) -> None:
+        """Each online host's logs and uploads streams, in the background, until made (or `stop`).
 
         After an upgrade from the shared streams, agents that do not register again publish into them at once
-        (a registration makes them too).
+        (a registration makes them too). The database may not answer yet at start: that is retried, never a
+        reason to exit; a host JetStream has no room for is left to its next registration (refused 507).
         """
-        try:
-            hosts = await store.list_hosts()
-            for host in hosts:
-                if host.online:  # one gone for good keeps no share; it gets its streams when it registers
-                    await ensure_host_streams(js, self.subjects, self.settings, host.host_id)
-        except (StorageFull, nats.errors.Error, APIError, TimeoutError) as exc:
-            log.warning("hosts' streams not all made: %s", type(exc).__name__)
+        for attempt in itertools.count(1):
+            try:
+                hosts = await store.list_hosts()
+                for host in hosts:
+                    if host.online:  # one gone for good keeps no share; it gets its streams when it registers
+                        await ensure_host_streams(js, self.subjects, self.settings, host.host_id)
+                return
+            except StorageFull:
+                log.warning("hosts' streams not all made: no room for one host more")
+                return
+            except (DevschedError, nats.errors.Error, APIError, TimeoutError) as exc:
+                log.warning("hosts' streams not made yet, will retry: %s", type(exc).__name__)
+            if await sleep_or_stop(stop, backoff_delay(attempt, base_s=1.0, cap_s=30.0)):
+                return
 
     async def _wake_from(self, nc: Client) -> None:
         async def on_wake(_: Msg) -> None:
@@ -159,7 +169,8 @@ class Scheduler:
             if s.create_streams:
                 if not await self._streams(js, stop):
                     return
-                await self._host_streams(js, store)
+                made = asyncio.ensure_future(self._host_streams(js, store, stop))
+                stack.callback(made.cancel)
 
             loops: list[WorkLoop] = []
             assigner = self.assigner = Assigner(store, self.assign_wakeup, batch=s.assign_batch, tick=s.assign_tick_s)
