@@ -1,7 +1,8 @@
 """A submitter's huge tasks cannot make the listings go silent for everyone else.
 
-The real scheduler process. A submitter makes three tasks with 400 KiB of metadata each, five with 300 KiB
-plans, and one whose host reports a 420 KiB output tail on top of 300 KiB of metadata: before replies were
+The real scheduler process. A submitter's 400 KiB of metadata is refused (a request's metadata is bounded);
+it makes three tasks with 60 KiB of metadata each, five with 300 KiB plans, and one whose host reports a
+384 KiB output tail on top of a 300 KiB plan and 60 KiB of metadata: before replies were
 bounded, the page holding them was larger than NATS's 1 MiB `max_payload`, no reply went out, and every
 `tasks.list` (the CLI's `ls`, the dashboard) timed out; the big task could not be read at all. Another
 client, on a connection of its own, lists every task (paged by bytes, the large metadata cut and flagged,
@@ -47,18 +48,26 @@ async def test_huge_tasks_leave_every_listing_answered(
     try:
         await scheduler.wait_logged("serving")
         nowhere = {"labels": {"nowhere": "x"}}
-        big_metadata = {"blob": "m" * 400 * KiB}
+        refused = await nc.request(
+            api(subject_prefix, "tasks.submit"),
+            json.dumps({"plan": {"steps": [{"name": "a", "action": "sleep", "args": {"seconds": 1}}]},
+                        "metadata": {"blob": "m" * 400 * KiB}}).encode(),
+            timeout=5,
+        )  # fmt: skip
+        assert (refused.headers or {}).get("Nats-Service-Error-Code") == "400", "400 KiB of metadata is refused"
+        assert json.loads(refused.data)["error"]["details"]["errors"][0]["path"] == "metadata"
+        big_metadata = {"blob": "m" * 60 * KiB}  # the most a request may bring is 64 KiB
         heavy = [await submit(nc, subject_prefix, metadata=big_metadata, selector=nowhere) for _ in range(3)]
         plan = {"steps": [{"name": "run", "action": "shell", "args": {"command": "echo " + "p" * 300 * KiB}}]}
         planned = [await submit(nc, subject_prefix, plan=plan, selector=nowhere) for _ in range(5)]
 
         host = TestHost(nc, subject_prefix, "reporter")
         await host.register("reporter-d1")
-        metadata = {"blob": "n" * 300 * KiB}
-        big = await submit(nc, subject_prefix, metadata=metadata, selector={"device_id": "reporter-d1"})
+        metadata = {"blob": "n" * 60 * KiB}
+        big = await submit(nc, subject_prefix, metadata=metadata, plan=plan, selector={"device_id": "reporter-d1"})
         assigned = await host.next_assignment(timeout=20)
         await host.claim(assigned)
-        tail = "\x01" * 70 * KiB  # 420 KiB in JSON
+        tail = "\x01" * 64 * KiB  # the longest tail: 384 KiB in JSON
         result = {
             "steps": [
                 {"name": s["name"], "status": "done", "output_tail": tail} for s in assigned.body["plan"]["steps"]

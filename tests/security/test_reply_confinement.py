@@ -334,6 +334,6 @@ async def test_operator_endpoints_answer_only_an_operator_inbox(
             assert "not an operator inbox" in refusals[0].getMessage()
             # an operator's own inbox is answered as ever
             reply = await request_with_reply(nc, subjects.hosts_list, b"{}", "_INBOX.operator-1.x")
-            assert json.loads(reply.data) == {"hosts": []}
+            assert json.loads(reply.data)["hosts"] == []
         finally:
             await delete_streams(nc, subject_prefix)
