@@ -65,8 +65,13 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
         async with running_scheduler(
             scheduler_settings(database_url, nats_url, subject_prefix, logs_max_age_s=7200.0, logs_max_bytes=10**9)
         ):
-            logs = await js.stream_info(f"{pu}_LOGS_h-streams")  # made again at the start for the known host
-            assert (logs.config.max_age, logs.config.max_bytes) == (7200, 10**9 // settings.max_hosts)
+            want = (7200, 10**9 // settings.max_hosts)
+
+            async def logs_limits() -> bool:  # made again at the start for the known host, in the background
+                logs = await js.stream_info(f"{pu}_LOGS_h-streams")
+                return (logs.config.max_age, logs.config.max_bytes) == want
+
+            await eventually(logs_limits, message="the host's logs stream brought to the new limits")
     finally:
         await delete_streams(nc, subject_prefix)
 
