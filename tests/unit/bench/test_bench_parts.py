@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from devsched.devstack.bench.figures import Figure, at_least, at_most, value_at_most
-from devsched.devstack.bench.probes import CpuMeter, Distribution, cpu_seconds, memory_kib
-from devsched.devstack.bench.profiling import python_table, read_stacks, top_functions
-from devsched.devstack.bench.report import goal_summary, render_figures
+from devsched.bench.figures import Figure, at_least, at_most, value_at_most
+from devsched.bench.probes import CpuMeter, Distribution, cpu_seconds, memory_kib
+from devsched.bench.profiling import python_table, read_stacks, top_functions
+from devsched.bench.report import goal_summary, render_figures
 
 pytestmark = pytest.mark.unit
 

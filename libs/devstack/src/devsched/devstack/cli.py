@@ -1,6 +1,6 @@
-"""The dev stack's commands of `devsched`: `up`, `migrate` and `bench`.
+"""The dev stack's commands of `devsched`: `up` and `migrate` (`bench` is devsched-bench's).
 
-`up` hands its options to `devsched.devstack.stack`, `bench` to `devsched.devstack.bench`.
+`up` hands its options to `devsched.devstack.stack`.
 
 They reach the CLI through the `devsched.cli_plugins` entry point (`register`), so that devsched-client needs
 neither the store nor the embedded servers.
@@ -16,7 +16,6 @@ from urllib.parse import urlsplit, urlunsplit
 import typer
 
 from devsched.client.cli.common import ExitCode, fail, settings
-from devsched.devstack.bench.command import bench
 from devsched.protocol.tls import with_postgres_ssl
 
 #: `DEVSCHED_DATABASE_URL`'s default, as the services have it.
@@ -170,7 +169,6 @@ def migrate(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `up`, `migrate` and `bench` to the `devsched` app (this package's `devsched.cli_plugins` entry point)."""
+    """Add `up` and `migrate` to the `devsched` app (this package's `devsched.cli_plugins` entry point)."""
     app.command()(up)
     app.command()(migrate)
-    app.command()(bench)

@@ -130,7 +130,7 @@ def _sigterm_interrupts() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-async def _ensure_database(admin_dsn: str, name: str, roles: DatabaseRoles) -> None:
+async def ensure_database(admin_dsn: str, name: str, roles: DatabaseRoles) -> None:
     """Create the roles (idempotent) and the database owned by the owner role, as the superuser.
 
     A data directory from before the roles existed has its database and tables owned by `postgres`:
@@ -252,7 +252,7 @@ class Up:
             )
             servers.callback(self._stop_server, "PostgreSQL", postgres.stop)
             postgres.start()
-            asyncio.run(_ensure_database(postgres.dsn(), DATABASE_NAME, self.roles))
+            asyncio.run(ensure_database(postgres.dsn(), DATABASE_NAME, self.roles))
             # migrations (and `devsched migrate` with .devsched/env) as the owner, never the superuser
             database_url = role_url(postgres.url(DATABASE_NAME), self.roles.owner)
         self.say("migrating the database")

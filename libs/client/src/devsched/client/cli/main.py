@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.models import CommandInfo
 
 from devsched.client.cli import artifacts as artifact_commands
 from devsched.client.cli import commands
@@ -135,7 +136,7 @@ app.add_typer(device_commands.app, name="devices")
 PLUGIN_GROUP = "devsched.cli_plugins"
 
 #: Commands that come with a package of their own, and that package: without it, they say so in one line.
-PLUGIN_COMMANDS = {"up": "devsched-devstack", "migrate": "devsched-devstack", "bench": "devsched-devstack"}
+PLUGIN_COMMANDS = {"up": "devsched-devstack", "migrate": "devsched-devstack", "bench": "devsched-bench"}
 
 
 def _missing(name: str, package: str) -> Callable[[], None]:
@@ -150,21 +151,27 @@ def _load_plugins() -> None:
     """Add the commands of the installed plugin packages, and a one-line hint for each one that is missing.
 
     The client stays installable without the server side: `devsched up` and `devsched migrate` need the store, the
-    embedded servers and asyncpg, which live in devsched-devstack and register themselves through `PLUGIN_GROUP`.
+    embedded servers and asyncpg, which live in devsched-devstack, and `devsched bench` lives in devsched-bench;
+    both register themselves through `PLUGIN_GROUP`.
     """
     for entry in entry_points(group=PLUGIN_GROUP):
         register: Callable[[typer.Typer], None] = entry.load()
         register(app)
-    present = {
-        command.name or command.callback.__name__.replace("_", "-")  # typer's name for an unnamed command
-        for command in app.registered_commands
-        if command.callback is not None
-    }
+    present = {_name(command) for command in app.registered_commands if command.callback is not None}
     for name, package in PLUGIN_COMMANDS.items():
         if name not in present:
             app.command(
                 name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
             )(_missing(name, package))
+    # `--help` lists them in PLUGIN_COMMANDS's order, whatever order the packages were found in.
+    order = {name: index for index, name in enumerate(PLUGIN_COMMANDS)}
+    app.registered_commands.sort(key=lambda command: order.get(_name(command), -1))
+
+
+def _name(command: CommandInfo) -> str:
+    if command.name is not None:
+        return command.name
+    return command.callback.__name__.replace("_", "-") if command.callback is not None else ""
 
 
 _load_plugins()

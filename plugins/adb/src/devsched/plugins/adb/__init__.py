@@ -1,9 +1,9 @@
 """`adb-instrument`: install an app and its test APK on the device, run the instrumentation, judge it.
 
-An example of a devsched plug-in action, and a useful one: a plug-in package declares an `ActionPlugin`
-under the `devsched.actions` entry-point group (see pyproject.toml); the agent loads it at start,
-advertises it (with the JSON Schema of `InstrumentArgs`, which the scheduler checks at submit), and only
-hosts that have it get tasks that use it.
+An example of a devsched plug-in action, and a useful one: a plug-in package imports only the plug-in API,
+`devsched.agent.plugin`, and declares an `ActionPlugin` under the `devsched.actions` entry-point group (see
+pyproject.toml); the agent loads it at start, advertises it (with the JSON Schema of `InstrumentArgs`, which
+the scheduler checks at submit), and only hosts that have it get tasks that use it.
 
 It runs through the agent's own `shell` action, so the commands get everything a shell step gets: the
 device's `env` (`ANDROID_SERIAL`, which adb reads to pick the device), the step user, the process group
@@ -22,15 +22,13 @@ from dataclasses import replace
 
 from pydantic import Field
 
-from devsched.agent.actions import shell
-from devsched.agent.steps import ActionPlugin, ActionResult, StepContext, parse_args
-from devsched.protocol.base import RequestModel
+from devsched.agent.plugin import ActionPlugin, ActionResult, ArgsModel, StepContext, parse_args, shell
 
 #: The action's name, as plans use it (the entry point's name in pyproject.toml).
 NAME = "adb-instrument"
 
 
-class InstrumentArgs(RequestModel):
+class InstrumentArgs(ArgsModel):
     """Arguments of `adb-instrument`."""
 
     runner: str = Field(min_length=1, description="The instrumentation: `<test package>/<runner class>`.")

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from devsched.devstack.bench.context import NOOP_PLAN, Context
-from devsched.devstack.bench.figures import Figure, at_least, at_most, median, rounds_note, value_at_most
-from devsched.devstack.bench.peer import Peer, PeerRun, version
-from devsched.devstack.bench.pgstats import Counted, Statement, commits_in
-from devsched.devstack.bench.profiling import statement_summary
-from devsched.devstack.bench.servers import DATABASE, PEER_DATABASE
+from devsched.bench.context import NOOP_PLAN, Context
+from devsched.bench.figures import Figure, at_least, at_most, median, rounds_note, value_at_most
+from devsched.bench.peer import Peer, PeerRun, version
+from devsched.bench.pgstats import Counted, Statement, commits_in
+from devsched.bench.profiling import statement_summary
+from devsched.bench.servers import DATABASE, PEER_DATABASE
 
 
 @dataclass

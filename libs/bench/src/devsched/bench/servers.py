@@ -19,7 +19,7 @@ from pathlib import Path
 
 from devsched.devstack.layout import Layout, SimDevice, SimHost
 from devsched.devstack.processes import Child, python_module, stop_all
-from devsched.devstack.stack import _ensure_database
+from devsched.devstack.stack import ensure_database
 from devsched.embedded import NatsServer, PostgresServer
 from devsched.embedded.postgres_server import DURABLE_SETTINGS
 from devsched.store.roles import DatabaseRoles, role_url
@@ -93,7 +93,7 @@ class BenchStack:
     async def _prepare_databases(self) -> None:
         import asyncpg  # type: ignore[import-untyped]
 
-        await _ensure_database(self.postgres.dsn(), DATABASE, self.roles)
+        await ensure_database(self.postgres.dsn(), DATABASE, self.roles)
         conn = await asyncpg.connect(self.postgres.dsn(), timeout=15)
         try:
             await conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")

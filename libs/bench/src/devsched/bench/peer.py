@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from devsched.devstack.bench.pgstats import Counted, PgStats
-from devsched.devstack.bench.probes import CpuMeter
+from devsched.bench.pgstats import Counted, PgStats
+from devsched.bench.probes import CpuMeter
 from devsched.embedded.supervisor import popen
 
 #: The peer's queue and task name.
@@ -156,11 +156,11 @@ class Peer:
 
 
 class WorkerProcess:
-    """`python -m devsched.devstack.bench.peer_worker`: connects, says `ready`; on `go` works, says `done`."""
+    """`python -m devsched.bench.peer_worker`: connects, says `ready`; on `go` works, says `done`."""
 
     def __init__(self, dsn: str, concurrency: int) -> None:
         self.argv = [
-            sys.executable, "-m", "devsched.devstack.bench.peer_worker", dsn, str(concurrency), str(WORKER_POOL),
+            sys.executable, "-m", "devsched.bench.peer_worker", dsn, str(concurrency), str(WORKER_POOL),
         ]  # fmt: skip
         self.proc: subprocess.Popen[str] | None = None
 

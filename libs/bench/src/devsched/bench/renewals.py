@@ -19,15 +19,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from devsched.devstack.bench.context import NOOP_PLAN, Context
-from devsched.devstack.bench.figures import Figure, at_least, at_most, median, rounds_note
-from devsched.devstack.bench.hosts import BenchHost, checked, lease_of
-from devsched.devstack.bench.load import Request, Window, closed_loop
-from devsched.devstack.bench.options import DEVICES_PER_HOST, REQUESTERS
-from devsched.devstack.bench.pgstats import commits_in
-from devsched.devstack.bench.profiling import PySpy, statement_summary
-from devsched.devstack.bench.responders import FLOOR_RENEW, FLOOR_TABLE, Responder
-from devsched.devstack.bench.servers import DATABASE, FLOOR_DATABASE, PREFIX
+from devsched.bench.context import NOOP_PLAN, Context
+from devsched.bench.figures import Figure, at_least, at_most, median, rounds_note
+from devsched.bench.hosts import BenchHost, checked, lease_of
+from devsched.bench.load import Request, Window, closed_loop
+from devsched.bench.options import DEVICES_PER_HOST, REQUESTERS
+from devsched.bench.pgstats import commits_in
+from devsched.bench.profiling import PySpy, statement_summary
+from devsched.bench.responders import FLOOR_RENEW, FLOOR_TABLE, Responder
+from devsched.bench.servers import DATABASE, FLOOR_DATABASE, PREFIX
 
 #: Connections of the raw UPDATE's and the floor responder's pools (the scheduler's 10 + 10 overflow).
 POOL = 20

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devsched.devstack.bench.pgstats import Statement
+from devsched.bench.pgstats import Statement
 
 #: Samples per second.
 RATE_HZ = 100

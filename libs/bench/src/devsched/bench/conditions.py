@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devsched.devstack.bench.pgstats import PgStats
-from devsched.devstack.bench.servers import SCHEDULER_ENV, BenchStack
+from devsched.bench.pgstats import PgStats
+from devsched.bench.servers import SCHEDULER_ENV, BenchStack
 
 #: Distributions whose versions a run records.
 PACKAGES = (

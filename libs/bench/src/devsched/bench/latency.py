@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from devsched.devstack.bench.context import NOOP_PLAN, Context
-from devsched.devstack.bench.figures import Figure, value_at_most
-from devsched.devstack.bench.probes import Distribution
+from devsched.bench.context import NOOP_PLAN, Context
+from devsched.bench.figures import Figure, value_at_most
+from devsched.bench.probes import Distribution
 
 #: Tasks run before the measured ones (first connections, first plans).
 WARMUP_TASKS = 2

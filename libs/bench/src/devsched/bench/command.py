@@ -1,4 +1,4 @@
-"""The `devsched bench` command: its options, handed to `devsched.devstack.bench.runner`."""
+"""The `devsched bench` command: its options, handed to `devsched.bench.runner`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from devsched.devstack.bench.options import FULL, PHASES, QUICK, BenchOptions
+from devsched.bench.options import FULL, PHASES, QUICK, BenchOptions
 
 
 def _parse_list(value: str, what: str) -> list[str]:
@@ -80,7 +80,7 @@ def bench(
     group), measured in the same run, with the goal it is held to. A full run takes about 11 to 15 minutes.
     The pytest micro-benchmarks of a source checkout are separate: `./dev test -m bench tests/bench`.
     """
-    from devsched.devstack.bench.runner import run_bench  # `--help` does not need it
+    from devsched.bench.runner import run_bench  # `--help` does not need it
 
     phases = _parse_list(only, "phase")
     unknown = sorted(set(phases) - set(PHASES))
@@ -111,3 +111,8 @@ def bench(
         peer=peer,
     )
     raise typer.Exit(run_bench(options))
+
+
+def register(app: typer.Typer) -> None:
+    """Add `bench` to the `devsched` app (this package's `devsched.cli_plugins` entry point)."""
+    app.command()(bench)

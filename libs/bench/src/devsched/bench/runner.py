@@ -22,20 +22,20 @@ from types import FrameType
 
 import nats
 
+from devsched.bench import plot
+from devsched.bench.conditions import collect
+from devsched.bench.context import Context, TaskEvents
+from devsched.bench.latency import latency_phase
+from devsched.bench.lifecycle import lifecycle_phase
+from devsched.bench.memory import memory_phase
+from devsched.bench.options import BenchOptions
+from devsched.bench.pgstats import PgStats
+from devsched.bench.profiling import PY_SPY_FLAGS, python_table, sql_table
+from devsched.bench.renewals import Rig, renewals_phase
+from devsched.bench.report import Results, render, render_conditions
+from devsched.bench.servers import DATABASE, PREFIX, BenchStack
+from devsched.bench.sweep import sweep_phase
 from devsched.client.client import Client
-from devsched.devstack.bench import plot
-from devsched.devstack.bench.conditions import collect
-from devsched.devstack.bench.context import Context, TaskEvents
-from devsched.devstack.bench.latency import latency_phase
-from devsched.devstack.bench.lifecycle import lifecycle_phase
-from devsched.devstack.bench.memory import memory_phase
-from devsched.devstack.bench.options import BenchOptions
-from devsched.devstack.bench.pgstats import PgStats
-from devsched.devstack.bench.profiling import PY_SPY_FLAGS, python_table, sql_table
-from devsched.devstack.bench.renewals import Rig, renewals_phase
-from devsched.devstack.bench.report import Results, render, render_conditions
-from devsched.devstack.bench.servers import DATABASE, PREFIX, BenchStack
-from devsched.devstack.bench.sweep import sweep_phase
 from devsched.protocol.subjects import Subjects
 
 

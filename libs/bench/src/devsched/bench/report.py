@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devsched.devstack.bench.figures import Figure
+from devsched.bench.figures import Figure
 
 #: Section titles, in the order of the phases.
 SECTIONS = {

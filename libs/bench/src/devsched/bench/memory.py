@@ -14,12 +14,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from devsched.devstack.bench.context import NOOP_PLAN, Context
-from devsched.devstack.bench.figures import Figure, at_most, value_at_most
-from devsched.devstack.bench.hosts import BenchHost
-from devsched.devstack.bench.probes import memory_kib
-from devsched.devstack.bench.seeding import copy_task
-from devsched.devstack.bench.servers import DATABASE, PREFIX
+from devsched.bench.context import NOOP_PLAN, Context
+from devsched.bench.figures import Figure, at_most, value_at_most
+from devsched.bench.hosts import BenchHost
+from devsched.bench.probes import memory_kib
+from devsched.bench.seeding import copy_task
+from devsched.bench.servers import DATABASE, PREFIX
 
 #: RSS a scheduler may use at any depth (MB), and how much more at the deep queue than at the shallow one.
 RSS_LIMIT_MB = 150.0

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from devsched.devstack.bench.probes import CpuMeter, Distribution
+from devsched.bench.probes import CpuMeter, Distribution
 
 #: The bench process's own CPU in a window's `cpu_s` (it sends the load; the figures leave it out).
 LOAD_GENERATOR = "bench (load generator)"

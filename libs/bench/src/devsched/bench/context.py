@@ -13,14 +13,14 @@ from typing import Any
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from devsched.bench.figures import Figure
+from devsched.bench.options import BenchOptions, Sizes
+from devsched.bench.pgstats import PgStats, Statement
+from devsched.bench.probes import CpuMeter
+from devsched.bench.profiling import PySpy
+from devsched.bench.servers import PREFIX, BenchStack
 from devsched.client.client import Client
 from devsched.core.status import TERMINAL
-from devsched.devstack.bench.figures import Figure
-from devsched.devstack.bench.options import BenchOptions, Sizes
-from devsched.devstack.bench.pgstats import PgStats, Statement
-from devsched.devstack.bench.probes import CpuMeter
-from devsched.devstack.bench.profiling import PySpy
-from devsched.devstack.bench.servers import PREFIX, BenchStack
 from devsched.devstack.processes import Child
 from devsched.protocol.subjects import Subjects
 

@@ -1,7 +1,7 @@
 """The floors' responders, each a process of its own like the scheduler (so none shares the load's loop).
 
-    python -m devsched.devstack.bench.responders echo NATS_URL SUBJECT
-    python -m devsched.devstack.bench.responders update NATS_URL SUBJECT DSN POOL_SIZE
+    python -m devsched.bench.responders echo NATS_URL SUBJECT
+    python -m devsched.bench.responders update NATS_URL SUBJECT DSN POOL_SIZE
 
 `echo` answers every request with its own body: the bare request/reply floor. `update` is the renewal
 floor: for each request it runs one `UPDATE ... RETURNING` of the lease named in the body (and the host
@@ -106,7 +106,7 @@ class Responder:
     """A responder process, started by the bench: `start()` returns once it is subscribed."""
 
     def __init__(self, *args: str) -> None:
-        self.argv = [sys.executable, "-m", "devsched.devstack.bench.responders", *args]
+        self.argv = [sys.executable, "-m", "devsched.bench.responders", *args]
         self.proc: subprocess.Popen[str] | None = None
 
     @property

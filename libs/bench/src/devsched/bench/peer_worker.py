@@ -1,6 +1,6 @@
 """The Procrastinate worker of the peer figures, as a process of its own (like the devsched agent).
 
-    python -m devsched.devstack.bench.peer_worker DSN CONCURRENCY POOL_SIZE
+    python -m devsched.bench.peer_worker DSN CONCURRENCY POOL_SIZE
 
 Opens the app (its connection pool) and prints `ready`; on a line on stdin runs one worker at
 CONCURRENCY until the queue is empty, prints `done`, and exits at the end of stdin. Waiting for the go
@@ -13,7 +13,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
-from devsched.devstack.bench.peer import QUEUE, make_app
+from devsched.bench.peer import QUEUE, make_app
 
 
 async def _work(dsn: str, concurrency: int, pool_size: int) -> None:

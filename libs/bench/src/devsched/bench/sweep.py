@@ -24,15 +24,15 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from devsched.devstack.bench.context import NOOP_PLAN, Context, Watch
-from devsched.devstack.bench.figures import Figure, at_most
-from devsched.devstack.bench.hosts import BenchHost
-from devsched.devstack.bench.load import Load
-from devsched.devstack.bench.options import REQUESTERS
-from devsched.devstack.bench.probes import Distribution
-from devsched.devstack.bench.renewals import Rig
-from devsched.devstack.bench.seeding import copy_task
-from devsched.devstack.bench.servers import DATABASE, PREFIX
+from devsched.bench.context import NOOP_PLAN, Context, Watch
+from devsched.bench.figures import Figure, at_most
+from devsched.bench.hosts import BenchHost
+from devsched.bench.load import Load
+from devsched.bench.options import REQUESTERS
+from devsched.bench.probes import Distribution
+from devsched.bench.renewals import Rig
+from devsched.bench.seeding import copy_task
+from devsched.bench.servers import DATABASE, PREFIX
 
 #: Hosts that hold the leases.
 HOSTS = 10
