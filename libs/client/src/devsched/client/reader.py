@@ -88,6 +88,11 @@ class Ordered:
         #: How many messages the stream held for the subject when the consumer was made.
         self.stored = stored
 
+    @property
+    def consumer(self) -> str | None:
+        """The consumer's name now (a new one each time it is made again); None once closed."""
+        return self._sub._consumer if self._sub is not None else None
+
     async def next(self, wait: float) -> Msg | None:
         """The next message, or None when none came within `wait` seconds (a quiet stream is no error).
 
