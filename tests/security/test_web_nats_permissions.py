@@ -23,7 +23,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from devsched.client import Client
+from devsched.client.artifacts import open_chunks
 from devsched.client.logs import LogReader, collect_output
+from devsched.client.watch import stored_events
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.codec import encode
@@ -31,8 +33,6 @@ from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
 from devsched.scheduler.jetstream import ensure_host_streams, ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.web import downloads
-from devsched.web.events import stored_events
 from support.log_stream import task_view
 from support.polling import eventually
 from support.scheduler_harness import BUDGETS
@@ -188,7 +188,7 @@ async def test_the_web_user_reads_the_artifacts_bucket_and_never_writes_it(
         host_id="bench-07", stored_at=datetime.now(UTC), object=obj,
     )  # fmt: skip
     async with Client.connect(secured.url("web"), prefix="devsched", timeout=5) as client:
-        chunks = [chunk async for chunk in await downloads.open_chunks(client, bucket, artifact)]
+        chunks = [chunk async for chunk in await open_chunks(client, bucket, artifact)]
     assert b"".join(chunks) == data
     assert len(chunks) > 1
 

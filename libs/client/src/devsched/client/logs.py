@@ -2,7 +2,8 @@
 
 An attempt's records are read from the subject of the host that ran it, as the task view names it
 (`P.host.<host_id>.log.<task_id>.<attempt>`): another host can only write under its own id, so it cannot
-put lines into this attempt. They are read with an ordered ephemeral consumer from the stream's start, and
+put lines into this attempt. They are read with an ordered consumer from the stream's start
+(`devsched.client.reader`, which also holds the rules that let a NATS permission confine it), and
 yielded in `seq` order, each once (a record whose publish was retried may be stored after a later one, or
 twice).
 
@@ -23,12 +24,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Self
 
-import nats.errors
-import nats.js.errors
 from nats.js import JetStreamContext
 
-from devsched.client.errors import NatsUnreachable, NotFound, Unavailable
-from devsched.client.filtered import FilteredJetStream
+from devsched.client.errors import NotFound, Unavailable
+from devsched.client.reader import JetStreamReader, Ordered, StreamMissing
 from devsched.core.errors import InvalidRequest
 from devsched.core.status import TERMINAL, AttemptStatus
 from devsched.protocol.codec import decode
@@ -106,7 +105,7 @@ class LogReader:
         quiet_grace_s: float = QUIET_GRACE_S,
     ) -> None:
         self.task_id = task_id
-        self._js = js
+        self._reader = JetStreamReader(js)
         self._subjects = subjects
         self._probe = probe
         self._attempt = attempt
@@ -115,7 +114,7 @@ class LogReader:
         self._read_timeout_s = read_timeout_s
         self._idle_check_s = idle_check_s
         self._quiet_grace_s = quiet_grace_s
-        self._sub: JetStreamContext.PushSubscription | None = None
+        self._sub: Ordered | None = None
         self._records: AsyncIterator[LogRecord] | None = None
         #: The attempt being read (its number), once known.
         self.current_attempt: int | None = None
@@ -151,8 +150,7 @@ class LogReader:
     async def _unsubscribe(self) -> None:
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await sub.close()
 
     # -- which attempts --------------------------------------------------------------------------------
 
@@ -203,24 +201,20 @@ class LogReader:
         Raises:
             Unavailable: neither stream exists.
         """
-        js = FilteredJetStream.like(self._js)
         own = self._subjects.host_logs_stream(attempt.host_id)
         for stream in (own, self._subjects.logs_stream):
             try:
-                sub, stored = await js.ordered(stream, subject)
-            except nats.js.errors.NotFoundError:
+                sub = await self._reader.open(stream, subject)
+            except StreamMissing:
                 continue
-            except (nats.errors.Error, OSError) as exc:
-                raise NatsUnreachable(f"cannot read the logs stream: {type(exc).__name__}: {exc}") from None
-            if stored or (stream == own and self._follow and attempt.status is AttemptStatus.ACTIVE):
+            if sub.stored or (stream == own and self._follow and attempt.status is AttemptStatus.ACTIVE):
                 await self._unsubscribe()
                 self._sub = sub
-                return stored
+                return sub.stored
             if self._sub is None and stream == own:
                 self._sub = sub  # empty, kept in case the shared stream holds nothing either
                 continue
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await sub.close()
         if self._sub is None:
             raise Unavailable(
                 f"the logs stream {own} does not exist: has host {attempt.host_id!r} registered with a "
@@ -245,9 +239,8 @@ class LogReader:
         while True:
             assert self._sub is not None
             wait = self._wait(over)
-            try:
-                msg = await self._sub.next_msg(timeout=wait)
-            except nats.errors.TimeoutError:
+            msg = await self._sub.next(wait)
+            if msg is None:
                 for record in order.flush():
                     yield record
                     if record.kind is LogKind.END:
@@ -256,8 +249,6 @@ class LogReader:
                     return
                 over = await self._attempt_over(attempt.attempt)
                 continue
-            except nats.errors.Error as exc:
-                raise NatsUnreachable(f"reading the logs stream failed: {type(exc).__name__}: {exc}") from None
             try:
                 record = decode(LogRecord, msg.data)
             except InvalidRequest:

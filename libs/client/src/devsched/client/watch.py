@@ -1,7 +1,7 @@
 """Following one task's events from the `<PU>_EVENTS` stream until it ends.
 
-An ordered ephemeral consumer, filtered to `P.events.task.<task_id>` and delivering everything the
-stream holds from the start, so a watch begun late still sees the whole history. Events are yielded
+An ordered consumer (`devsched.client.reader`), filtered to `P.events.task.<task_id>` and delivering
+everything the stream holds from the start, so a watch begun late still sees the whole history. Events are yielded
 once each (deduplicated by `seq`, since two relays may publish one event twice) in the order the stream
 delivers them, and the watch ends after the first event whose status is terminal.
 
@@ -9,6 +9,8 @@ The stream keeps events for a limited time (7 days by default). When a task ende
 events are gone, or its last event is late, the watch does not wait forever: whenever the stream has
 been quiet for a while it asks the scheduler for the task, and ends once the task is terminal and the
 stream has stayed quiet for a moment more.
+
+`stored_events` is the same read without the waiting: what the stream holds now (the dashboard's task page).
 """
 
 from __future__ import annotations
@@ -17,19 +19,20 @@ import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Self
 
-import nats.errors
-import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
 
-from devsched.client.errors import NatsUnreachable, Unavailable
+from devsched.client.errors import DevschedError, Unavailable
+from devsched.client.reader import JetStreamReader, Ordered, StreamMissing
 from devsched.core.errors import InvalidRequest
 from devsched.core.status import TERMINAL, TaskStatus
 from devsched.protocol.codec import decode
 from devsched.protocol.messages import TaskEvent
 from devsched.protocol.subjects import Subjects
+
+if TYPE_CHECKING:
+    from devsched.client.client import Client
 
 #: Fetch the task's current status; the watch's fallback when the stream is quiet.
 StatusProbe = Callable[[], Awaitable[TaskStatus]]
@@ -38,6 +41,10 @@ StatusProbe = Callable[[], Awaitable[TaskStatus]]
 DEFAULT_IDLE_CHECK_S = 5.0
 #: Seconds of quiet after which a watch of a terminal task ends without its terminal event.
 TERMINAL_GRACE_S = 1.5
+#: Seconds `stored_events` waits for the next stored event (one that aged out meanwhile never comes).
+STORED_WAIT_S = 0.5
+#: Most events `stored_events` reads.
+STORED_MOST = 1000
 
 
 class TaskWatch:
@@ -58,11 +65,11 @@ class TaskWatch:
         idle_check_s: float = DEFAULT_IDLE_CHECK_S,
     ) -> None:
         self.task_id = task_id
-        self._js = js
+        self._reader = JetStreamReader(js)
         self._subjects = subjects
         self._probe = probe
         self._idle_check_s = idle_check_s
-        self._sub: JetStreamContext.PushSubscription | None = None
+        self._sub: Ordered | None = None
         self._seen: set[int] = set()
         self._finished = False
         self._terminal_in_view = False
@@ -86,27 +93,19 @@ class TaskWatch:
         status = await self._probe()  # NotFound for an unknown task, before any consumer exists
         self._terminal_in_view = status in TERMINAL
         try:
-            self._sub = await self._js.subscribe(
-                self._subjects.task_events(self.task_id),
-                stream=self._subjects.events_stream,
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-            )
-        except nats.js.errors.NotFoundError:
+            self._sub = await self._reader.open(self._subjects.events_stream, self._subjects.task_events(self.task_id))
+        except StreamMissing:
             raise Unavailable(
                 f"the events stream {self._subjects.events_stream} does not exist: is a scheduler running "
                 f"with prefix {self._subjects.prefix!r}?"
             ) from None
-        except (nats.errors.Error, OSError) as exc:
-            raise NatsUnreachable(f"cannot start watching: {type(exc).__name__}: {exc}") from None
 
     async def close(self) -> None:
         """Release the consumer; idempotent."""
         self._finished = True
         sub, self._sub = self._sub, None
         if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            await sub.close()
 
     async def __aenter__(self) -> Self:
         await self.open()
@@ -138,15 +137,12 @@ class TaskWatch:
         while True:
             assert self._sub is not None
             wait = TERMINAL_GRACE_S if self._terminal_in_view else self._idle_check_s
-            try:
-                msg = await self._sub.next_msg(timeout=wait)
-            except nats.errors.TimeoutError:
+            msg = await self._sub.next(wait)
+            if msg is None:
                 if self._terminal_in_view:
                     return None  # the task has ended and the stream has nothing more for it
                 self._terminal_in_view = await self._probe() in TERMINAL
                 continue
-            except nats.errors.Error as exc:
-                raise NatsUnreachable(f"watch interrupted: {type(exc).__name__}: {exc}") from None
             try:
                 event = decode(TaskEvent, msg.data)
             except InvalidRequest:
@@ -160,6 +156,23 @@ class TaskWatch:
             return event
 
 
+async def stored_events(client: Client, task_id: uuid.UUID) -> list[TaskEvent]:
+    """The task's events the stream holds now, by `seq`, each once; empty if there are none or NATS fails."""
+    reader = JetStreamReader(client.nc.jetstream())
+    try:
+        msgs = await reader.stored(
+            client.subjects.events_stream, client.subjects.task_events(task_id), wait=STORED_WAIT_S, most=STORED_MOST
+        )
+    except DevschedError:
+        return []
+    events: dict[int, TaskEvent] = {}
+    for msg in msgs:
+        with contextlib.suppress(DevschedError):
+            event = decode(TaskEvent, msg.data)
+            events.setdefault(event.seq, event)
+    return [events[seq] for seq in sorted(events)]
+
+
 async def collect(watch: TaskWatch) -> list[TaskEvent]:
     """Every event of a watch until it ends (for scripts and tests)."""
     events: list[TaskEvent] = []
@@ -169,4 +182,4 @@ async def collect(watch: TaskWatch) -> list[TaskEvent]:
     return events
 
 
-__all__ = ["DEFAULT_IDLE_CHECK_S", "StatusProbe", "TaskWatch", "collect"]
+__all__ = ["DEFAULT_IDLE_CHECK_S", "StatusProbe", "TaskWatch", "collect", "stored_events"]

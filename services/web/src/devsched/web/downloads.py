@@ -1,82 +1,50 @@
 """Streaming one stored artifact to the browser, chunk by chunk, straight from the `<PU>_ARTIFACTS` bucket.
 
-The web user may read that bucket (never write it: deploy/nats/accounts.conf). The object's chunks are read
-through an ordered consumer and passed on as they come, so a large file never sits in the dashboard's
-memory; its size and SHA-256 are checked against what the scheduler recorded as they stream, and a
+The web user may read that bucket (never write it: deploy/nats/accounts.conf). The bytes come through the
+client's reader (`devsched.client.artifacts.open_chunks`), passed on as they arrive so that a large file
+never sits in the dashboard's memory, and checked against the size and SHA-256 the scheduler recorded: a
 mismatch ends the response before its last byte (the browser then reports a failed download rather
 than saving wrong bytes as complete).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-from collections.abc import AsyncIterator
+import logging
+from urllib.parse import quote
 
 import nats.errors
-from nats.js.errors import BucketNotFoundError, NotFoundError, ObjectNotFoundError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
-from devsched.client import Client
-from devsched.core.errors import Internal, NotFound
-from devsched.protocol.artifacts import ArtifactView
+from devsched.client import DevschedError, NotFound
+from devsched.client.artifacts import open_chunks, pick
+from devsched.web.dashboard import task_id_of, web_of
 
-#: Seconds to wait for the next chunk of an object.
-CHUNK_WAIT_S = 10.0
-
-
-async def find(client: Client, task_id: object, attempt: int, name: str) -> tuple[str, ArtifactView]:
-    """The bucket and the artifact `name` of `attempt` of the task, as the scheduler lists them.
-
-    Raises:
-        NotFound: no such task, attempt or artifact.
-    """
-    listing = await client.artifacts(str(task_id), attempt=attempt)
-    for artifact in listing.artifacts:
-        if artifact.attempt == attempt and artifact.name == name:
-            return listing.bucket, artifact
-    raise NotFound(f"no artifact {name!r} in attempt {attempt}", name=name)
+log = logging.getLogger("devsched.web")
 
 
-async def open_chunks(client: Client, bucket: str, artifact: ArtifactView) -> AsyncIterator[bytes]:
-    """The artifact's bytes, chunk by chunk (checked; see the module's docstring).
-
-    The object's metadata is read before this returns, so a missing object raises here (`NotFound`)
-    rather than midway through a response.
-
-    Raises:
-        NotFound: the bucket or the object is gone (retention).
-    """
-    js = client.nc.jetstream()
+async def artifact_download(request: Request) -> Response:
+    """One stored artifact as an attachment, streamed from the artifacts bucket through this process."""
+    web = web_of(request)
+    task_id = task_id_of(request)
+    attempt = int(request.path_params["attempt"])
+    name = request.path_params["name"]
     try:
-        store = await js.object_store(bucket)
-        info = await store.get_info(artifact.object)
-    except (ObjectNotFoundError, BucketNotFoundError, NotFoundError):
-        gone = f"artifact {artifact.name!r} is gone from the bucket (retention)"
-        raise NotFound(gone, object=artifact.object) from None
-    return _chunks(client, bucket, info.nuid or "", artifact)
-
-
-async def _chunks(client: Client, bucket: str, nuid: str, artifact: ArtifactView) -> AsyncIterator[bytes]:
-    digest, size = hashlib.sha256(), 0
-    if artifact.size > 0:
-        sub = await client.nc.jetstream().subscribe(
-            f"$O.{bucket}.C.{nuid}", stream=f"OBJ_{bucket}", ordered_consumer=True
-        )
-        try:
-            while size < artifact.size:
-                try:
-                    msg = await sub.next_msg(timeout=CHUNK_WAIT_S)
-                except nats.errors.TimeoutError:
-                    raise Internal(f"artifact {artifact.name!r} stopped after {size} bytes") from None
-                digest.update(msg.data)
-                size += len(msg.data)
-                if size > artifact.size:
-                    break
-                yield msg.data
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-    if size != artifact.size or digest.hexdigest() != artifact.sha256:
-        raise Internal(f"artifact {artifact.name!r} read back as {size} bytes, sha256 {digest.hexdigest()}")
+        listing = await web.client.artifacts(task_id, attempt=attempt)
+        artifact = pick(listing.artifacts, name, attempt)
+        chunks = await open_chunks(web.client, listing.bucket, artifact)
+    except NotFound as exc:
+        raise HTTPException(404, str(exc)) from None
+    except (DevschedError, nats.errors.Error) as exc:
+        log.warning("artifact download failed: %s", exc, extra={"task_id": str(task_id)})
+        raise HTTPException(502, "the artifact cannot be read now") from None
+    filename = name.rsplit("/", 1)[-1]
+    ascii_name = "".join(c if c.isascii() and c.isprintable() and c not in '"\\;' else "_" for c in filename)
+    headers = {
+        "content-disposition": f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(filename, safe='')}",
+        "content-length": str(artifact.size),
+        "x-devsched-sha256": artifact.sha256,
+    }
+    log.info("artifact downloaded", extra={"task_id": str(task_id), "attempt": attempt, "size": artifact.size})
+    return StreamingResponse(chunks, media_type="application/octet-stream", headers=headers)
