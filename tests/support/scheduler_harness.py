@@ -346,8 +346,9 @@ async def delete_streams(nc: NatsClient, prefix: str) -> None:
     for name in names:
         with contextlib.suppress(Exception):
             await js.delete_stream(name)
-    with contextlib.suppress(Exception):
-        await js.delete_stream(f"OBJ_{prefix.upper().replace('-', '_')}_ARTIFACTS")
+    for bucket_stream in (f"OBJ_{pu}_ARTIFACTS", f"KV_{pu}_WEB_REVOKED"):
+        with contextlib.suppress(Exception):
+            await js.delete_stream(bucket_stream)
 
 
 async def delete_streams_at(url: str, prefix: str) -> None:

@@ -45,7 +45,7 @@ from devsched.client import Client, DevschedError, InvalidRequest, NotFound
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
-from devsched.web import charts, downloads, hosts, limits, security, sessions, views
+from devsched.web import charts, downloads, hosts, limits, revocations, security, sessions, views
 from devsched.web.events import stored_events
 from devsched.web.sampler import Sampler, Snapshot
 from devsched.web.settings import WebSettings
@@ -89,7 +89,13 @@ class Web:
         self.sampler = Sampler(client, refresh_s=settings.web_refresh_s, queue_max=settings.web_queue_max)
         self.templates = _templates()
         self._token = settings.web_token.get_secret_value() if settings.web_token is not None else None
-        self.sessions = sessions.Sessions(self._token) if self._token is not None else None
+        self.revocations: revocations.Revocations | None = None
+        self.sessions: sessions.Sessions | None = None
+        if self._token is not None:  # logouts shared by every replica (devsched.web.revocations)
+            bucket = client.subjects.web_revoked_bucket
+            timeout = settings.web_request_timeout_s
+            self.revocations = revocations.Revocations(client.nc, bucket, publish_timeout_s=timeout)
+            self.sessions = sessions.Sessions(self._token, self.revocations.ids)
         self.logins = limits.LoginLimiter(settings.web_login_failures_per_ip, settings.web_login_failures_total)
         self.streams = limits.StreamSlots(settings.web_streams_per_client, settings.web_streams_total)
         self._rendered: dict[Hashable, str] = {}
@@ -483,7 +489,15 @@ async def device_live(request: Request) -> Response:
 
 def _refuse_unless_logged_in(web: Web, request: Request) -> None:
     if not web.logged_in(request):
+        _refuse_unless_sessions_checked(web)
         raise HTTPException(403, "log in with the operator token first")
+
+
+def _refuse_unless_sessions_checked(web: Web) -> None:
+    """503 while this replica may not know every logout (sessions fail closed: `devsched.web.revocations`)."""
+    problem = web.revocations.problem() if web.revocations is not None else None
+    if problem is not None:
+        raise HTTPException(503, f"sessions cannot be checked here now ({problem}); try again", {"retry-after": "5"})
 
 
 async def cancel(request: Request) -> Response:
@@ -548,6 +562,7 @@ async def login(request: Request) -> Response:
         web.logins.failed(client, time.monotonic())
         log.warning("dashboard login refused")
         return web.page(request, "login.html", status_code=403, next=target, failed=True)
+    _refuse_unless_sessions_checked(web)
     response = RedirectResponse(target, status_code=303)
     expires = int(time.time() + web.settings.web_session_s)
     response.set_cookie(
@@ -562,11 +577,23 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    """End the session: revoked here (a copy of the cookie replayed later is no session), and forgotten."""
+    """End the session everywhere: a copy of the cookie replayed later, on any replica, is no session.
+
+    503, and nothing changed, when NATS does not take the revocation (the operator may try again).
+    """
     web = _web(request)
     await web.guard(request)
-    if web.sessions is not None and web.sessions.revoke(request.cookies.get(security.SESSION_COOKIE), time.time()):
-        log.info("dashboard logout", extra={"revoked": web.sessions.revoked})
+    cookie = request.cookies.get(security.SESSION_COOKIE)
+    if web.sessions is not None and web.revocations is not None:
+        ended = web.sessions.ending(cookie, time.time())
+        if ended is not None:
+            try:
+                await web.revocations.publish(ended, time.time())
+            except revocations.NotRecorded as exc:
+                log.warning("dashboard logout not recorded", extra={"error": str(exc)})
+                raise HTTPException(503, "the logout was not recorded (NATS did not take it): log out again") from None
+            web.sessions.revoke(cookie, time.time())
+            log.info("dashboard logout", extra={"revoked": web.sessions.revoked})
     response = RedirectResponse("/", status_code=303)
     response.delete_cookie(security.SESSION_COOKIE, httponly=True, samesite="strict", secure=web.secure(request))
     return response
@@ -707,8 +734,14 @@ def add_checks(health: HealthServer, app: Starlette) -> None:
         if not web().sampler.snapshot.ready:
             raise NotReady("no snapshot of the lab loaded yet")
 
+    async def sessions() -> None:  # every logout known here (with a token; sessions fail closed otherwise)
+        revoked = web().revocations
+        if revoked is not None and (problem := revoked.problem()) is not None:
+            raise NotReady(problem)
+
     health.check("nats", nats)
     health.check("snapshot", snapshot)
+    health.check("sessions", sessions)
 
 
 async def readyz(request: Request) -> Response:
@@ -718,8 +751,9 @@ async def readyz(request: Request) -> Response:
     """
     web = _web(request)
     snap = web.sampler.snapshot
-    ready = snap.ready and snap.error is None and web.client.nc.is_connected
-    return JSONResponse({"ready": ready, "error": snap.error}, status_code=200 if ready else 503)
+    problem = web.revocations.problem() if web.revocations is not None else None
+    ready = snap.ready and snap.error is None and web.client.nc.is_connected and problem is None
+    return JSONResponse({"ready": ready, "error": snap.error or problem}, status_code=200 if ready else 503)
 
 
 async def root(request: Request) -> Response:
@@ -783,9 +817,11 @@ def create_app(
             await web.sampler.subscribe()
             await web.sampler.sample()
             task = asyncio.create_task(web.sampler.run(), name="devsched-web sampler")
+            following = await revocations.start(web.revocations)
             try:
                 yield
             finally:
+                await revocations.stop(following)
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
