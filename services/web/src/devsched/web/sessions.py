@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 #: Longest cookie value looked at; anything longer is no session.
 MOST_CHARS = 160
-#: Most revoked ids remembered (each until its cookie would have expired anyway).
-MOST_REVOKED = 100_000
+#: Seconds between two sweeps of the revoked ids whose cookies have expired (they only take room).
+SWEEP_S = 60.0
 
 _SHAPE = re.compile(r"([A-Za-z0-9_-]{16,43})\.([0-9]{1,12})\.([0-9a-f]{64})")
 
@@ -45,6 +45,7 @@ class RevokedIds:
     def __init__(self, complete: Callable[[], bool] = lambda: True) -> None:
         self._ids: dict[str, int] = {}
         self._complete = complete
+        self._swept_at = -SWEEP_S
 
     @property
     def complete(self) -> bool:
@@ -52,24 +53,24 @@ class RevokedIds:
         return self._complete()
 
     def add(self, session_id: str, expires_at: int, now: float) -> None:
-        """Remember `session_id` as revoked until `expires_at` (the later expiry if it is known already)."""
-        self._forget_expired(now)
-        if expires_at <= now:
-            return
-        if session_id not in self._ids and len(self._ids) >= MOST_REVOKED:
-            # only live sessions' logouts get here: drop the soonest to expire
-            del self._ids[min(self._ids, key=self._ids.__getitem__)]
-        self._ids[session_id] = max(expires_at, self._ids.get(session_id, 0))
+        """Remember `session_id` as revoked until `expires_at` (the later expiry if it is known already).
+
+        Never one forgotten before its cookie expires (that would bring the session back): the set holds what
+        the shared bucket holds, whose size is capped (`DEVSCHED_REVOKED_SESSIONS_MAX_BYTES`, where a logout
+        past it is refused), plus what expired since the last sweep.
+        """
+        if now - self._swept_at >= SWEEP_S:  # a replay of many entries sweeps once, not once an entry
+            self._swept_at = now
+            for expired in [s for s, expiry in self._ids.items() if expiry <= now]:
+                del self._ids[expired]
+        if expires_at > now:
+            self._ids[session_id] = max(expires_at, self._ids.get(session_id, 0))
 
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._ids
 
     def __len__(self) -> int:
         return len(self._ids)
-
-    def _forget_expired(self, now: float) -> None:
-        for session_id in [s for s, expiry in self._ids.items() if expiry <= now]:
-            del self._ids[session_id]
 
 
 class Sessions:
