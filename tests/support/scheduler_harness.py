@@ -371,6 +371,7 @@ BUDGETS: dict[str, Any] = {
     "logs_max_bytes": 64 * 32 * 1024 * 1024,  # 32 MiB a host: a test prints 10 MiB
     "uploads_max_bytes": 64 * 40 * 1024 * 1024,
     "artifact_max_file_bytes": 32 * 1024 * 1024,
+    "revoked_sessions_max_bytes": 1024 * 1024,  # the dashboard's logged-out sessions: a few per test
 }
 
 FAST = {
