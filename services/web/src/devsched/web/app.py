@@ -489,7 +489,8 @@ async def device_live(request: Request) -> Response:
 
 def _refuse_unless_logged_in(web: Web, request: Request) -> None:
     if not web.logged_in(request):
-        _refuse_unless_sessions_checked(web)
+        if web.sessions is not None and web.sessions.ending(request.cookies.get(security.SESSION_COOKIE), time.time()):
+            _refuse_unless_sessions_checked(web)  # a signed session this replica cannot check now: 503, not 403
         raise HTTPException(403, "log in with the operator token first")
 
 
