@@ -310,3 +310,29 @@ async def test_the_web_user_writes_and_follows_its_revoked_sessions_and_touches_
 
 async def _is(value: Awaitable[int], expected: int) -> bool:
     return await value == expected
+
+
+async def test_a_dashboard_started_before_the_bucket_exists_fails_closed_until_the_scheduler_makes_it(
+    secured: SecuredNats,
+) -> None:
+    """A web replica may start before the scheduler: no session is live and no logout is taken (503) until the
+    scheduler has made the bucket; then the replica loads it within a bounded poll, with no permission refused."""
+    web = Web()
+    nc = await web.connect(secured)
+    shared = revocations.Revocations(nc, S.web_revoked_bucket, publish_timeout_s=2)
+    following = asyncio.create_task(shared.follow())  # as `revocations.start`, without its wait for a first load
+    sched = await nats.connect(secured.url("scheduler"))
+    try:
+        assert not await shared.loaded(0.5)
+        await eventually(lambda: "no bucket" in (shared.problem() or ""), message="the replica says why")
+        assert not shared.ids.complete
+        with pytest.raises(revocations.NotRecorded):
+            await shared.publish(Revoked("too-early-session", int(time.time()) + 60), time.time())
+        await ensure_streams(sched.jetstream(), S, SchedulerSettings(subject_prefix="devsched", **BUDGETS))
+        await eventually(lambda: shared.problem() is None, timeout=10, message="the replica loads the new bucket")
+        assert shared.ids.complete
+        assert web.violations == []
+    finally:
+        await revocations.stop(following)
+        await sched.close()
+        await nc.close()
