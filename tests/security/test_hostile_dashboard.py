@@ -5,7 +5,9 @@
 - Live streams: a client past its slots, or everybody past the process's, gets 429 while pages keep
   working; a stream ends after `DEVSCHED_WEB_STREAM_MAX_S`; the streams of one task share its reads.
 - A malformed session or CSRF cookie is logged out on every page and POST, never a 500.
-- Logout revokes the session: the cookie replayed is logged out, another operator's session lives on.
+- Logout revokes the session: the cookie replayed is logged out, another operator's session lives on; on
+  every replica (two processes, one behind a TCP proxy), across their restarts and a partition, where a
+  replica that may have missed a logout fails closed.
 - Login failures are limited per client address and in total (429 with Retry-After).
 - Cookies are `Secure` when a trusted proxy says https (and only then), or when forced.
 
@@ -16,10 +18,14 @@ Client addresses are told by `X-Forwarded-For` from 127.0.0.1, which the dashboa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from contextlib import AsyncExitStack
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -30,6 +36,7 @@ from devsched.client import Client
 from devsched.protocol.subjects import Subjects
 from support.devsched_stack import Stack
 from support.polling import eventually
+from support.tcp_proxy import TcpProxy
 from support.web_harness import TOKEN, Web, web_process
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
@@ -355,6 +362,129 @@ async def test_logout_revokes_the_session_and_the_replayed_cookie_is_logged_out(
             assert 'id="cancel"' in (await other.get(page_path)).text
     finally:
         await client.cancel(task.task_id)
+
+
+# -- logout across replicas ----------------------------------------------------------------------------------
+
+
+class Replica:
+    """A dashboard process with the operator token, started and stopped off the event loop (a TCP proxy in
+    this loop may carry its NATS connection); each start is a new process on a new port."""
+
+    def __init__(self, stack: Stack, work_dir: Path, name: str, nats_url: str) -> None:
+        self._args = (stack, work_dir, name, nats_url)
+        self._running: contextlib.AbstractContextManager[Web] | None = None
+        self.web: Web | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.web is not None
+        return self.web.url
+
+    async def start(self) -> Replica:
+        stack, work_dir, name, nats_url = self._args
+        self._running = web_process(
+            stack, work_dir, name=name, web_actions="true", web_token=TOKEN, nats_url=nats_url
+        )  # fmt: skip
+        self.web = await asyncio.to_thread(self._running.__enter__)
+        return self
+
+    async def stop(self) -> None:
+        if self._running is not None:
+            running, self._running = self._running, None
+            await asyncio.to_thread(running.__exit__, None, None, None)
+
+    async def restart(self) -> None:
+        await self.stop()
+        await self.start()
+
+
+async def logged_in_cookies(url: str) -> dict[str, str]:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        await login(http)
+        return {name: http.cookies[name] for name in ("devsched_session", "devsched_csrf")}
+
+
+async def session_on(replica: Replica, cookies: dict[str, str]) -> int:
+    """What an action with `cookies` gets on `replica`: 404 (the session is live: the cancel of no task reached
+    the scheduler), 403 (no session) or 503 (sessions cannot be checked there now)."""
+    async with httpx.AsyncClient(base_url=replica.url, timeout=10, cookies=cookies) as http:
+        reply = await http.post(f"/tasks/{uuid.uuid4()}/cancel", data={"csrf": cookies["devsched_csrf"]})
+        return reply.status_code
+
+
+async def test_a_logout_holds_on_every_replica_across_restarts_and_a_partition(
+    stack: Stack, client: Client, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Two replicas on one NATS (B through a proxy): a cookie copied before its logout on A is logged out on B
+    within a bounded poll, and stays so after B and A restart; B partitioned from NATS fails closed (503, not
+    ready), then learns the logouts it missed before it accepts any session again; other sessions live on."""
+    work = tmp_path_factory.mktemp("web-replicas")
+    nats_at = urlsplit(stack.nats_url)
+    assert nats_at.hostname is not None
+    assert nats_at.port is not None
+    async with TcpProxy((nats_at.hostname, nats_at.port)) as proxy:
+        a = Replica(stack, work, "web-a", stack.nats_url)
+        b = Replica(stack, work, "web-b", proxy.url())
+        try:
+            await asyncio.gather(a.start(), b.start())
+            mine, other, third = await asyncio.gather(
+                logged_in_cookies(a.url), logged_in_cookies(b.url), logged_in_cookies(a.url)
+            )
+            assert [await session_on(b, mine), await session_on(a, other)] == [404, 404], "cookies work anywhere"
+
+            # log out on A: the copy of the cookie is logged out on B too
+            async with httpx.AsyncClient(base_url=a.url, timeout=10, cookies=mine) as http:
+                out = await http.post("/logout", data={"csrf": mine["devsched_csrf"]})
+            assert out.status_code == 303
+            assert await session_on(a, mine) == 403
+            started = time.monotonic()
+            await eventually(lambda: _is(session_on(b, mine), 403), timeout=5, message="the copy is logged out on B")
+            print(f"\nlogout on A seen on B after {time.monotonic() - started:.2f} s")
+            assert [await session_on(a, other), await session_on(b, other)] == [404, 404], "others live on"
+
+            # B cut off from NATS (a half-open link): it may miss a logout, so no session is live there
+            proxy.blackhole()
+            started = time.monotonic()
+            async with httpx.AsyncClient(base_url=b.url, timeout=10) as http:
+
+                async def unready() -> dict[str, object] | None:
+                    readyz = await http.get("/readyz")
+                    return readyz.json() if readyz.status_code == 503 else None
+
+                verdict = await eventually(unready, timeout=15, message="B is not ready")
+            print(f"B cut off: not ready after {time.monotonic() - started:.2f} s: {verdict}")
+            assert await session_on(b, other) == 503, "B fails closed"
+            async with httpx.AsyncClient(base_url=a.url, timeout=10, cookies=third) as http:
+                assert (await http.post("/logout", data={"csrf": third["devsched_csrf"]})).status_code == 303
+            proxy.heal()  # B reconnects and replays the bucket before any session is live there again
+            await eventually(lambda: _is(session_on(b, other), 404), timeout=30, message="B takes sessions again")
+            assert await session_on(b, third) == 403, "the logout made while B was cut off"
+
+            print(f"B takes sessions again {time.monotonic() - started:.2f} s after the cut")
+            # restarts forget nothing: each replica replays the bucket before it serves
+            started = time.monotonic()
+            await asyncio.gather(a.restart(), b.restart())
+            print(f"restarted in {time.monotonic() - started:.2f} s")
+            for replica in (a, b):
+                states = [await session_on(replica, c) for c in (mine, third, other)]
+                assert states == [403, 403, 404], replica.url
+        finally:
+            await asyncio.gather(a.stop(), b.stop())
+
+    # each entry is the session id alone, kept as long as its cookie is valid (then NATS drops it)
+    js = client.nc.jetstream()
+    bucket = Subjects(stack.prefix).web_revoked_bucket
+    session_id, expiry, _ = mine["devsched_session"].split(".")
+    entry = await js.get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{session_id}")
+    assert entry.data == expiry.encode()
+    assert entry.headers is not None
+    ttl = int(entry.headers["Nats-TTL"])
+    assert int(expiry) - time.time() <= ttl <= int(expiry) - time.time() + 600, (ttl, expiry)
+
+
+async def _is(status: Awaitable[int], expected: int) -> bool:
+    return await status == expected
 
 
 # -- login limit ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The web dashboard's NATS user (`web` in deploy/nats/accounts.conf) against a real nats-server with the
 committed accounts: it calls the reads and the two actions it offers (cancel, drain a device), follows task
-events and step output, and reads the artifacts bucket; it cannot submit, drain a host, touch any host
-subject (`P.host.>`) either way, or write or delete an artifact.
+events and step output, reads the artifacts bucket, and writes and follows its bucket of revoked sessions;
+it cannot submit, drain a host, touch any host subject (`P.host.>`) either way, write or delete an
+artifact, or make, change or empty a bucket or stream.
 
 A stand-in scheduler (the `scheduler` user) answers every `P.api.>` request so that an allowed call is seen
 to arrive and a refused one is seen not to; the streams and the bucket are created as the scheduler does.
@@ -9,10 +10,12 @@ to arrive and a refused one is seen not to; the streams and the bucket are creat
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -33,6 +36,8 @@ from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
 from devsched.scheduler.jetstream import ensure_host_streams, ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
+from devsched.web import revocations
+from devsched.web.sessions import Revoked
 from support.log_stream import task_view
 from support.polling import eventually
 from support.scheduler_harness import BUDGETS
@@ -239,3 +244,96 @@ async def test_the_web_user_reads_only_log_subjects_of_the_per_host_streams(
         f"$JS.API.CONSUMER.CREATE.{uploads}.w1.{log_filter}", create(uploads, upload), timeout=5
     )
     assert json.loads(reply.data)["error"]["err_code"] == 10131, reply.data
+
+
+async def test_the_web_user_writes_and_follows_its_revoked_sessions_and_touches_no_other_stream(
+    web: Web, scheduler: tuple[NatsClient, list[str]]
+) -> None:
+    """Logouts shared by the replicas: the web user puts a session id into `<PU>_WEB_REVOKED` (made by the
+    scheduler) and follows the bucket, through the dashboard's own code; it can neither make, change, purge
+    nor delete the bucket, nor write anything else. An entry lives as long as its cookie, then NATS drops it."""
+    assert web.nc is not None
+    sched, _ = scheduler
+    bucket = S.web_revoked_bucket
+    stream = f"KV_{bucket}"
+    shared = revocations.Revocations(web.nc, bucket, publish_timeout_s=5)
+    following = await revocations.start(shared)
+    try:
+        assert await shared.loaded(5), shared.problem()
+        assert shared.problem() is None
+        now = time.time()
+        await shared.publish(Revoked("a-logged-out-session", int(now) + 3600), now)
+        await eventually(lambda: "a-logged-out-session" in shared.ids, message="the watch sees the logout")
+        # an entry ends with its cookie: this one's cookie had a second left
+        await shared.publish(Revoked("a-short-session-0", int(now) + 1), now)
+        reader = await web.nc.jetstream().subscribe(f"$KV.{bucket}.a-short-session-0", ordered_consumer=True)
+        short = await reader.next_msg(timeout=5)
+        await reader.unsubscribe()
+        assert short.headers is not None
+        assert short.headers["Nats-TTL"] == "2"
+
+        async def entries() -> int:
+            return (await sched.jetstream().stream_info(stream)).state.messages
+
+        await eventually(lambda: _is(entries(), 1), timeout=10, message="NATS drops the entry once its cookie expired")
+        assert web.violations == []
+
+        # the bucket is append-only for the web user (its configuration, not only the permissions)
+        with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
+            await web.nc.jetstream().publish(f"$KV.{bucket}.x", b"", headers={"Nats-Rollup": "all"})
+        config = json.dumps({"name": stream, "subjects": ["devsched.>"]}).encode()
+        refused = [
+            (f"$JS.API.STREAM.CREATE.{stream}", config),
+            (f"$JS.API.STREAM.UPDATE.{stream}", config),
+            (f"$JS.API.STREAM.DELETE.{stream}", b""),
+            (f"$JS.API.STREAM.PURGE.{stream}", b""),
+            (f"$JS.API.STREAM.MSG.DELETE.{stream}", b'{"seq": 1}'),
+            (f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.keep", b"{}"),
+            ("$JS.API.STREAM.CREATE.ANOTHER_BUCKET", config),
+            ("$KV.ANOTHER_BUCKET.x", b"1"),  # no other bucket
+            (S.task_events(uuid.uuid4()), b"{}"),  # nor another stream's subjects
+            (S.assign("bench-07"), b"{}"),
+        ]
+        answers = await asyncio.gather(
+            *(web.nc.request(subject, body, timeout=WATCH_S) for subject, body in refused), return_exceptions=True
+        )
+        assert all(isinstance(a, (nats.errors.TimeoutError, nats.errors.NoRespondersError)) for a in answers), answers
+        await eventually(lambda: len(web.violations) >= len(refused), message="every request is refused")
+        for subject, _ in refused:
+            assert any("publish" in v and subject.lower() in v for v in web.violations), (subject, web.violations)
+        info = await sched.jetstream().stream_info(stream)
+        assert info.config.subjects == [f"$KV.{bucket}.>"]
+        assert info.state.messages == 1, "the revocation is still there, alone"
+        assert "a-logged-out-session" in shared.ids
+    finally:
+        await revocations.stop(following)
+
+
+async def _is(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
+
+
+async def test_a_dashboard_started_before_the_bucket_exists_fails_closed_until_the_scheduler_makes_it(
+    secured: SecuredNats,
+) -> None:
+    """A web replica may start before the scheduler: no session is live and no logout is taken (503) until the
+    scheduler has made the bucket; then the replica loads it within a bounded poll, with no permission refused."""
+    web = Web()
+    nc = await web.connect(secured)
+    shared = revocations.Revocations(nc, S.web_revoked_bucket, publish_timeout_s=2)
+    following = asyncio.create_task(shared.follow())  # as `revocations.start`, without its wait for a first load
+    sched = await nats.connect(secured.url("scheduler"))
+    try:
+        assert not await shared.loaded(0.5)
+        await eventually(lambda: "no bucket" in (shared.problem() or ""), message="the replica says why")
+        assert not shared.ids.complete
+        with pytest.raises(revocations.NotRecorded):
+            await shared.publish(Revoked("too-early-session", int(time.time()) + 60), time.time())
+        await ensure_streams(sched.jetstream(), S, SchedulerSettings(subject_prefix="devsched", **BUDGETS))
+        await eventually(lambda: shared.problem() is None, timeout=10, message="the replica loads the new bucket")
+        assert shared.ids.complete
+        assert web.violations == []
+    finally:
+        await revocations.stop(following)
+        await sched.close()
+        await nc.close()

@@ -346,8 +346,9 @@ async def delete_streams(nc: NatsClient, prefix: str) -> None:
     for name in names:
         with contextlib.suppress(Exception):
             await js.delete_stream(name)
-    with contextlib.suppress(Exception):
-        await js.delete_stream(f"OBJ_{prefix.upper().replace('-', '_')}_ARTIFACTS")
+    for bucket_stream in (f"OBJ_{pu}_ARTIFACTS", f"KV_{pu}_WEB_REVOKED"):
+        with contextlib.suppress(Exception):
+            await js.delete_stream(bucket_stream)
 
 
 async def delete_streams_at(url: str, prefix: str) -> None:
@@ -370,6 +371,7 @@ BUDGETS: dict[str, Any] = {
     "logs_max_bytes": 64 * 32 * 1024 * 1024,  # 32 MiB a host: a test prints 10 MiB
     "uploads_max_bytes": 64 * 40 * 1024 * 1024,
     "artifact_max_file_bytes": 32 * 1024 * 1024,
+    "revoked_sessions_max_bytes": 1024 * 1024,  # the dashboard's logged-out sessions: a few per test
 }
 
 FAST = {

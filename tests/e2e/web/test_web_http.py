@@ -237,7 +237,8 @@ async def test_the_health_listener_says_alive_and_ready_with_nats_and_a_snapshot
         assert alive.json()["service"] == "devsched-web"
         ready = await http.get("/readyz")
         assert ready.status_code == 200, ready.text
-        assert ready.json()["checks"] == {"nats": {"ok": True}, "snapshot": {"ok": True}}
+        checks = {"nats": {"ok": True}, "snapshot": {"ok": True}, "sessions": {"ok": True}}  # no token: no sessions
+        assert ready.json()["checks"] == checks
         assert (await http.get("/lab")).status_code == 404  # pages only on the dashboard's own port
 
 

@@ -34,6 +34,7 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
         async with running_scheduler(settings):
             assignments = await js.stream_info(f"{pu}_ASSIGNMENTS")
             events = await js.stream_info(f"{pu}_EVENTS")
+            revoked = await js.stream_info(f"KV_{pu}_WEB_REVOKED")
             host = TestHost(nc, subject_prefix, "h-streams")
             await host.register("d-streams", bind=False)
             logs = await js.stream_info(f"{pu}_LOGS_h-streams")
@@ -55,6 +56,16 @@ async def test_streams_are_created_with_production_settings_and_updated_idempote
         assert events.config.subjects == [f"{subject_prefix}.events.>"]
         assert events.config.retention == RetentionPolicy.LIMITS
         assert events.config.max_age == 7 * 86400
+        # the dashboard's logged-out sessions: a key-value bucket, each entry with its own TTL, append-only
+        assert revoked.config.subjects == [f"$KV.{pu}_WEB_REVOKED.>"]
+        assert revoked.config.max_msgs_per_subject == 1
+        assert (revoked.config.max_bytes, revoked.config.discard) == (settings.revoked_sessions_max_bytes, "new")
+        assert revoked.config.allow_msg_ttl
+        assert (revoked.config.deny_delete, revoked.config.deny_purge, revoked.config.allow_rollup_hdrs) == (
+            True,
+            True,
+            False,
+        )
 
         # A second start with the same settings changes nothing; changed limits are applied in place.
         async with running_scheduler(

@@ -51,7 +51,17 @@ def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
     assert s.devices_forget not in published  # operators only
     assert s.devices_label not in published
     others = published - api
+    # logouts: its own bucket of revoked sessions, written and followed, nothing else of it (the scheduler makes it)
+    revoked = s.web_revoked_bucket
+    assert {subject for subject in others if revoked in subject} == {
+        f"$KV.{revoked}.>",
+        f"$JS.API.STREAM.INFO.KV_{revoked}",
+        f"$JS.API.CONSUMER.CREATE.KV_{revoked}",
+        f"$JS.API.CONSUMER.INFO.KV_{revoked}.*",
+    }
+    others -= {f"$KV.{revoked}.>"}
     assert all(subject.startswith(("$JS.API.", "$JS.FC.")) for subject in others), others
+    assert not any(verb in subject for subject in others for verb in ("STREAM.UPDATE", "STREAM.DELETE", "MSG.DELETE"))
     assert not any("ASSIGNMENTS" in subject or "STREAM.CREATE" in subject for subject in others)
     # the artifacts bucket is read (downloads), never written: no `$O.` publish, no purge or delete
     assert not any(subject.startswith("$O.") or "PURGE" in subject or ".MSG.DELETE" in subject for subject in others)

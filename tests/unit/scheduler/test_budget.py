@@ -38,9 +38,11 @@ def test_the_sum_of_the_caps_must_fit_the_store() -> None:
         uploads_max_bytes=2 * 8 * MiB,
         artifact_max_file_bytes=4 * MiB,
         artifacts_max_bytes=30 * MiB,
-        jetstream_reserve_bytes=4 * MiB,
+        revoked_sessions_max_bytes=1 * MiB,  # the dashboard's revoked sessions count too
+        jetstream_reserve_bytes=3 * MiB,
     )
     budget = Budget.of(s)
+    assert budget.revoked_sessions == 1 * MiB
     assert budget.total == 80 * MiB
     assert problem(budget, 80 * MiB) is None
     assert problem(budget, None) is None, "a store of unknown size is not checked"

@@ -83,6 +83,31 @@ def test_a_session_is_signed_expires_and_is_revoked_by_logout() -> None:
     assert store.revoked == 2
 
 
+def test_a_logout_names_the_session_id_and_expiry_never_the_cookie() -> None:
+    store = sessions.Sessions(TOKEN)
+    cookie = store.issue(2000)
+    ended = store.ending(cookie, now=1)
+    assert ended is not None
+    assert (ended.session_id, ended.expires_at) == (cookie.split(".")[0], 2000)
+    assert store.check(cookie, now=1), "asking what a logout would end revokes nothing"
+    assert store.revoke(cookie, now=1) == ended
+    assert store.ending("garbage", now=1) is None
+
+
+def test_sessions_fail_closed_while_the_revoked_set_may_be_missing_logouts() -> None:
+    complete = [False]
+    revoked = sessions.RevokedIds(complete=lambda: complete[0])
+    store = sessions.Sessions(TOKEN, revoked)
+    cookie = store.issue(2000)
+    assert not store.check(cookie, now=1), "not loaded yet: no session is live"
+    complete[0] = True
+    assert store.check(cookie, now=1)
+    revoked.add(cookie.split(".")[0], 2000, now=1)  # a logout made on another replica, as the watch adds it
+    assert not store.check(cookie, now=1)
+    revoked.add("expired-already-0", 5, now=10)
+    assert len(revoked) == 1, "a revocation whose cookie has expired is not kept"
+
+
 @pytest.mark.parametrize(
     "value",
     [

@@ -1,4 +1,5 @@
-"""`devsched-web`'s readiness on its health listener: not ready until NATS and a first snapshot are there.
+"""`devsched-web`'s readiness on its health listener: not ready until NATS, a first snapshot and (with a
+token) every logout are there.
 
 (Ready with both: tests/e2e/web/test_web_http.py, against a real nats-server.)"""
 
@@ -19,4 +20,8 @@ async def test_not_ready_before_the_lifespan_connected() -> None:
     add_checks(health, app)
     verdict = await health.readiness.verdict()
     assert not verdict.ready
-    assert dict(verdict.failing) == {"nats": "not connected yet", "snapshot": "not connected yet"}
+    assert dict(verdict.failing) == {
+        "nats": "not connected yet",
+        "snapshot": "not connected yet",
+        "sessions": "not connected yet",
+    }

@@ -323,6 +323,14 @@ class Subjects:
         """`<PU>_ARTIFACTS` (an addition): the Object Store bucket of stored artifacts (stream `OBJ_<PU>_ARTIFACTS`)."""
         return f"{self._stream_prefix}_ARTIFACTS"
 
+    @property
+    def web_revoked_bucket(self) -> str:
+        """`<PU>_WEB_REVOKED` (an addition): the key-value bucket of the dashboard's logged-out sessions.
+
+        Stream `KV_<PU>_WEB_REVOKED`: one key per session id, kept until that session's cookie expires.
+        """
+        return f"{self._stream_prefix}_WEB_REVOKED"
+
     @staticmethod
     def consumer(host_id: str) -> str:
         """`host-<host_id>`: the durable pull consumer of one host on the assignments stream."""

@@ -1,12 +1,13 @@
 """The storage budgets must fit the JetStream store, with room kept for the assignments.
 
 Every stream the scheduler makes is capped: events (`events_max_bytes`), the artifacts bucket
-(`artifacts_max_bytes`), and each host's logs and uploads streams (its share of `logs_max_bytes` and
-`uploads_max_bytes`, `max_hosts` hosts at most). Their sum plus `jetstream_reserve_bytes` must not exceed
-what the store offers: the account's JetStream storage limit when it has one (`js.account_info()`), else
-`jetstream_store_bytes` (the server's `max_file_store` or its volume, which JetStream does not tell an
-account). A scheduler whose budgets exceed the store refuses to start: once the store is full the relay
-cannot publish an assignment, and nothing is dispatched anywhere.
+(`artifacts_max_bytes`), the dashboard's revoked sessions (`revoked_sessions_max_bytes`), and each host's
+logs and uploads streams (its share of `logs_max_bytes` and `uploads_max_bytes`, `max_hosts` hosts at
+most). Their sum plus `jetstream_reserve_bytes` must not exceed what the store offers: the account's
+JetStream storage limit when it has one (`js.account_info()`), else `jetstream_store_bytes` (the server's
+`max_file_store` or its volume, which JetStream does not tell an account). A scheduler whose budgets
+exceed the store refuses to start: once the store is full the relay cannot publish an assignment, and
+nothing is dispatched anywhere.
 
 JetStream itself then holds each stream to its cap, and reserves each cap from the store when the stream is
 made: a stream that does not fit is refused (a host's registration is then 507 `storage_full`).
@@ -33,6 +34,7 @@ class Budget:
     logs: int | None
     uploads: int | None
     artifacts: int | None
+    revoked_sessions: int
     reserve: int
 
     @classmethod
@@ -48,6 +50,7 @@ class Budget:
             logs=None if logs < 0 else logs * settings.max_hosts,
             uploads=None if uploads < 0 else uploads * settings.max_hosts,
             artifacts=cap(settings.artifacts_max_bytes),
+            revoked_sessions=settings.revoked_sessions_max_bytes,
             reserve=settings.jetstream_reserve_bytes,
         )
 
@@ -65,7 +68,7 @@ class Budget:
     def total(self) -> int:
         """The bytes of every capped part, plus the reserve."""
         parts = (self.events, self.logs, self.uploads, self.artifacts)
-        return sum(p for p in parts if p is not None) + self.reserve
+        return sum(p for p in parts if p is not None) + self.revoked_sessions + self.reserve
 
 
 def problem(budget: Budget, store: int | None) -> str | None:
@@ -81,7 +84,8 @@ def problem(budget: Budget, store: int | None) -> str | None:
     if budget.total > store:
         return (
             f"JetStream storage budget: events {budget.events} + logs {budget.logs} + uploads {budget.uploads} + "
-            f"artifacts {budget.artifacts} + reserve {budget.reserve} = {budget.total} bytes, more than the "
+            f"artifacts {budget.artifacts} + revoked sessions {budget.revoked_sessions} + reserve {budget.reserve} "
+            f"= {budget.total} bytes, more than the "
             f"{store} bytes of the store; lower the caps (or max_hosts) or enlarge the store"
         )
     return None

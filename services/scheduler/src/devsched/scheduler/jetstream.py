@@ -15,6 +15,9 @@ own (`logs_stream_config`, `artifacts.uploads_stream_config`). The budgets fit t
 
 The artifacts bucket (an addition): `devsched.scheduler.artifacts`.
 
+The dashboard's revoked sessions (an addition): a key-value bucket the web replicas write and follow
+(`revoked_sessions_stream_config`).
+
 All: file storage, a de-duplication window long enough to cover a relay that crashed between publishing
 and marking a row (the next relay republishes within seconds; the window is minutes), configurable replicas.
 """
@@ -54,7 +57,7 @@ _INSUFFICIENT_RESOURCES = 10047
 
 
 def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[StreamConfig]:
-    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS` and `OBJ_<PU>_ARTIFACTS`.
+    """The configuration of `<PU>_ASSIGNMENTS`, `<PU>_EVENTS`, `OBJ_<PU>_ARTIFACTS` and `KV_<PU>_WEB_REVOKED`.
 
     Each host's logs and uploads streams are made when it registers (`ensure_host_streams`).
     """
@@ -85,7 +88,36 @@ def stream_configs(subjects: Subjects, settings: SchedulerSettings) -> list[Stre
             allow_direct=True,
         ),
         bucket_stream_config(subjects, settings),
+        revoked_sessions_stream_config(subjects, settings),
     ]
+
+
+def revoked_sessions_stream_config(subjects: Subjects, settings: SchedulerSettings) -> StreamConfig:
+    """`KV_<PU>_WEB_REVOKED`: the key-value bucket of the dashboard's logged-out session ids (devsched-web).
+
+    One key per session id (history 1), each written with a per-message TTL that ends it when its cookie
+    expires (the web knows the session's lifetime; the scheduler does not need to). Append-only for its
+    writer: no delete, no purge, no rollup, so a revocation stays until it expires. Capped by
+    `revoked_sessions_max_bytes`, new entries refused when full (the logout then says so) rather than older
+    revocations dropped. Made here, not by the web, whose NATS user may write and read this bucket only.
+    """
+    bucket = subjects.web_revoked_bucket
+    return StreamConfig(
+        name=f"KV_{bucket}",
+        description=f"devsched-web revoked sessions ({subjects.prefix}): one key per logout, until its cookie expires",
+        subjects=[f"$KV.{bucket}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType(settings.stream_storage),
+        num_replicas=settings.stream_replicas,
+        max_msgs_per_subject=1,
+        max_bytes=settings.revoked_sessions_max_bytes,
+        max_msg_size=1024,
+        discard=DiscardPolicy.NEW,
+        allow_msg_ttl=True,
+        allow_rollup_hdrs=False,
+        deny_delete=True,
+        deny_purge=True,
+    )
 
 
 def logs_stream_config(subjects: Subjects, settings: SchedulerSettings, host_id: str) -> StreamConfig:

@@ -70,6 +70,10 @@ class SchedulerSettings(ServiceSettings):
     """The uploads budget in bytes: every host's uploads stream together. Each host's stream holds
     `uploads_max_bytes // max_hosts` (its share; its new chunks refused when full), which must hold the
     largest artifact file; -1 for no cap."""
+    revoked_sessions_max_bytes: int = Field(default=8 * MiB, ge=64 * 1024)
+    """Size cap of the bucket `<PU>_WEB_REVOKED` in bytes: the dashboard's logged-out sessions, about 110 bytes
+    each while its cookie could still be valid (8 MiB: some 70,000); when full, a logout is refused (503),
+    never an older one forgotten."""
     jetstream_store_bytes: int = Field(default=0, ge=0)
     """Size of the JetStream store (the server's `max_file_store`, or its volume) for the check at start
     when the account has no storage limit of its own; 0: only the account's limit is checked."""

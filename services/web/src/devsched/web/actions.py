@@ -7,12 +7,14 @@ the operator's session (`Web.logged_in`), and answers with a redirect to the pag
 from __future__ import annotations
 
 import logging
+import time
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from devsched.client import DevschedError, NotFound
+from devsched.web import security
 from devsched.web.dashboard import Web, task_id_of, web_of
 
 log = logging.getLogger("devsched.web")
@@ -20,6 +22,8 @@ log = logging.getLogger("devsched.web")
 
 def _refuse_unless_logged_in(web: Web, request: Request) -> None:
     if not web.logged_in(request):
+        if web.sessions is not None and web.sessions.ending(request.cookies.get(security.SESSION_COOKIE), time.time()):
+            web.refuse_unless_sessions_checked()  # a signed session this replica cannot check now: 503, not 403
         raise HTTPException(403, "log in with the operator token first")
 
 

@@ -22,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 
 from devsched.client import Client
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
-from devsched.web import actions, downloads, hosts, login, security
+from devsched.web import actions, downloads, hosts, login, revocations, security
 from devsched.web.dashboard import HERE, Web, web_of
 from devsched.web.pages import charts, device, lab, queue, task
 from devsched.web.settings import WebSettings
@@ -53,8 +53,14 @@ def add_checks(health: HealthServer, app: Starlette) -> None:
         if not web().sampler.snapshot.ready:
             raise NotReady("no snapshot of the lab loaded yet")
 
+    async def sessions() -> None:  # every logout known here (with a token; sessions fail closed otherwise)
+        revoked = web().revocations
+        if revoked is not None and (problem := revoked.problem()) is not None:
+            raise NotReady(problem)
+
     health.check("nats", nats)
     health.check("snapshot", snapshot)
+    health.check("sessions", sessions)
 
 
 async def readyz(request: Request) -> Response:
@@ -64,8 +70,9 @@ async def readyz(request: Request) -> Response:
     """
     web = web_of(request)
     snap = web.sampler.snapshot
-    ready = snap.ready and snap.error is None and web.client.nc.is_connected
-    return JSONResponse({"ready": ready, "error": snap.error}, status_code=200 if ready else 503)
+    problem = web.revocations.problem() if web.revocations is not None else None
+    ready = snap.ready and snap.error is None and web.client.nc.is_connected and problem is None
+    return JSONResponse({"ready": ready, "error": snap.error or problem}, status_code=200 if ready else 503)
 
 
 async def root(request: Request) -> Response:
@@ -129,9 +136,11 @@ def create_app(
             await web.sampler.subscribe()
             await web.sampler.sample()
             task = asyncio.create_task(web.sampler.run(), name="devsched-web sampler")
+            following = await revocations.start(web.revocations)
             try:
                 yield
             finally:
+                await revocations.stop(following)
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task

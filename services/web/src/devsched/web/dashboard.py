@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from devsched.client import Client
-from devsched.web import limits, security, sessions, views
+from devsched.web import limits, revocations, security, sessions, views
 from devsched.web.sampler import Sampler
 from devsched.web.settings import WebSettings
 
@@ -57,7 +57,13 @@ class Web:
         self.sampler = Sampler(client, refresh_s=settings.web_refresh_s, queue_max=settings.web_queue_max)
         self.templates = _templates()
         self.token = settings.web_token.get_secret_value() if settings.web_token is not None else None
-        self.sessions = sessions.Sessions(self.token) if self.token is not None else None
+        self.revocations: revocations.Revocations | None = None
+        self.sessions: sessions.Sessions | None = None
+        if self.token is not None:  # logouts shared by every replica (devsched.web.revocations)
+            bucket = client.subjects.web_revoked_bucket
+            timeout = settings.web_request_timeout_s
+            self.revocations = revocations.Revocations(client.nc, bucket, publish_timeout_s=timeout)
+            self.sessions = sessions.Sessions(self.token, self.revocations.ids)
         self.logins = limits.LoginLimiter(settings.web_login_failures_per_ip, settings.web_login_failures_total)
         self.streams = limits.StreamSlots(settings.web_streams_per_client, settings.web_streams_total)
         self._rendered: dict[Hashable, str] = {}
@@ -137,6 +143,14 @@ class Web:
     def fragment(self, template: str, **values: Any) -> str:
         """A live region re-rendered (no CSRF cookie can be set on an event stream: forms reuse the page's)."""
         return self.templates.get_template(template).render(**values)
+
+    def refuse_unless_sessions_checked(self) -> None:
+        """503 while this replica may not know every logout (sessions fail closed: `devsched.web.revocations`)."""
+        problem = self.revocations.problem() if self.revocations is not None else None
+        if problem is not None:
+            raise HTTPException(
+                503, f"sessions cannot be checked here now ({problem}); try again", {"retry-after": "5"}
+            )
 
     async def guard(self, request: Request) -> FormData:
         """The form of an action POST, or 403: actions off, bad origin, bad CSRF token, or not logged in."""

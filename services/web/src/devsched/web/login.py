@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from devsched.web import security
+from devsched.web import revocations, security
 from devsched.web.dashboard import client_address, web_of
 
 log = logging.getLogger("devsched.web")
@@ -46,6 +46,7 @@ async def login(request: Request) -> Response:
         web.logins.failed(client, time.monotonic())
         log.warning("dashboard login refused")
         return web.page(request, "login.html", status_code=403, next=target, failed=True)
+    web.refuse_unless_sessions_checked()
     response = RedirectResponse(target, status_code=303)
     expires = int(time.time() + web.settings.web_session_s)
     response.set_cookie(
@@ -60,11 +61,23 @@ async def login(request: Request) -> Response:
 
 
 async def logout(request: Request) -> Response:
-    """End the session: revoked here (a copy of the cookie replayed later is no session), and forgotten."""
+    """End the session everywhere: a copy of the cookie replayed later, on any replica, is no session.
+
+    503, and nothing changed, when NATS does not take the revocation (the operator may try again).
+    """
     web = web_of(request)
     await web.guard(request)
-    if web.sessions is not None and web.sessions.revoke(request.cookies.get(security.SESSION_COOKIE), time.time()):
-        log.info("dashboard logout", extra={"revoked": web.sessions.revoked})
+    cookie = request.cookies.get(security.SESSION_COOKIE)
+    if web.sessions is not None and web.revocations is not None:
+        ended = web.sessions.ending(cookie, time.time())
+        if ended is not None:
+            try:
+                await web.revocations.publish(ended, time.time())
+            except revocations.NotRecorded as exc:
+                log.warning("dashboard logout not recorded", extra={"error": str(exc)})
+                raise HTTPException(503, "the logout was not recorded (NATS did not take it): log out again") from None
+            web.sessions.revoke(cookie, time.time())
+            log.info("dashboard logout", extra={"revoked": web.sessions.revoked})
     response = RedirectResponse("/", status_code=303)
     response.delete_cookie(security.SESSION_COOKIE, httponly=True, samesite="strict", secure=web.secure(request))
     return response
