@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -86,7 +86,7 @@ class SecuredNats:
     """The running server: `address` is `host:port`; `hosts` the host accounts added to the deploy's."""
 
     address: str
-    hosts: tuple[str, ...] = field(default=())
+    hosts: tuple[str, ...] = ()
 
     def url(self, role: str) -> str:
         """`nats://user:password@host:port` for a role of `USERS` or a host of `hosts`."""
@@ -148,8 +148,8 @@ class HostConnection:
         return self.nc
 
     async def refused_publish(self, subject: str, data: bytes = b"{}") -> None:
-        """Publish to `subject`, which the host's user may not: the server refuses it (a permissions violation
-        naming the subject, reported on this connection) and nothing reaches any service."""
+        """Publish to `subject`, which the host's user may not, and wait until the server refuses it: a
+        permissions violation naming the subject, reported on this connection (the message goes nowhere)."""
         assert self.nc is not None
         await self.nc.publish(subject, data, reply=f"_INBOX.{self.host_id}.refused")
         await self.nc.flush()
