@@ -1,13 +1,14 @@
 """A host cannot stall the scheduler with a plug-in args schema.
 
-The real scheduler process. A hostile host registers, over and over for a few seconds, each of the
-schemas that froze an unbounded scheduler (`support.hostile_schemas`: a self-reference, 25 levels of
-anyOf/allOf whose references double at each level, a doubling DAG of definitions, a cycle) and a large,
-ever-different schema that only the (slow) metaschema check refuses. Each registration is refused, 400
-`invalid_request`, naming `actions.0.args_schema`, the action and the rule, never the schema's text.
-Meanwhile another host renews its lease every 0.1 s (none lost, p99 under a third of its ttl), another
-user's plain submits are answered promptly, and a submit of the action is checked against the honest
-host's schema only.
+The real scheduler process, behind a nats-server with the deploy accounts (deploy/nats/accounts.conf): each
+host speaks through its own account, submitters through the operator user. A hostile host registers, over
+and over for a few seconds, each of the schemas that froze an unbounded scheduler
+(`support.hostile_schemas`: a self-reference, 25 levels of anyOf/allOf whose references double at each
+level, a doubling DAG of definitions, a cycle) and a large, ever-different schema that only the (slow)
+metaschema check refuses. Each registration is refused, 400 `invalid_request`, naming
+`actions.0.args_schema`, the action and the rule, never the schema's text. Meanwhile another host renews
+its lease every 0.1 s (none lost, p99 under a third of its ttl), another user's plain submits are answered
+promptly, and a submit of the action is checked against the honest host's schema only.
 
 Then the attack an older scheduler let in: a hostile schema already stored for a host (written into the
 database as that scheduler did). A submit naming the action is answered at once, never a 500, and the
@@ -21,16 +22,19 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
-from nats.aio.client import Client as NatsClient
 
+from support.deploy_lab import deploy_lab
 from support.hostile_schemas import ATTACKS
-from support.scheduler_harness import ErrorReply, TestHost, api, call, delete_streams, scheduler_process, service_env
+from support.scheduler_harness import ErrorReply, api, call
 from support.scheduler_harness import submit as plain_submit
+from support.secured_nats import SecuredNats, secured_nats
+from support.steady_renewals import renew_until
 
 pytestmark = [pytest.mark.security, pytest.mark.e2e]
 
@@ -66,17 +70,22 @@ def flash_plan(args: dict[str, Any]) -> dict[str, Any]:
     return {"steps": [{"name": "f", "action": ACTION, "args": args}]}
 
 
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[SecuredNats]:
+    with secured_nats(tmp_path / "nats", hosts=("evil", "steady", "honest", "legacy")) as server:
+        yield server
+
+
 async def test_a_hostile_schema_is_refused_and_stalls_no_one(
-    database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient, tmp_path: Path
+    secured: SecuredNats, database_url: str, tmp_path: Path
 ) -> None:
     log_path = tmp_path / "scheduler.log"
-    scheduler = scheduler_process(service_env(database_url, nats_url, subject_prefix), log_path).start()
-    evil, steady, honest = (TestHost(nc, subject_prefix, h) for h in ("evil", "steady", "honest"))
-    try:
-        await scheduler.wait_logged("serving")
+    async with deploy_lab(secured, database_url, log_path) as lab:
+        nc, prefix = lab.operator, lab.prefix
+        evil, steady, honest = [await lab.host(h) for h in ("evil", "steady", "honest")]
         await honest.request("register", {"devices": [], "actions": [{"name": ACTION, "args_schema": HONEST_SCHEMA}]})
         await steady.register("steady-d1")
-        await plain_submit(nc, subject_prefix, selector={"device_id": "steady-d1"}, lease_ttl_s=TTL_S)
+        await plain_submit(nc, prefix, selector={"device_id": "steady-d1"}, lease_ttl_s=TTL_S)
         assigned = await steady.next_assignment(timeout=20)
         await steady.claim(assigned)
 
@@ -96,25 +105,12 @@ async def test_a_hostile_schema_is_refused_and_stalls_no_one(
                 else:
                     accepted.append(name)
 
-        renewals: list[float] = []
-        renewal_failures: list[str] = []
-
-        async def renewer() -> None:
-            while time.monotonic() < stop_at:
-                started = time.monotonic()
-                try:
-                    await call(nc, steady.subject("renew"), assigned.lease, timeout=TTL_S)
-                except Exception as exc:  # a 409 or no answer within the ttl: the lease is at risk
-                    renewal_failures.append(repr(exc))
-                renewals.append(time.monotonic() - started)
-                await asyncio.sleep(max(0.0, RENEW_EVERY_S - (time.monotonic() - started)))
-
         submits: list[float] = []
 
         async def submitter() -> None:
             while time.monotonic() < stop_at:
                 started = time.monotonic()
-                await plain_submit(nc, subject_prefix, selector={"device_id": "nowhere"})
+                await plain_submit(nc, prefix, selector={"device_id": "nowhere"})
                 submits.append(time.monotonic() - started)
                 await asyncio.sleep(0.05)
 
@@ -125,7 +121,7 @@ async def test_a_hostile_schema_is_refused_and_stalls_no_one(
             while time.monotonic() < stop_at:
                 started = time.monotonic()
                 try:
-                    await call(nc, api(subject_prefix, "tasks.submit"), {"plan": flash_plan({"imgae": "x"})})
+                    await call(nc, api(prefix, "tasks.submit"), {"plan": flash_plan({"imgae": "x"})})
                 except ErrorReply as err:
                     checked.append((time.monotonic() - started, f"{err.status} {err.message}"))
                 else:
@@ -133,8 +129,11 @@ async def test_a_hostile_schema_is_refused_and_stalls_no_one(
                 await asyncio.sleep(0.1)
 
         async with asyncio.TaskGroup() as group:  # one failing cancels the others
-            for work in (*(attacker() for _ in range(ATTACKERS)), renewer(), submitter(), flash_submitter()):
+            for work in (*(attacker() for _ in range(ATTACKERS)), submitter(), flash_submitter()):
                 group.create_task(work)
+            renewing = group.create_task(
+                renew_until(steady, assigned.lease, TTL_S, lambda: time.monotonic() >= stop_at, every_s=RENEW_EVERY_S)
+            )
 
         assert accepted == [], f"hostile schemas registered: {accepted}"
         assert len(refusals) >= 2 * len(ATTACKS), len(refusals)
@@ -148,15 +147,15 @@ async def test_a_hostile_schema_is_refused_and_stalls_no_one(
         assert any("subschemas with its references inlined" in r for r in rules), rules
         assert any("not a valid JSON Schema" in r for r in rules), rules
 
-        assert renewal_failures == [], renewal_failures[:5]
-        renew_p99 = statistics.quantiles(renewals, n=100)[98]
-        assert renew_p99 < TTL_S / 3, f"steady host's renewal p99 {renew_p99:.3f} s"
+        renewed = renewing.result().assert_unaffected("steady host")
         submit_p99 = statistics.quantiles(submits, n=100)[98]
         assert submit_p99 < SUBMIT_P99_S, f"plain submit p99 {submit_p99:.3f} s"
         assert checked, "no submit of the action was answered"
         for elapsed, outcome in checked:
             assert outcome.startswith("400 plan.steps.0.args"), outcome
             assert elapsed < SUBMIT_P99_S * 2, (elapsed, outcome)
+        for host_id in ("evil", "steady", "honest"):
+            assert lab.violations(host_id) == [], f"{host_id} sent only what its account allows"
 
         # The scheduler logged each refusal by its rule, never the schema, and never failed.
         text = log_path.read_text()
@@ -165,41 +164,30 @@ async def test_a_hostile_schema_is_refused_and_stalls_no_one(
         assert '"p0_0"' not in text
         assert "Traceback" not in text
         print(
-            f"\n{len(refusals)} hostile registrations refused in {ATTACK_S:g} s; "
-            f"steady host: {len(renewals)} renewals, "
-            f"p50 {statistics.median(renewals) * 1000:.1f} ms, p99 {renew_p99 * 1000:.1f} ms, "
-            f"max {max(renewals) * 1000:.1f} ms; plain submits: {len(submits)}, p99 {submit_p99 * 1000:.1f} ms; "
+            f"\n{len(refusals)} hostile registrations refused in {ATTACK_S:g} s; {renewed}; "
+            f"plain submits: {len(submits)}, p99 {submit_p99 * 1000:.1f} ms; "
             f"action submits: {len(checked)}, max {max(e for e, _ in checked) * 1000:.1f} ms"
         )
-    finally:
-        for host in (evil, steady, honest):
-            await host.close()
-        scheduler.kill()
-        await delete_streams(nc, subject_prefix)
 
 
 async def test_a_hostile_schema_an_older_scheduler_stored_is_not_used(
-    database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient, tmp_path: Path
+    secured: SecuredNats, database_url: str, tmp_path: Path
 ) -> None:
     """Stored before the bounds (as an older scheduler did): a submit naming the action is answered at once."""
-    scheduler = scheduler_process(service_env(database_url, nats_url, subject_prefix), tmp_path / "s.log").start()
-    legacy = TestHost(nc, subject_prefix, "legacy")
     admin = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://", 1), timeout=10)
     try:
-        await scheduler.wait_logged("serving")
-        await legacy.request("register", {"devices": [], "actions": [{"name": ACTION}]})
-        for attack in ("self_reference", "anyof_nest_false_leaf", "allof_nest_true_leaf"):
-            offered = json.dumps([{"name": ACTION, "version": None, "args_schema": ATTACKS[attack]}])
-            await admin.execute("UPDATE hosts SET actions = $1::jsonb WHERE host_id = 'legacy'", offered)
-            for _ in range(2):  # the first builds (and refuses) the validator; the second finds it refused
-                started = time.monotonic()
-                body = {"plan": flash_plan({"image": "x"})}
-                reply = await call(nc, api(subject_prefix, "tasks.submit"), body, timeout=5)
-                assert time.monotonic() - started < 2.0, attack
-                assert reply["task_id"], attack
-        assert scheduler.logged("stored args schema not used")
+        async with deploy_lab(secured, database_url, tmp_path / "s.log") as lab:
+            legacy = await lab.host("legacy")
+            await legacy.request("register", {"devices": [], "actions": [{"name": ACTION}]})
+            for attack in ("self_reference", "anyof_nest_false_leaf", "allof_nest_true_leaf"):
+                offered = json.dumps([{"name": ACTION, "version": None, "args_schema": ATTACKS[attack]}])
+                await admin.execute("UPDATE hosts SET actions = $1::jsonb WHERE host_id = 'legacy'", offered)
+                for _ in range(2):  # the first builds (and refuses) the validator; the second finds it refused
+                    started = time.monotonic()
+                    body = {"plan": flash_plan({"image": "x"})}
+                    reply = await call(lab.operator, api(lab.prefix, "tasks.submit"), body, timeout=5)
+                    assert time.monotonic() - started < 2.0, attack
+                    assert reply["task_id"], attack
+            assert lab.scheduler.logged("stored args schema not used")
     finally:
         await admin.close()
-        await legacy.close()
-        scheduler.kill()
-        await delete_streams(nc, subject_prefix)

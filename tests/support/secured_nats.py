@@ -1,13 +1,13 @@
 """A nats-server with the committed deploy accounts (deploy/nats/accounts.conf), for tests that need the
 production permissions: plain-text passwords are put in for the placeholders, and a second host account
-`bench-08` is added with the generator (deploy/nats/host_user.py).
+`bench-08` (and any more a test names) is added with the generator (deploy/nats/host_user.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 from devsched.embedded import ChildProcess, free_port, nats_server_binary
 from devsched.embedded.server import tcp_accepts
 from devsched.protocol.subjects import Subjects
+from support.polling import eventually
 from support.scheduler_harness import TestHost
 
 NATS_DIR = Path(__file__).resolve().parents[2] / "deploy" / "nats"
@@ -58,26 +59,39 @@ def host_user_module() -> ModuleType:
     return module
 
 
-def accounts_text() -> str:
-    """accounts.conf with plain-text passwords, plus a second host `bench-08` from the generator."""
+def host_credentials(host_id: str) -> tuple[str, str]:
+    """The user and password of a host account: `bench-07`'s and `bench-08`'s of `USERS`, or the generator's
+    user `host-<id>` with the password `<id>pw` for any other host a test adds."""
+    return USERS.get(host_id, (f"host-{host_id}", f"{host_id}pw"))
+
+
+def accounts_text(hosts: Sequence[str] = ()) -> str:
+    """accounts.conf with plain-text passwords, plus a second host `bench-08` and each of `hosts` from the
+    generator, as an operator adds them."""
     host_user = host_user_module()
     text = (NATS_DIR / "accounts.conf").read_text()
     for who, password in PASSWORDS.items():
         text = text.replace(f"$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.{who}.PASSWORD", password)
-    bench_08 = host_user.render("bench-08").replace(host_user.PLACEHOLDER_HASH, USERS["bench-08"][1])
     assert "REPLACE.WITH" not in text, "a placeholder was not replaced"
-    return text.replace("# END host-bench-07", "# END host-bench-07\n" + bench_08)
+    added = [
+        host_user.render(host_id).replace(host_user.PLACEHOLDER_HASH, host_credentials(host_id)[1])
+        for host_id in dict.fromkeys(["bench-08", *hosts])
+        if host_id != "bench-07"
+    ]
+    return text.replace("# END host-bench-07", "\n".join(["# END host-bench-07", *added]))
 
 
 @dataclass(frozen=True)
 class SecuredNats:
-    """The running server: `address` is `host:port`."""
+    """The running server: `address` is `host:port`; `hosts` the host accounts added to the deploy's."""
 
     address: str
+    hosts: tuple[str, ...] = ()
 
     def url(self, role: str) -> str:
-        """`nats://user:password@host:port` for a role of `USERS`."""
-        user, password = USERS[role]
+        """`nats://user:password@host:port` for a role of `USERS` or a host of `hosts`."""
+        user, password = USERS[role] if role in USERS else host_credentials(role)
+        assert role in USERS or role in self.hosts, f"no account for {role}"
         return f"nats://{user}:{password}@{self.address}"
 
 
@@ -107,12 +121,13 @@ def configured_nats(directory: Path, config: str = "") -> Iterator[str]:
 
 
 @contextmanager
-def secured_nats(directory: Path) -> Iterator[SecuredNats]:
-    """Run a nats-server with the deploy accounts on a free loopback port, its files under `directory`."""
+def secured_nats(directory: Path, hosts: Sequence[str] = ()) -> Iterator[SecuredNats]:
+    """Run a nats-server with the deploy accounts (and an account for each of `hosts`, made by the generator)
+    on a free loopback port, its files under `directory`."""
     (directory / "devsched").mkdir(parents=True)
-    (directory / "devsched" / "accounts.conf").write_text(accounts_text())
+    (directory / "devsched" / "accounts.conf").write_text(accounts_text(hosts))
     with configured_nats(directory, "  include ./devsched/accounts.conf;") as address:
-        yield SecuredNats(address)
+        yield SecuredNats(address, tuple(hosts))
 
 
 class HostConnection:
@@ -131,6 +146,18 @@ class HostConnection:
             server.url(self.host_id), inbox_prefix=f"_INBOX.{self.host_id}", error_cb=on_error, allow_reconnect=False
         )
         return self.nc
+
+    async def refused_publish(self, subject: str, data: bytes = b"{}") -> None:
+        """Publish to `subject`, which the host's user may not, and wait until the server refuses it: a
+        permissions violation naming the subject, reported on this connection (the message goes nowhere)."""
+        assert self.nc is not None
+        await self.nc.publish(subject, data, reply=f"_INBOX.{self.host_id}.refused")
+        await self.nc.flush()
+        await eventually(
+            lambda: any("publish" in v and subject.lower() in v for v in self.violations),
+            timeout=5.0,
+            message=f"the server refuses {self.host_id}'s publish to {subject}",
+        )
 
 
 async def account_host(server: SecuredNats, host_id: str) -> tuple[TestHost, HostConnection]:
