@@ -108,3 +108,7 @@ def test_the_dashboard_ignores_database_and_unknown_variables(monkeypatch: pytes
     monkeypatch.setenv("DEVSCHED_NOT_A_SETTING", "x")
     monkeypatch.setenv("DEVSCHED_NATS_URL", "nats://nats:4222")
     assert WebSettings().nats_url == "nats://nats:4222"
+
+
+def test_the_dashboard_has_no_database_settings() -> None:
+    assert not [name for name in WebSettings.model_fields if name.startswith(("database", "db_"))]
