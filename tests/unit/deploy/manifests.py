@@ -171,6 +171,15 @@ def settings_env(settings_type: type[Any]) -> set[str]:
     return {ENV_PREFIX + name.upper() for name in settings_type.model_fields}
 
 
+#: The environment every control-plane workload is handed (`base/settings/settings.env`): each service reads
+#: the settings it has and ignores the others (the dashboard has no database, sweep or payload settings).
+SHARED_ENV = {
+    line.split("=", 1)[0]
+    for line in (K8S / "base" / "settings" / "settings.env").read_text().splitlines()
+    if "=" in line and not line.startswith("#")
+}
+
+
 #: Which settings class reads the environment of each component's container.
 SETTINGS_OF = {
     "scheduler": SchedulerSettings,

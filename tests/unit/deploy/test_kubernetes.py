@@ -32,6 +32,7 @@ from .manifests import (
     REFERENCED_SECRETS,
     ROOT,
     SETTINGS_OF,
+    SHARED_ENV,
     _group,
     _kustomize,
     component,
@@ -479,7 +480,7 @@ def test_environment_names_are_the_ones_the_services_read(name: str) -> None:
     docs = render(name)
     for workload in workloads(docs):
         settings_type = SETTINGS_OF[component(workload)]
-        known = settings_env(settings_type)
+        known = settings_env(settings_type) | (SHARED_ENV & settings_env(ServiceSettings))
         for container in containers(pod_spec(workload)):
             where = f"{name}: {workload['metadata']['name']}/{container['name']}"
             names = environment(docs, workload, container)

@@ -15,8 +15,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from devsched.agent.agent import host_inbox_prefix
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.protocol.connection import host_inbox_prefix
 from devsched.protocol.subjects import HOST_ENDPOINT_VERBS, HostVerb, Subjects
 from devsched.scheduler.budget import Budget, problem
 from devsched.scheduler.settings import SchedulerSettings

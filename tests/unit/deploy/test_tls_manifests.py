@@ -116,7 +116,7 @@ def test_production_services_use_mutual_tls_to_nats_and_verify_postgres() -> Non
         for entry in pod_spec(scheduler)["containers"][0]["env"]
         if entry["name"].startswith(ENV_PREFIX) and "$(" not in entry.get("value", "$(")
     }
-    assert SchedulerSettings.model_validate(values).nats_access().uses_tls_files
+    assert SchedulerSettings.model_validate(values).uses_tls_files
 
 
 def test_the_nats_server_certificate_covers_the_address_clients_use() -> None:

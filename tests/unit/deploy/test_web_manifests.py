@@ -23,6 +23,7 @@ from .manifests import (
     K8S,
     KUBERNETES_VERSION,
     OVERLAYS,
+    SHARED_ENV,
     _kustomize,
     config_map,
     containers,
@@ -118,7 +119,7 @@ def test_the_web_deployment_is_read_only_non_root_probed_and_never_sees_the_data
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
     names = environment(rendered, web, container)
-    known = {ENV_PREFIX + name.upper() for name in WebSettings.model_fields}
+    known = {ENV_PREFIX + name.upper() for name in WebSettings.model_fields} | SHARED_ENV  # the rest it ignores
     for name in names:
         assert not name.startswith(ENV_PREFIX) or name in known, name
     assert "DEVSCHED_DATABASE_URL" not in {e["name"] for e in container["env"]}

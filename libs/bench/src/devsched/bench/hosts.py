@@ -1,6 +1,6 @@
 """A host that speaks the wire protocol itself, for the renewal and sweep loads.
 
-Like the agent it has one NATS connection with its own inbox prefix (`_INBOX.<host_id>`), so that the
+Like the agent it has one NATS connection with its own inbox prefix (`host_inbox_prefix`), so that the
 scheduler answers it as it answers an agent and all its requests share one reply subscription; unlike the
 agent it renews as fast as it is told to, and holds leases without running anything.
 """
@@ -19,6 +19,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
+from devsched.protocol.connection import host_inbox_prefix
 from devsched.protocol.subjects import Subjects
 
 #: The header of an error reply (NATS micro).
@@ -58,7 +59,7 @@ class BenchHost:
     async def connect(self) -> None:
         """Open the host's connection."""
         self.nc = await nats.connect(
-            self.nats_url, inbox_prefix=f"_INBOX.{self.host_id}", name=f"bench-host-{self.host_id}"
+            self.nats_url, inbox_prefix=host_inbox_prefix(self.host_id), name=f"bench-host-{self.host_id}"
         )
 
     def subject(self, verb: str) -> str:

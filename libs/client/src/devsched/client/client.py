@@ -47,6 +47,7 @@ from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
 from devsched.core.limits import LIST_LIMIT_DEFAULT
 from devsched.core.status import TERMINAL, TaskKind, TaskStatus
+from devsched.protocol.connection import connect
 from devsched.protocol.messages import (
     CancelReply,
     CancelRequest,
@@ -79,11 +80,9 @@ from devsched.protocol.messages import (
     TrimmedField,
 )
 from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
-from devsched.protocol.tls import NatsAccess
+from devsched.protocol.tls import DEFAULT_NATS_URL, NatsAccess, NatsSettings
 from devsched.protocol.transport import request
 
-#: Where a client connects when told nothing else (`DEVSCHED_NATS_URL`'s default).
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 #: Seconds to wait for each reply.
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -209,48 +208,58 @@ class Client:
             TlsConfigError: a credentials or TLS file is unusable (a `ValueError`), before connecting.
             ValueError: `prefix` is not a subject token.
         """
-        Subjects(prefix)  # fail on a bad prefix before connecting
-
-        def path(value: Path | str | None) -> Path | None:
-            return Path(value) if value is not None else None
-
-        access = NatsAccess(
-            creds=path(creds),
-            nkey_seed=path(nkey_seed),
+        settings = NatsAccess(
+            url=nats_url,
+            creds=creds,
+            nkey_seed=nkey_seed,
             user=user,
-            password_file=path(password_file),
-            tls_ca=path(tls_ca),
-            tls_cert=path(tls_cert),
-            tls_key=path(tls_key),
+            password_file=password_file,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
             tls_hostname=tls_hostname,
         )
-        options = access.tls_options(nats_url)  # bad files fail here, before anything is sent
+        return cls.from_settings(
+            settings, prefix=prefix, timeout=timeout, connect_timeout=connect_timeout, retries=retries, name=name
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: NatsSettings,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        timeout: float = DEFAULT_TIMEOUT_S,
+        connect_timeout: float | None = None,
+        retries: int = 2,
+        name: str = "devsched-client",
+    ) -> Connecting[Self]:
+        """`connect()` with the NATS settings as every devsched program reads them (`DEVSCHED_NATS_*`).
+
+        Raises:
+            TlsConfigError: a credentials or TLS file is unusable (a `ValueError`), before connecting.
+            ValueError: `prefix` is not a subject token.
+        """
+        Subjects(prefix)  # fail on a bad prefix before connecting
+        settings.check()  # bad files fail here, before anything is sent
         return Connecting(
             cls._open(
-                nats_url,
-                prefix=prefix,
-                options=options,
-                timeout=timeout,
-                connect_timeout=connect_timeout,
-                retries=retries,
-                name=name,
+                settings, prefix=prefix, timeout=timeout, connect_timeout=connect_timeout, retries=retries, name=name
             )
         )
 
     @classmethod
     async def _open(
         cls,
-        nats_url: str = DEFAULT_NATS_URL,
+        settings: NatsSettings,
         *,
-        prefix: str = DEFAULT_PREFIX,
-        options: dict[str, Any] | None = None,
-        timeout: float = DEFAULT_TIMEOUT_S,  # noqa: ASYNC109 - per request, handed to nats-py
-        connect_timeout: float | None = None,
-        retries: int = 2,
-        name: str = "devsched-client",
+        prefix: str,
+        timeout: float,  # noqa: ASYNC109 - per request, handed to nats-py
+        connect_timeout: float | None,
+        retries: int,
+        name: str,
     ) -> Self:
-        servers = [url.strip() for url in nats_url.split(",") if url.strip()]
-        shown = _without_secrets(nats_url)
+        shown = _without_secrets(settings.nats_url)
         deadline = connect_timeout if connect_timeout is not None else timeout
         last_error: list[str] = []
 
@@ -260,16 +269,13 @@ class Client:
         nc = NatsClient()
         try:
             async with asyncio.timeout(deadline):
-                # nats-py annotates these durations as int but uses them as floats.
-                await nc.connect(
-                    servers=servers,
+                await connect(
+                    nc,
+                    settings,
                     name=name,
-                    connect_timeout=min(2.0, deadline),  # type: ignore[arg-type]
-                    reconnect_time_wait=0.25,  # type: ignore[arg-type]
-                    max_reconnect_attempts=-1,
-                    drain_timeout=2,
+                    drain_timeout_s=2.0,
+                    connect_timeout_s=min(2.0, deadline),
                     error_cb=remember,
-                    **(options or {}),
                 )
         except TimeoutError:
             await _close_quietly(nc)

@@ -102,7 +102,7 @@ def up(
         web=web,
         web_port=web_port,
         prefix=global_options.prefix,
-        creds=global_options.creds,
+        creds=global_options.nats.nats_creds,
         demo_timeout_s=demo_timeout,
         log_level=log_level.upper(),
         live=live,

@@ -4,9 +4,9 @@ The agent, the services and the client share this one definition, so that a `tls
 a password file means the same thing everywhere, and every TLS connection verifies the server:
 
 ```python
-options = NatsAccess(password_file=Path("/etc/devsched/nats/password"), user="host-bench-07",
-                     tls_ca=Path("/etc/devsched/tls/ca.crt")).connect_options()
-await nc.connect(servers=..., **options)
+settings = NatsSettings(nats_user="host-bench-07", nats_password_file=Path("/etc/devsched/nats/password"),
+                        nats_tls_ca=Path("/etc/devsched/tls/ca.crt"))
+await devsched.protocol.connection.connect(nc, settings, name="...", drain_timeout_s=2.0)
 ```
 
 Secrets are read from files, never taken from a URL or an environment variable: a URL's password shows in
@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 from urllib.parse import parse_qsl, urlencode, urlsplit
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+
+#: Where NATS listens when nothing says otherwise.
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
 class TlsConfigError(ValueError):
@@ -98,36 +102,68 @@ def read_secret(path: Path, what: str) -> str:
     return value
 
 
-@dataclass(frozen=True, slots=True)
-class NatsAccess:
-    """Credentials and TLS of one NATS connection, all from files.
+#: Marks a setting whose file holds a secret (the agent warns when its steps could read one).
+SECRET_FILE = "secret file"
+#: A path setting whose file holds a secret.
+SecretFile = Annotated[Path | None, SECRET_FILE]
 
+
+class NatsSettings(BaseModel):
+    """How a process reaches NATS: the URL, one kind of credentials and TLS, all from files.
+
+    The one declaration of these settings: every service (`DEVSCHED_NATS_*` and `--nats-*`), the agent
+    (the same keys in its TOML file, the same variables over them), the dashboard and the CLI read them.
     At most one kind of credentials: a `.creds` file (JWT and nkey seed), an nkey seed file, or a user
-    with a password file. TLS is used when the URL says `tls://` or any TLS file is given, and always
-    verifies the server against `tls_ca` (or the system's store).
+    with a password file. TLS is used when the URL says `tls://` or any TLS setting is given, and always
+    verifies the server against `nats_tls_ca` (or the system's store).
     """
 
-    #: `.creds` file: user JWT and nkey seed (NATS decentralised auth).
-    creds: Path | None = None
-    #: nkey seed file (`SU...`), for servers configured with nkey users.
-    nkey_seed: Path | None = None
-    #: User name, with `password_file`.
-    user: str | None = None
-    #: File holding the user's password (only its first line counts; a trailing newline is dropped).
-    password_file: Path | None = None
-    #: CA bundle that signed the server's certificate.
-    tls_ca: Path | None = None
-    #: Client certificate for mutual TLS.
-    tls_cert: Path | None = None
-    #: Key of `tls_cert`.
-    tls_key: Path | None = None
-    #: Name to verify in the server's certificate, when it differs from the URL's host.
-    tls_hostname: str | None = None
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
+
+    nats_url: str = DEFAULT_NATS_URL
+    """NATS server URL(s), comma-separated for a cluster."""
+    nats_creds: SecretFile = None
+    """NATS credentials file (JWT and nkey seed); none for an open server."""
+    nats_nkey_seed: SecretFile = None
+    """NATS nkey seed file (`SU...`), for servers with nkey users."""
+    nats_user: str | None = None
+    """NATS user, with `nats_password_file` (the right way to give a password: never in the URL)."""
+    nats_password_file: SecretFile = None
+    """File holding the NATS user's password (re-read at every reconnection)."""
+    nats_tls_ca: Path | None = None
+    """CA bundle that signed the NATS server's certificate; setting it (or a `tls://` URL) turns TLS on."""
+    nats_tls_cert: Path | None = None
+    """Client certificate for mutual TLS with NATS."""
+    nats_tls_key: SecretFile = None
+    """Private key of `nats_tls_cert`."""
+    nats_tls_hostname: str | None = None
+    """Name to verify in the NATS server's certificate when it differs from the URL's host."""
+
+    @model_validator(mode="after")
+    def _fit_together(self, info: ValidationInfo) -> Self:
+        if info.context == _UNCHECKED:
+            return self
+        try:  # which settings go together; the files are read by `check()`, at start
+            self.check_combination()
+        except TlsConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @classmethod
+    def secret_files(cls) -> tuple[str, ...]:
+        """The names of the settings whose file holds a secret."""
+        return tuple(name for name, field in NatsSettings.model_fields.items() if SECRET_FILE in field.metadata)
+
+    @property
+    def servers(self) -> list[str]:
+        """The URLs of `nats_url`, one per server."""
+        return [url.strip() for url in self.nats_url.split(",") if url.strip()]
 
     @property
     def uses_tls_files(self) -> bool:
         """Whether any TLS file or the host name is set (then TLS is on whatever the URL's scheme)."""
-        return any(v is not None for v in (self.tls_ca, self.tls_cert, self.tls_key, self.tls_hostname))
+        tls = (self.nats_tls_ca, self.nats_tls_cert, self.nats_tls_key, self.nats_tls_hostname)
+        return any(v is not None for v in tls)
 
     def check(self) -> None:
         """Validate the combination and read every file once, so that a bad setting fails at start.
@@ -135,7 +171,7 @@ class NatsAccess:
         Raises:
             TlsConfigError: one line naming what is wrong.
         """
-        self.connect_options()
+        self.tls_options(self.nats_url)
 
     def check_combination(self) -> None:
         """Validate which settings are given together, without reading any file.
@@ -145,7 +181,11 @@ class NatsAccess:
         """
         kinds = [
             name
-            for name, value in (("creds", self.creds), ("nkey seed", self.nkey_seed), ("password", self.password_file))
+            for name, value in (
+                ("creds", self.nats_creds),
+                ("nkey seed", self.nats_nkey_seed),
+                ("password", self.nats_password_file),
+            )
             if value is not None
         ]
         if len(kinds) > 1:
@@ -153,15 +193,17 @@ class NatsAccess:
                 "NATS credentials: set one of a creds file, an nkey seed file or a user with a password file, "
                 f"not {' and '.join(kinds)}"
             )
-        if self.password_file is not None and not self.user:
+        if self.nats_password_file is not None and not self.nats_user:
             raise TlsConfigError("NATS password file given without a user: set the NATS user too")
-        if self.password_file is None and self.user:
+        if self.nats_password_file is None and self.nats_user:
             raise TlsConfigError("NATS user given without a password file: set the NATS password file too")
-        if self.tls_key is not None and self.tls_cert is None:
-            raise TlsConfigError(f"a TLS key ({self.tls_key}) needs its certificate: set the client certificate too")
+        if self.nats_tls_key is not None and self.nats_tls_cert is None:
+            raise TlsConfigError(
+                f"a TLS key ({self.nats_tls_key}) needs its certificate: set the client certificate too"
+            )
 
     def connect_options(self) -> dict[str, Any]:
-        """Keyword arguments for nats-py's `Client.connect` (credentials and TLS only).
+        """Keyword arguments for nats-py's `Client.connect` (credentials and TLS files only).
 
         The password is given as a callable that re-reads the file at every (re)connection, so a rotated
         Kubernetes Secret is picked up without a restart; if the file vanished, the last value read stays.
@@ -171,17 +213,17 @@ class NatsAccess:
         """
         self.check_combination()
         options: dict[str, Any] = {}
-        if self.password_file is not None:
-            options.update(user=self.user, password=_PasswordFile(self.password_file))
-        if self.creds is not None:
-            read_secret(self.creds, "NATS creds")
-            options["user_credentials"] = str(self.creds)
-        if self.nkey_seed is not None:
-            options["nkeys_seed_str"] = read_secret(self.nkey_seed, "NATS nkey seed").strip()
+        if self.nats_password_file is not None:
+            options.update(user=self.nats_user, password=_PasswordFile(self.nats_password_file))
+        if self.nats_creds is not None:
+            read_secret(self.nats_creds, "NATS creds")
+            options["user_credentials"] = str(self.nats_creds)
+        if self.nats_nkey_seed is not None:
+            options["nkeys_seed_str"] = read_secret(self.nats_nkey_seed, "NATS nkey seed").strip()
         if self.uses_tls_files:
-            options["tls"] = client_tls_context(self.tls_ca, self.tls_cert, self.tls_key)
-            if self.tls_hostname:
-                options["tls_hostname"] = self.tls_hostname
+            options["tls"] = client_tls_context(self.nats_tls_ca, self.nats_tls_cert, self.nats_tls_key)
+            if self.nats_tls_hostname:
+                options["tls_hostname"] = self.nats_tls_hostname
         return options
 
     def tls_options(self, url: str) -> dict[str, Any]:
@@ -190,6 +232,23 @@ class NatsAccess:
         if "tls" not in options and wants_tls(url):
             options["tls"] = client_tls_context(None)
         return options
+
+
+def NatsAccess(**short: Any) -> NatsSettings:  # noqa: N802 - the library's spelling, named as it always was
+    """NatsSettings named without their `nats_` prefix (`creds=`, `tls_ca=`, `url=`; None: not set).
+
+    The library's spelling (`Client.connect(url, creds=...)`): which settings go together is checked by
+    `check()` and `connect_options()`, which raise `TlsConfigError` as a connect call's caller expects.
+
+    Raises:
+        pydantic.ValidationError: a value of the wrong type, or a name that is not a NATS setting.
+    """
+    fields = {f"nats_{name}": value for name, value in short.items() if value is not None}
+    return NatsSettings.model_validate(fields, context=_UNCHECKED)
+
+
+#: Validation context of `NatsAccess`: the combination is left to `check()`.
+_UNCHECKED = {"combination": "later"}
 
 
 class _PasswordFile:

@@ -7,7 +7,8 @@ import logging
 
 from nats.aio.client import Client
 
-from devsched.service.settings import ServiceSettings
+from devsched.protocol.connection import connect
+from devsched.protocol.tls import NatsSettings
 
 log = logging.getLogger("devsched.service.nats")
 
@@ -23,21 +24,17 @@ def _server(nc: Client) -> str:
 
 
 async def connect_nats(
-    settings: ServiceSettings, *, name: str, stop: asyncio.Event, inbox_prefix: str = "_INBOX"
+    settings: NatsSettings, *, name: str, stop: asyncio.Event, drain_timeout_s: float, host_id: str | None = None
 ) -> Client:
-    """Connect to `settings.nats_url`, retrying until it answers or `stop` is set.
+    """Connect to `settings.nats_url` (`devsched.protocol.connection.connect`) until it answers or `stop` is set.
 
-    `inbox_prefix` is where replies come back. A host uses `_INBOX.<host_id>`, so NATS permissions can
-    let each host read only its own replies and fetched assignments.
-
-    With `max_reconnect_attempts=-1` nats-py retries the first connection as well as later ones, so a
-    service may start before NATS does. Subscriptions are restored after a reconnect by nats-py.
-    Credentials and TLS come from `settings.nats_access()` (files only; `devsched.protocol.tls`): a
-    server whose certificate does not verify is logged once (`nats error: ...CERTIFICATE_VERIFY_FAILED`)
-    and retried, like an unreachable one.
+    A service may start before NATS does: the first connection is retried like later ones, and each
+    distinct error is logged once (a server whose certificate does not verify says
+    `nats error: ...CERTIFICATE_VERIFY_FAILED`). `host_id`: a host's connection, replies under its inbox.
 
     Raises:
         Stopped: `stop` was set first.
+        TlsConfigError: a credentials or TLS file is unusable.
     """
     last_error: list[str] = []
 
@@ -55,20 +52,14 @@ async def connect_nats(
         last_error.clear()
         log.info("nats reconnected", extra={"server": _server(nc)})
 
-    servers = [url.strip() for url in settings.nats_url.split(",") if url.strip()]
-    access = settings.nats_access().tls_options(settings.nats_url)
     nc = Client()
-    # nats-py annotates these durations as int but uses them as floats (asyncio timeouts).
     connecting = asyncio.ensure_future(
-        nc.connect(
-            servers=servers,
+        connect(
+            nc,
+            settings,
             name=name,
-            inbox_prefix=inbox_prefix,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,  # type: ignore[arg-type]
-            connect_timeout=2,
-            drain_timeout=settings.drain_timeout_s,  # type: ignore[arg-type]
-            **access,
+            drain_timeout_s=drain_timeout_s,
+            host_id=host_id,
             error_cb=on_error,
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,

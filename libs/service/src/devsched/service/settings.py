@@ -18,21 +18,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.core.health import QUARANTINE_AFTER_DEFAULT
 from devsched.core.ids import TOKEN_PATTERN
-from devsched.protocol.tls import NatsAccess, TlsConfigError, with_postgres_ssl
+from devsched.protocol.tls import NatsSettings, TlsConfigError, with_postgres_ssl
 
 #: A single NATS subject token (the prefix).
 Token = Annotated[str, Field(pattern=TOKEN_PATTERN)]
 #: A duration in seconds: finite and above zero.
 Seconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
-S = TypeVar("S", bound="ServiceSettings")
+S = TypeVar("S", bound="ProcessSettings")
 
 #: Environment variable prefix of every setting.
 ENV_PREFIX = "DEVSCHED_"
 
 
-class ServiceSettings(BaseSettings):
-    """What every control-plane service reads."""
+class ProcessSettings(NatsSettings, BaseSettings):
+    """What every service process reads: NATS access (`NatsSettings`), the deployment, logs, health."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX,
@@ -42,14 +42,34 @@ class ServiceSettings(BaseSettings):
         use_attribute_docstrings=True,
     )
 
-    nats_url: str = "nats://127.0.0.1:4222"
-    """NATS server URL(s), comma-separated for a cluster."""
-    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/devsched"
-    """Postgres URL, `postgresql+asyncpg://user:password@host:port/db`."""
     subject_prefix: Token = "devsched"
     """Prefix of every subject, stream and service name of the deployment."""
-    nats_creds: Path | None = None
-    """NATS credentials file (JWT and nkey seed); none for an open server."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Lowest level of the JSON log lines written to stderr."""
+    drain_timeout_s: Seconds = 5.0
+    """Bound on draining the NATS connection at shutdown (nats-py's default, 30 s, outlives a pod's grace)."""
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    """Port of the HTTP health endpoints (`/healthz`, `/readyz`); unset: no listener (0: any free port)."""
+    metrics_host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the health endpoints listen on; `0.0.0.0` in a container, for the kubelet's probes."""
+
+    def check_files(self) -> None:
+        """Read every credentials and TLS file once, so that a bad one stops the service at start.
+
+        Raises:
+            SettingsError: one line naming the file and what is wrong with it.
+        """
+        try:
+            self.check()
+        except TlsConfigError as exc:
+            raise SettingsError(f"invalid configuration:\n  {exc}") from None
+
+
+class ServiceSettings(ProcessSettings):
+    """What every control-plane service that holds the database reads (the scheduler, the sweeper)."""
+
+    database_url: str = "postgresql+asyncpg://postgres@127.0.0.1:5432/devsched"
+    """Postgres URL, `postgresql+asyncpg://user:password@host:port/db`."""
     sweep_interval_s: Seconds = 1.0
     """Seconds between two sweeps of expired leases."""
     heartbeat_interval_s: float = Field(default=5.0, ge=0.5, allow_inf_nan=False)
@@ -62,43 +82,17 @@ class ServiceSettings(BaseSettings):
     quarantine_after: int = Field(default=QUARANTINE_AFTER_DEFAULT, ge=0, le=1000)
     """Consecutive infrastructure failures on a device (an `infra` step failing, a lease expiry, a
     `device_fault` release) that quarantine it; 0 never quarantines (`devsched.core.health`)."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    """Lowest level of the JSON log lines written to stderr."""
-    drain_timeout_s: Seconds = 5.0
-    """Bound on draining the NATS connection at shutdown (nats-py's default, 30 s, outlives a pod's grace)."""
     db_pool_size: int = Field(default=10, ge=1, le=200)
     """Pooled Postgres connections (the pool may overflow by as many again under load)."""
-    nats_nkey_seed: Path | None = None
-    """NATS nkey seed file (`SU...`), for servers with nkey users."""
-    nats_user: str | None = None
-    """NATS user, with `nats_password_file` (the right way to give a password: never in the URL)."""
-    nats_password_file: Path | None = None
-    """File holding the NATS user's password (re-read at every reconnection)."""
-    nats_tls_ca: Path | None = None
-    """CA bundle that signed the NATS server's certificate; setting it (or a `tls://` URL) turns TLS on."""
-    nats_tls_cert: Path | None = None
-    """Client certificate for mutual TLS with NATS."""
-    nats_tls_key: Path | None = None
-    """Private key of `nats_tls_cert`."""
-    nats_tls_hostname: str | None = None
-    """Name to verify in the NATS server's certificate when it differs from the URL's host."""
     database_ssl_root_cert: Path | None = None
     """CA of the Postgres server: adds `sslmode=verify-full&sslrootcert=...` to the database URL."""
     database_ssl_cert: Path | None = None
     """Client certificate for Postgres (`sslcert`)."""
     database_ssl_key: Path | None = None
     """Private key of `database_ssl_cert` (`sslkey`)."""
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
-    """Port of the HTTP health endpoints (`/healthz`, `/readyz`); unset: no listener (0: any free port)."""
-    metrics_host: str = Field(default="127.0.0.1", min_length=1)
-    """Address the health endpoints listen on; `0.0.0.0` in a container, for the kubelet's probes."""
 
     @model_validator(mode="after")
-    def _check_nats_access(self) -> ServiceSettings:
-        try:  # which settings go together; the files are read by `check_files` (at start, by `settings_from`)
-            self.nats_access().check_combination()
-        except TlsConfigError as exc:
-            raise ValueError(str(exc)) from None
+    def _database_key_needs_cert(self) -> ServiceSettings:
         if self.database_ssl_key is not None and self.database_ssl_cert is None:
             raise ValueError(f"{ENV_PREFIX}DATABASE_SSL_KEY needs {ENV_PREFIX}DATABASE_SSL_CERT")
         return self
@@ -109,27 +103,11 @@ class ServiceSettings(BaseSettings):
         Raises:
             SettingsError: one line naming the file and what is wrong with it.
         """
-        try:
-            self.nats_access().check()
-        except TlsConfigError as exc:
-            raise SettingsError(f"invalid configuration:\n  {exc}") from None
+        super().check_files()
         for name in ("database_ssl_root_cert", "database_ssl_cert", "database_ssl_key"):
             path = getattr(self, name)
             if path is not None and not os.access(path, os.R_OK):
                 raise SettingsError(f"invalid configuration:\n  {ENV_PREFIX}{name.upper()}: cannot read {path}")
-
-    def nats_access(self) -> NatsAccess:
-        """The NATS credentials and TLS files of these settings."""
-        return NatsAccess(
-            creds=self.nats_creds,
-            nkey_seed=self.nats_nkey_seed,
-            user=self.nats_user,
-            password_file=self.nats_password_file,
-            tls_ca=self.nats_tls_ca,
-            tls_cert=self.nats_tls_cert,
-            tls_key=self.nats_tls_key,
-            tls_hostname=self.nats_tls_hostname,
-        )
 
     @property
     def database_dsn(self) -> str:
@@ -143,7 +121,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def build_parser(settings_type: type[ServiceSettings], prog: str, description: str) -> argparse.ArgumentParser:
+def build_parser(settings_type: type[ProcessSettings], prog: str, description: str) -> argparse.ArgumentParser:
     """An argparse parser with one `--flag` per settings field (default: not given, so env applies)."""
     parser = argparse.ArgumentParser(prog=prog, description=description)
     for name, field in settings_type.model_fields.items():

@@ -62,7 +62,7 @@ from devsched.agent.workspace import (
 from devsched.protocol import messages as wire
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
-from devsched.service import HealthServer, ServiceSettings, Stopped, bind, close_nats, connect_nats, serving_health
+from devsched.service import HealthServer, Stopped, bind, close_nats, connect_nats, serving_health
 from devsched.service.metrics import serve_metrics
 
 logger = logging.getLogger(__name__)
@@ -91,11 +91,6 @@ class _Taken:
     held: HeldAttempts
     #: The attempts taken before this start, oldest first: a copy of one's assignment is dropped.
     taken: list[AttemptKey]
-
-
-def host_inbox_prefix(host_id: str) -> str:
-    """`_INBOX.<host_id>`: the host's replies and fetched assignments, so permissions can pin it there."""
-    return f"_INBOX.{host_id}"
 
 
 class Agent:
@@ -177,31 +172,18 @@ class Agent:
                 logger.error("cannot use the work directory", extra={"error": str(exc)})
                 return 1
             taken.callback(workspace.close)
-            access = self.config.nats_access()  # files only: the agent's URL carries no secret
-            try:
-                access.check()
+            try:  # files only: the agent's URL carries no secret
+                self.config.check()
             except TlsConfigError as exc:
                 logger.error("unusable NATS credentials or TLS settings", extra={"error": str(exc)})
                 return 2
-            settings = ServiceSettings(
-                nats_url=self.config.nats_url,
-                nats_creds=access.creds,
-                nats_nkey_seed=access.nkey_seed,
-                nats_user=access.user,
-                nats_password_file=access.password_file,
-                nats_tls_ca=access.tls_ca,
-                nats_tls_cert=access.tls_cert,
-                nats_tls_key=access.tls_key,
-                nats_tls_hostname=access.tls_hostname,
-                subject_prefix=self.config.subject_prefix,
-                drain_timeout_s=self.config.drain_timeout_s,
-            )
             try:
                 nc = await connect_nats(
-                    settings,
+                    self.config,
                     name=f"devsched-agent-{self.config.host_id}",
                     stop=stop,
-                    inbox_prefix=host_inbox_prefix(self.config.host_id),
+                    drain_timeout_s=self.config.drain_timeout_s,
+                    host_id=self.config.host_id,
                 )
             except Stopped:
                 return 0

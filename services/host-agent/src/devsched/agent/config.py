@@ -9,11 +9,9 @@ labels = { platform = "android" }
 env = { ANDROID_SERIAL = "33ab12" }
 ```
 
-`DEVSCHED_NATS_URL`, `DEVSCHED_SUBJECT_PREFIX`, `DEVSCHED_NATS_CREDS` and `DEVSCHED_JETSTREAM_API_PREFIX`
-override `nats_url`, `subject_prefix`, `nats_creds` and `jetstream_api_prefix` from the file (the same names
-the other services read), and so do `DEVSCHED_NATS_NKEY_SEED`, `DEVSCHED_NATS_USER`,
-`DEVSCHED_NATS_PASSWORD_FILE` and `DEVSCHED_NATS_TLS_{CA,CERT,KEY,HOSTNAME}`, and `DEVSCHED_METRICS_PORT` and
-`DEVSCHED_METRICS_HOST` (the health endpoints, as for the other services).
+Every NATS setting (`nats_url`, `nats_creds`, ..., `devsched.protocol.tls.NatsSettings`), `subject_prefix`,
+`jetstream_api_prefix`, `metrics_port` and `metrics_host` from the file is overridden by its environment
+variable `DEVSCHED_<NAME>` (`DEVSCHED_NATS_URL`, `DEVSCHED_NATS_TLS_CA`, ...: the names the services read).
 
 The agent's credentials are files only: every step the agent runs inherits its environment, so a
 `nats_url` with a user, password or token in it (from the file or the environment) is refused at start.
@@ -35,7 +33,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from devsched.agent.logbatch import LogLimits, MiB
@@ -44,7 +42,7 @@ from devsched.core.ids import TOKEN_PATTERN
 from devsched.core.text import RULE, is_storable
 from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES
 from devsched.protocol.base import Labels
-from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
+from devsched.protocol.tls import NatsSettings, url_has_credentials
 
 #: What a `nats_url` with credentials in it is refused with (one line).
 URL_CREDENTIALS_REFUSED = (
@@ -92,8 +90,11 @@ class DeviceConfig(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
-class AgentConfig(BaseModel):
-    """Everything the agent needs to know about its host, its devices and the control plane."""
+class AgentConfig(NatsSettings):
+    """Everything the agent needs to know about its host, its devices and the control plane.
+
+    NATS access (`nats_url`, `nats_creds`, ..., `NatsSettings`) as every service reads it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -103,12 +104,8 @@ class AgentConfig(BaseModel):
     spool_dir: Path
     #: The devices this host runs work on (may be empty).
     devices: tuple[DeviceConfig, ...] = ()
-    #: NATS server URL(s), comma-separated for a cluster.
-    nats_url: str = "nats://127.0.0.1:4222"
     #: Subject prefix of the deployment.
     subject_prefix: Token = "devsched"
-    #: Optional NATS credentials file (JWT + nkey seed).
-    nats_creds: Path | None = None
     #: How long a process group gets between SIGTERM and SIGKILL when a step is stopped or timed out.
     stop_grace_s: Seconds = 5.0
     #: On SIGTERM, how long running attempts may go on before they stop as for a lease loss.
@@ -125,20 +122,6 @@ class AgentConfig(BaseModel):
     #: the streams; `<prefix>.js.API` where the host is a NATS account of its own that imports them there
     #: (deploy/nats/host_user.py), since a JetStream-less account answers `$JS.API` itself with 503.
     jetstream_api_prefix: str = Field(default="$JS.API", pattern=r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$")
-    #: NATS nkey seed file (`SU...`), instead of `nats_creds` or a user and password file.
-    nats_nkey_seed: Path | None = None
-    #: NATS user, with `nats_password_file`.
-    nats_user: str | None = None
-    #: File holding the NATS user's password (mounted from a Secret; never the password itself).
-    nats_password_file: Path | None = None
-    #: CA bundle that signed the NATS server's certificate; setting it (or a `tls://` URL) turns TLS on.
-    nats_tls_ca: Path | None = None
-    #: Client certificate for mutual TLS with NATS.
-    nats_tls_cert: Path | None = None
-    #: Private key of `nats_tls_cert`.
-    nats_tls_key: Path | None = None
-    #: Name to verify in the NATS server's certificate when it differs from the URL's host.
-    nats_tls_hostname: str | None = None
 
     #: Where each attempt gets its own directory, the steps' TMPDIR (`workspace.py`); never inside
     #: `spool_dir`, whose reports a step must not see, nor around it (the agent clears it at start).
@@ -179,27 +162,6 @@ class AgentConfig(BaseModel):
             raise ValueError(URL_CREDENTIALS_REFUSED)
         return url
 
-    @model_validator(mode="after")
-    def _usable_nats_access(self) -> AgentConfig:
-        try:  # the files are read when connecting (`Agent.serve` exits 2 if they are unusable)
-            self.nats_access().check_combination()
-        except TlsConfigError as exc:
-            raise ValueError(str(exc)) from None
-        return self
-
-    def nats_access(self) -> NatsAccess:
-        """The NATS credentials and TLS files of this host."""
-        return NatsAccess(
-            creds=self.nats_creds,
-            nkey_seed=self.nats_nkey_seed,
-            user=self.nats_user,
-            password_file=self.nats_password_file,
-            tls_ca=self.nats_tls_ca,
-            tls_cert=self.nats_tls_cert,
-            tls_key=self.nats_tls_key,
-            tls_hostname=self.nats_tls_hostname,
-        )
-
     @field_validator("devices")
     @classmethod
     def _unique_device_ids(cls, devices: tuple[DeviceConfig, ...]) -> tuple[DeviceConfig, ...]:
@@ -233,24 +195,17 @@ class AgentConfig(BaseModel):
         return next((d for d in self.devices if d.device_id == device_id), None)
 
 
-class EnvOverrides(BaseSettings):
-    """The settings that the environment may override (empty variables count as unset)."""
+#: The settings that the environment may override: `DEVSCHED_<NAME>`, as the services read them.
+ENV_OVERRIDABLE = (*NatsSettings.model_fields, "subject_prefix", "jetstream_api_prefix", "metrics_port", "metrics_host")
 
+
+class _Environment(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DEVSCHED_", env_ignore_empty=True, extra="ignore")
 
-    nats_url: str | None = None
-    subject_prefix: str | None = None
-    nats_creds: str | None = None
-    jetstream_api_prefix: str | None = None
-    nats_nkey_seed: str | None = None
-    nats_user: str | None = None
-    nats_password_file: str | None = None
-    nats_tls_ca: str | None = None
-    nats_tls_cert: str | None = None
-    nats_tls_key: str | None = None
-    nats_tls_hostname: str | None = None
-    metrics_port: str | None = None
-    metrics_host: str | None = None
+
+_OVERRIDES: dict[str, Any] = {name: (str | None, None) for name in ENV_OVERRIDABLE}
+#: The overridable settings the environment gives (empty variables count as unset).
+EnvOverrides = create_model("EnvOverrides", __base__=_Environment, **_OVERRIDES)
 
 
 def _describe(error: ValidationError) -> list[str]:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from devsched.agent.config import AgentConfig, ConfigError
 from devsched.agent.steps import StepUser
+from devsched.protocol.tls import NatsSettings
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ _NEEDED_CAPS = {
     CAP_SETUID: "CAP_SETUID",
 }
 #: Fields of AgentConfig naming files that hold secrets: closed to group and others when steps run as a user.
-SECRET_FILE_FIELDS = ("nats_creds", "nats_nkey_seed", "nats_password_file", "nats_tls_key")
+SECRET_FILE_FIELDS = NatsSettings.secret_files()
 
 
 def artifacts_dir(attempt_dir: Path) -> Path:

@@ -244,7 +244,12 @@ class Sweeper:
 
     async def _connect(self, stop: asyncio.Event) -> None:
         with contextlib.suppress(Stopped):
-            self._nc = await connect_nats(self.settings, name=f"{self.settings.subject_prefix}-sweeper", stop=stop)
+            self._nc = await connect_nats(
+                self.settings,
+                name=f"{self.settings.subject_prefix}-sweeper",
+                stop=stop,
+                drain_timeout_s=self.settings.drain_timeout_s,
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Sweep until `stop` is set; the sweep in progress finishes first."""

@@ -156,7 +156,9 @@ class Scheduler:
             if self.health is not None:
                 observe_store(store)
                 latencies = Latencies()
-            nc = self.nc = await connect_nats(s, name=f"{self.subjects.service_name}", stop=stop)
+            nc = self.nc = await connect_nats(
+                s, name=f"{self.subjects.service_name}", stop=stop, drain_timeout_s=s.drain_timeout_s
+            )
             stack.push_async_callback(close_nats, nc)
             if s.max_payload_bytes > nc.max_payload // 2:
                 # A task view holds what several requests brought (plan, metadata, report): with requests this

@@ -9,6 +9,8 @@ from pydantic_settings import NoDecode
 
 from devsched.core.limits import MAX_RELEASES_DEFAULT
 from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
+from devsched.protocol.connection import INBOX_PREFIX, host_inbox_prefix
+from devsched.scheduler.admission import HOST_ID_PLACEHOLDER
 from devsched.service.settings import Seconds, ServiceSettings
 
 MiB = 1024 * 1024
@@ -124,10 +126,10 @@ class SchedulerSettings(ServiceSettings):
     """Requests handled at once by this process; more wait in NATS's per-subscription queue."""
     shutdown_grace_s: Seconds = 10.0
     """On SIGTERM, how long requests in flight may take to finish."""
-    host_inbox_prefixes: Prefixes = ("_INBOX.{host_id}.",)
+    host_inbox_prefixes: Prefixes = (f"{host_inbox_prefix(HOST_ID_PLACEHOLDER)}.",)
     """Reply subjects a host endpoint answers, `{host_id}` standing for the requesting host; `_R_.` where
     hosts are NATS accounts of their own (the server rewrites their replies). Others are dropped unanswered."""
-    operator_inbox_prefixes: Prefixes = ("_INBOX.",)
+    operator_inbox_prefixes: Prefixes = (f"{INBOX_PREFIX}.",)
     """Reply subjects an operator endpoint (`P.api.*`) answers; others are dropped unanswered."""
     host_max_in_flight: int = Field(default=16, ge=1, le=10000)
     """Requests of one host handled at once; more are answered 429 `too_many_requests`."""

@@ -106,18 +106,9 @@ def create_app(
     """
 
     async def default_connect() -> Client:
-        access = settings.nats_access()
-        return await Client.connect(
-            settings.nats_url,
+        return await Client.from_settings(
+            settings,
             prefix=settings.subject_prefix,
-            creds=access.creds,
-            nkey_seed=access.nkey_seed,
-            user=access.user,
-            password_file=access.password_file,
-            tls_ca=access.tls_ca,
-            tls_cert=access.tls_cert,
-            tls_key=access.tls_key,
-            tls_hostname=access.tls_hostname,
             timeout=settings.web_request_timeout_s,
             connect_timeout=30.0,
             name="devsched-web",

@@ -1,7 +1,8 @@
-"""Configuration of `devsched-web`: the services' settings plus the `DEVSCHED_WEB_*` ones.
+"""Configuration of `devsched-web`: what every service process reads plus the `DEVSCHED_WEB_*` settings.
 
 Read from the environment (or `--flags` of the same names), like every other service. The web process
-never connects to the database: `database_url` is inherited from the common settings and ignored.
+never connects to the database and has no database settings (a `DEVSCHED_DATABASE_*` variable in its
+environment is ignored, like any variable that is not a setting).
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import ipaddress
 
 from pydantic import Field, SecretStr, model_validator
 
-from devsched.service.settings import Seconds, ServiceSettings
+from devsched.service.settings import ProcessSettings, Seconds
 from devsched.web import hosts
 
 
-class WebSettings(ServiceSettings):
+class WebSettings(ProcessSettings):
     """What `devsched-web` reads."""
 
     web_host: str = Field(default="127.0.0.1", min_length=1)

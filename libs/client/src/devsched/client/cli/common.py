@@ -13,9 +13,8 @@ import os
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import typer
@@ -23,7 +22,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from devsched.client.cli.render import visible
-from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S, Client
+from devsched.client.client import DEFAULT_TIMEOUT_S, Client
 from devsched.client.errors import (
     Conflict,
     DevschedError,
@@ -37,7 +36,7 @@ from devsched.client.errors import (
 )
 from devsched.core.status import TaskStatus
 from devsched.protocol.subjects import DEFAULT_PREFIX
-from devsched.protocol.tls import TlsConfigError
+from devsched.protocol.tls import NatsSettings, TlsConfigError
 
 T = TypeVar("T")
 
@@ -92,34 +91,15 @@ def exit_code_of_status(status: TaskStatus | str) -> ExitCode:
 class Settings:
     """The global options (`devsched --nats-url ... COMMAND`)."""
 
-    nats_url: str = DEFAULT_NATS_URL
+    #: NATS access, checked when connecting (a bad combination is a usage error then).
+    nats: NatsSettings = field(default_factory=NatsSettings)
     prefix: str = DEFAULT_PREFIX
-    creds: Path | None = None
     timeout: float = DEFAULT_TIMEOUT_S
-    nkey_seed: Path | None = None
-    user: str | None = None
-    password_file: Path | None = None
-    tls_ca: Path | None = None
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    tls_hostname: str | None = None
 
     async def client(self) -> Client:
         """A connected client (the caller closes it)."""
         try:
-            connecting = Client.connect(
-                self.nats_url,
-                prefix=self.prefix,
-                creds=self.creds,
-                timeout=self.timeout,
-                nkey_seed=self.nkey_seed,
-                user=self.user,
-                password_file=self.password_file,
-                tls_ca=self.tls_ca,
-                tls_cert=self.tls_cert,
-                tls_key=self.tls_key,
-                tls_hostname=self.tls_hostname,
-            )
+            connecting = Client.from_settings(self.nats, prefix=self.prefix, timeout=self.timeout)
         except TlsConfigError as exc:  # a credentials or TLS file: nothing was sent
             raise InvalidRequest(str(exc), errors=[{"path": "nats", "message": str(exc)}]) from None
         except ValueError as exc:  # a bad prefix

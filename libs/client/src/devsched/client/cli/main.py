@@ -18,6 +18,7 @@ from devsched.client.cli import logs as log_commands
 from devsched.client.cli.common import ExitCode, Settings, fail
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
 from devsched.protocol.subjects import DEFAULT_PREFIX
+from devsched.protocol.tls import NatsAccess
 
 EPILOG = (
     "Exit codes: 0 ok (a waited task ended done) · 1 a waited task failed, or an internal error · "
@@ -105,17 +106,19 @@ def configure(
 ) -> None:
     """Global options, read before any command."""
     ctx.obj = Settings(
-        nats_url=nats_url,
+        nats=NatsAccess(
+            url=nats_url,
+            creds=creds,
+            nkey_seed=nkey_seed,
+            user=user,
+            password_file=password_file,
+            tls_ca=tls_ca,
+            tls_cert=tls_cert,
+            tls_key=tls_key,
+            tls_hostname=tls_hostname,
+        ),
         prefix=prefix,
-        creds=creds,
         timeout=timeout,
-        nkey_seed=nkey_seed,
-        user=user,
-        password_file=password_file,
-        tls_ca=tls_ca,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        tls_hostname=tls_hostname,
     )
 
 
