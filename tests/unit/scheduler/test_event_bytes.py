@@ -46,7 +46,7 @@ PLAN = {
 
 
 def task(kind: EventKind, status: TaskStatus, **fields: Any) -> TaskEvent:
-    return TaskEvent(kind=kind, task_id=TASK, seq=fields.pop("seq", 3), status=status, at=AT, **fields)
+    return TaskEvent(event=kind, task_id=TASK, seq=fields.pop("seq", 3), status=status, at=AT, **fields)
 
 
 CASES: dict[str, DomainEvent] = {
@@ -62,7 +62,7 @@ CASES: dict[str, DomainEvent] = {
     "failed": task(EventKind.FAILED, TaskStatus.FAILED, reason='ü "q" \\ \n\t\x00\x1f\x7f \u2028 😀', **ON),
     "cancelled(queued)": task(EventKind.CANCELLED, TaskStatus.CANCELLED, reason="why not"),
     "failed(other offset, big seq)": TaskEvent(
-        kind=EventKind.FAILED,
+        event=EventKind.FAILED,
         task_id=TASK,
         seq=2**40,
         status=TaskStatus.FAILED,
@@ -74,7 +74,7 @@ CASES: dict[str, DomainEvent] = {
         task_id=TASK, attempt=2, lease_id=LEASE, host_id="h1", device_id="h1-d1", plan=PLAN, ttl_s=30, expires_at=AT
     ),
     "device_quarantined": DeviceEvent(
-        kind=DeviceEventKind.QUARANTINED,
+        event=DeviceEventKind.QUARANTINED,
         device_id="h1-d1",
         host_id="h1",
         at=AT,
@@ -83,7 +83,7 @@ CASES: dict[str, DomainEvent] = {
         reason="3 consecutive infrastructure failures (last: infra)",
     ),
     "device_returned": DeviceEvent(
-        kind=DeviceEventKind.RETURNED,
+        event=DeviceEventKind.RETURNED,
         device_id="h1-d1",
         host_id="h1",
         at=AT,
@@ -91,7 +91,7 @@ CASES: dict[str, DomainEvent] = {
         infra_failures=0,
     ),
     "device_returned(health check)": DeviceEvent(
-        kind=DeviceEventKind.RETURNED,
+        event=DeviceEventKind.RETURNED,
         device_id="h1-d1",
         host_id="h1",
         at=AT,
