@@ -2,7 +2,8 @@
 
 `event_bytes.json` holds what each case gave when it was written; any change to how an event is laid out,
 in the outbox or on the wire, shows here first. The wire is a contract (add, never rename or remove), and
-rows stored by one release are read by the next.
+rows stored by one release are read by the next. A field added on purpose changes the file:
+`./dev run python tests/unit/scheduler/test_event_bytes.py` writes it again, and its diff is the change.
 """
 
 from __future__ import annotations
@@ -130,3 +131,7 @@ def test_a_stored_row_reads_back_as_the_event_and_publishes_the_same_bytes(name:
     (message,) = inserted(json.dumps([{"id": 42, **row}]))
     assert message.event == CASES[name]
     assert outgoing(message.event, S, ref=42).data.decode() == written(CASES[name])["body"]
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps({name: written(event) for name, event in CASES.items()}, indent=1) + "\n")
