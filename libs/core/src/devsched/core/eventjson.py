@@ -75,7 +75,7 @@ class Shape(Generic[E]):
     with a default that is absent reads as its default (written before the field existed).
 
     Both functions are generated once from the fields, as `dataclasses` generates `__init__`: the relay
-    writes and reads every event with them, and a loop over the fields would cost it a third more.
+    writes and reads every event with them, and a loop over the fields cost it 30 to 50% more.
     """
 
     #: `value` as a JSON object, its times formatted by the `TimeFormat` given.
@@ -95,20 +95,20 @@ class Shape(Generic[E]):
             code = _code(hints[f.name], f"_w{n}", namespace)
             key = renamed.pop(f.name, f.name)
             fields.append(Field(f.name, key, code.time))
-            # None stays None; a value converted either way is the expression over `x`
-            x, raw = f"x{n}", f"d[{key!r}]"
-            if f.default is not dataclasses.MISSING:
-                namespace[f"_d{n}"] = f.default
-                raw = f"d.get({key!r}, _d{n})"
             if code.read is not None:
                 namespace[f"_r{n}"] = code.read
-            if code.nullable and (code.write != "{x}" or code.read is not None):
+            x = f"x{n}"
+            got = x if code.read is None else f"_r{n}({x})"
+            if code.nullable and (code.write != "{x}" or code.read is not None):  # None stays None
                 written.append(f"{key!r}: (None if ({x} := v.{f.name}) is None else {code.write.format(x=x)})")
-                got = x if code.read is None else f"_r{n}({x})"
-                read.append(f"{f.name}=(None if ({x} := {raw}) is None else {got})")
+                value = f"(None if ({x} := d[{key!r}]) is None else {got})"
             else:
                 written.append(f"{key!r}: {code.write.format(x=f'v.{f.name}')}")
-                read.append(f"{f.name}={raw if code.read is None else f'_r{n}({raw})'}")
+                value = f"d[{key!r}]" if code.read is None else f"_r{n}(d[{key!r}])"
+            if f.default is not dataclasses.MISSING:  # absent: the default, as it is
+                namespace[f"_d{n}"] = f.default
+                value = f"({value} if {key!r} in d else _d{n})"
+            read.append(f"{f.name}={value}")
         if renamed:
             raise ValueError(f"{cls.__name__} has no fields {sorted(renamed)}")
         source = (
