@@ -62,7 +62,7 @@ class Lab:
 
 def kinds(c: Committed) -> list[str]:
     """The kinds of the messages a commit wrote, in order (`assignment` for an assignment)."""
-    return [m.event.kind.value if isinstance(m.event, TaskEvent | DeviceEvent) else "assignment" for m in c.messages]
+    return [m.event.event.value if isinstance(m.event, TaskEvent | DeviceEvent) else "assignment" for m in c.messages]
 
 
 def ref(m: AttemptAssigned) -> LeaseRef:

@@ -58,7 +58,7 @@ async def test_a_claim_with_progress_dispatches_and_records_the_step_in_one_comm
     (commit,) = heard  # one statement, one commit
     assert commit.operation == "claim"
     dispatched, progress = task_events(commit.messages)
-    assert (dispatched.kind, progress.kind) == (EventKind.DISPATCHED, EventKind.PROGRESS)
+    assert (dispatched.event, progress.event) == (EventKind.DISPATCHED, EventKind.PROGRESS)
     assert (dispatched.seq, progress.seq) == (3, 4), "submitted 1, assigned 2, then consecutive"
     assert commit.messages[0].id < commit.messages[1].id, "published in that order"
     assert progress.progress == StepProgress(step="flash", index=0, of=2)
@@ -74,7 +74,7 @@ async def test_a_claim_with_progress_dispatches_and_records_the_step_in_one_comm
     assert after.dispatched_at is not None
     assert after.expires_at == grant.expires_at > before.expires_at
     assert (grant.dispatch, grant.cancel_requested) == (True, False)
-    assert [(e.kind, e.seq) for e in await published(lab)] == [
+    assert [(e.event, e.seq) for e in await published(lab)] == [
         (EventKind.SUBMITTED, 1),
         (EventKind.ASSIGNED, 2),
         (EventKind.DISPATCHED, 3),
@@ -90,7 +90,7 @@ async def test_the_renewal_it_replaces_would_have_changed_nothing_more(lab: Lab)
     await lab.store.renew(lease, FIRST)
     assert not [e for c in heard for e in task_events(c.messages)], "the same step again: no event"
     await lab.store.renew(lease, SECOND)
-    assert [e.kind for e in task_events(heard[-1].messages)] == [EventKind.PROGRESS]
+    assert [e.event for e in task_events(heard[-1].messages)] == [EventKind.PROGRESS]
     assert [e.seq for e in task_events(heard[-1].messages)] == [5]
     assert (await lab.store.get_task(lease.task_id)).attempts[-1].progress == SECOND
 
@@ -100,7 +100,7 @@ async def test_a_claim_without_progress_is_as_before(lab: Lab) -> None:
     heard: list[Committed] = []
     lab.store.on_commit = heard.append
     grant = await lab.store.claim(lease)
-    assert [e.kind for e in task_events(heard[0].messages)] == [EventKind.DISPATCHED]
+    assert [e.event for e in task_events(heard[0].messages)] == [EventKind.DISPATCHED]
     assert grant.dispatch
     assert (await lab.store.get_task(lease.task_id)).attempts[-1].progress is None
 
@@ -120,7 +120,7 @@ async def test_a_repeated_claim_with_progress_is_a_renewal_with_progress(lab: La
     moved_on = await lab.store.claim(lease, SECOND)
     assert not moved_on.dispatch
     (progress,) = task_events(heard[-1].messages)
-    assert (progress.kind, progress.seq, progress.status) == (EventKind.PROGRESS, 5, TaskStatus.DISPATCHED)
+    assert (progress.event, progress.seq, progress.status) == (EventKind.PROGRESS, 5, TaskStatus.DISPATCHED)
     assert progress.progress == StepProgress(step="test", index=1, of=2)
     view = await lab.store.get_task(lease.task_id)
     assert (view.status, view.attempts[-1].progress) == (TaskStatus.DISPATCHED, SECOND)

@@ -29,7 +29,7 @@ class Publisher:
 
 
 def kinds(messages: Sequence[OutboxMessage]) -> list[str]:
-    return [m.event.kind.value if isinstance(m.event, TaskEvent) else "assignment" for m in messages]
+    return [m.event.event.value if isinstance(m.event, TaskEvent) else "assignment" for m in messages]
 
 
 async def rows(lab: Lab) -> dict[int, OutboxMessage]:

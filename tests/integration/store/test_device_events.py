@@ -89,7 +89,7 @@ async def test_the_third_infra_failure_commits_one_quarantine_event_and_an_undo_
     third = await fail_infra(lab)
     assert len(third) == 1  # one transaction: the report and its device event
     (event,) = device_events(third)
-    assert (event.kind, event.device_id, event.host_id, event.by, event.infra_failures) == (
+    assert (event.event, event.device_id, event.host_id, event.by, event.infra_failures) == (
         DeviceEventKind.QUARANTINED, "d1", "h1", DeviceEventCause.INFRA_FAILURES, 3,
     )  # fmt: skip
     assert event.reason == "3 consecutive infrastructure failures (last: infra)"
@@ -97,7 +97,7 @@ async def test_the_third_infra_failure_commits_one_quarantine_event_and_an_undo_
 
     undo = await committed(lab, lab.store.drain_device("d1", False))
     (returned,) = device_events(undo)
-    assert (returned.kind, returned.by, returned.infra_failures, returned.reason) == (
+    assert (returned.event, returned.by, returned.infra_failures, returned.reason) == (
         DeviceEventKind.RETURNED, DeviceEventCause.OPERATOR, 0, event.reason,
     )  # fmt: skip
     assert device_events(await committed(lab, lab.store.drain_device("d1", False))) == []  # not quarantined
@@ -117,7 +117,7 @@ async def test_health_checks_quarantine_and_return_once(heard: tuple[Lab, list[C
     lease = await health_lease(lab)
     failed = await committed(lab, lab.store.report(lease, Outcome.FAILED, reason="battery swollen"))
     (event,) = device_events(failed)
-    assert (event.kind, event.by, event.reason) == (
+    assert (event.event, event.by, event.reason) == (
         DeviceEventKind.QUARANTINED, DeviceEventCause.HEALTH_CHECK, HEALTH_CHECK_FAILED,
     )  # fmt: skip
 
@@ -127,7 +127,7 @@ async def test_health_checks_quarantine_and_return_once(heard: tuple[Lab, list[C
 
     lease = await health_lease(lab)
     (back,) = device_events(await committed(lab, lab.store.report(lease, Outcome.DONE)))
-    assert (back.kind, back.by, back.infra_failures) == (DeviceEventKind.RETURNED, DeviceEventCause.HEALTH_CHECK, 0)
+    assert (back.event, back.by, back.infra_failures) == (DeviceEventKind.RETURNED, DeviceEventCause.HEALTH_CHECK, 0)
     assert await device_rows(lab.store) == 2
 
 
@@ -137,7 +137,7 @@ async def test_a_host_undo_returns_only_its_quarantined_devices(heard: tuple[Lab
     for _ in range(3):
         await fail_infra(lab, "d1")
     undo = await committed(lab, lab.store.drain_host("h1", False))
-    assert [(e.kind, e.device_id, e.by) for e in device_events(undo)] == [
+    assert [(e.event, e.device_id, e.by) for e in device_events(undo)] == [
         (DeviceEventKind.RETURNED, "d1", DeviceEventCause.OPERATOR)
     ]
 
@@ -154,7 +154,7 @@ async def test_a_lease_expiry_that_quarantines_commits_the_event_with_the_sweep(
     await lab.alive()
     (sweep,) = await committed(lab, lab.store.sweep_expired())
     (event,) = device_events([sweep])
-    assert (event.kind, event.device_id, event.by, event.infra_failures) == (
+    assert (event.event, event.device_id, event.by, event.infra_failures) == (
         DeviceEventKind.QUARANTINED, "d1", DeviceEventCause.INFRA_FAILURES, 3,
     )  # fmt: skip
     assert lease.task_id  # the expired task's own events are in the same commit
@@ -183,4 +183,4 @@ async def test_the_relay_claims_device_events_and_leaves_kinds_it_does_not_know(
         assert future.sent_at is None  # not claimed: left for a relay that knows it
         await tx.rollback()
     (event,) = [m.event for m in got if isinstance(m.event, DeviceEvent)]
-    assert (event.kind, event.device_id) == (DeviceEventKind.QUARANTINED, "d1")
+    assert (event.event, event.device_id) == (DeviceEventKind.QUARANTINED, "d1")

@@ -244,7 +244,7 @@ async def test_concurrent_reports_taking_next_sweeps_and_passes_run_each_attempt
         assert sorted((r.task_id, r.attempt) for r in rows) == sorted({(r.task_id, r.attempt) for r in rows})
         assert all(r.status == "done" for r in rows), "nothing expired: one attempt each"
         new_attempts = [m.event for c in heard for m in c.messages if isinstance(m.event, TaskEvent)]
-        assigned = [(e.task_id, e.attempt) for e in new_attempts if e.kind.value == "assigned"]
+        assigned = [(e.task_id, e.attempt) for e in new_attempts if e.event.value == "assigned"]
         assert len(assigned) == len(set(assigned)) == len(rows)
         messages = [(m.task_id, m.attempt) for c in heard for m in (x.event for x in c.messages)
                     if isinstance(m, AttemptAssigned)]  # fmt: skip

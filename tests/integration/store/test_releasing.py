@@ -67,7 +67,7 @@ async def test_release_requeues_and_frees_the_device_at_once(lab: Lab) -> None:
     assert [a.attempt for a in done.attempts] == [1, 2]
 
     events = await _events(lab.store, lease.task_id)
-    requeued = [e for e in events if e.kind is EventKind.REQUEUED]
+    requeued = [e for e in events if e.event is EventKind.REQUEUED]
     assert [(e.reason, e.attempt, e.host_id, e.device_id, e.status) for e in requeued] == [
         ("released", 1, "h1", "d1", TaskStatus.QUEUED)
     ]
@@ -99,7 +99,7 @@ async def test_release_with_a_cancellation_pending_cancels(lab: Lab) -> None:
     assert view.attempts[-1].status is AttemptStatus.RELEASED
     assert await lab.store.assign() == []
     events = await _events(lab.store, lease.task_id)
-    assert (events[-1].kind, events[-1].reason) == (EventKind.CANCELLED, "cancelled_after_release")
+    assert (events[-1].event, events[-1].reason) == (EventKind.CANCELLED, "cancelled_after_release")
 
 
 async def test_a_task_released_over_and_over_ends_failed(database_url: str, clock: ManualClock) -> None:
@@ -123,7 +123,7 @@ async def test_a_task_released_over_and_over_ends_failed(database_url: str, cloc
             3,
         )
         events = await _events(store, task)
-        assert (events[-1].kind, events[-1].reason) == (EventKind.FAILED, "released_too_often")
+        assert (events[-1].event, events[-1].reason) == (EventKind.FAILED, "released_too_often")
         assert await store.assign() == []
     finally:
         await store.close()

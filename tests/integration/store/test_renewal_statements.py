@@ -45,7 +45,7 @@ async def _renewed(lab: Lab, lease: LeaseRef, progress: Mapping[str, Any] | None
         await lab.store.renew(lease, progress)
         await logged()
     lab.store.on_commit = None
-    return sent, [m.event.kind.value for c in heard for m in c.messages if isinstance(m.event, TaskEvent)]
+    return sent, [m.event.event.value for c in heard for m in c.messages if isinstance(m.event, TaskEvent)]
 
 
 async def test_a_step_boundary_is_one_statement(lab: Lab) -> None:

@@ -76,7 +76,7 @@ async def test_an_infra_failure_waits_its_backoff_then_runs_on_another_device(la
     assert (again.task_id, again.attempt) == (lease.task_id, 2)
     assert again.device_id != failed_on
 
-    requeued = [e for e in await _events(lab.store, lease.task_id) if e.kind is EventKind.REQUEUED]
+    requeued = [e for e in await _events(lab.store, lease.task_id) if e.event is EventKind.REQUEUED]
     assert [(e.reason, e.attempt, e.device_id) for e in requeued] == [("infra", 1, failed_on)]
 
 

@@ -188,7 +188,7 @@ async def test_events_are_numbered_in_commit_order(lab: Lab) -> None:
 
     assert await lab.store.relay_outbox(publish) == len(published)
     events = [m.event for m in published if isinstance(m.event, TaskEvent)]
-    assert [e.kind for e in events] == [
+    assert [e.event for e in events] == [
         EventKind.SUBMITTED,
         EventKind.ASSIGNED,
         EventKind.DISPATCHED,

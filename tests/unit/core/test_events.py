@@ -19,7 +19,9 @@ STEP = StepProgress(step="flash", index=0, of=2)
 @pytest.mark.parametrize("kind", list(EventKind))
 def test_progress_is_set_exactly_on_progress_events(kind: EventKind) -> None:
     def make(progress: StepProgress | None) -> TaskEvent:
-        return TaskEvent(kind=kind, task_id=uuid.uuid4(), seq=1, status=TaskStatus.DISPATCHED, at=T0, progress=progress)
+        return TaskEvent(
+            event=kind, task_id=uuid.uuid4(), seq=1, status=TaskStatus.DISPATCHED, at=T0, progress=progress
+        )
 
     right, wrong = (STEP, None) if kind is EventKind.PROGRESS else (None, STEP)
     assert make(right).progress == right
@@ -29,4 +31,4 @@ def test_progress_is_set_exactly_on_progress_events(kind: EventKind) -> None:
 
 def test_seq_counts_from_one() -> None:
     with pytest.raises(ValueError, match="seq"):
-        TaskEvent(kind=EventKind.SUBMITTED, task_id=uuid.uuid4(), seq=0, status=TaskStatus.QUEUED, at=T0)
+        TaskEvent(event=EventKind.SUBMITTED, task_id=uuid.uuid4(), seq=0, status=TaskStatus.QUEUED, at=T0)

@@ -8,7 +8,7 @@ from typing import Any, cast
 import pytest
 from pydantic import ValidationError
 
-from devsched.core import views
+from devsched.core import events, views
 from devsched.core.leases import Extension
 from devsched.core.records import Selector
 from devsched.core.status import DeviceState, TaskStatus
@@ -37,6 +37,10 @@ PAIRS: list[tuple[type[m.WireModel], type[Any], set[str]]] = [
     (m.ReleaseReply, ReportReceipt, {"next"}),
     (m.HandedAttempt, Handed, set()),
     (m.LeaseReply, Extension, {"dispatch"}),
+    (m.TaskEvent, events.TaskEvent, set()),
+    (m.DeviceEventMessage, events.DeviceEvent, set()),
+    (m.Assignment, events.AttemptAssigned, {"host_id"}),
+    (m.Progress, events.StepProgress, set()),
 ]
 
 

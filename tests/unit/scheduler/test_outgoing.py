@@ -22,7 +22,7 @@ from devsched.protocol.codec import decode, encode
 from devsched.protocol.messages import Assignment, DeviceEventMessage
 from devsched.protocol.messages import TaskEvent as WireTaskEvent
 from devsched.protocol.subjects import Subjects
-from devsched.scheduler.outgoing import outgoing, resent, task_event
+from devsched.scheduler.outgoing import outgoing, resent
 
 pytestmark = pytest.mark.unit
 
@@ -48,7 +48,7 @@ def assigned(**changes: object) -> AttemptAssigned:
 
 def test_a_task_event_goes_to_its_tasks_subject_with_task_colon_seq() -> None:
     event = TaskEvent(
-        kind=EventKind.PROGRESS,
+        event=EventKind.PROGRESS,
         task_id=TASK,
         seq=4,
         status=TaskStatus.DISPATCHED,
@@ -72,7 +72,7 @@ def test_a_task_event_goes_to_its_tasks_subject_with_task_colon_seq() -> None:
         "reason": None,
         "progress": {"step": "flash", "index": 0, "of": 1},
     }
-    assert decode(WireTaskEvent, out.data) == task_event(event)
+    assert decode(WireTaskEvent, out.data) == WireTaskEvent.from_value(event)
 
 
 def test_an_assignment_goes_to_its_hosts_subject_with_task_dot_attempt() -> None:
@@ -112,7 +112,7 @@ def test_a_host_id_that_would_widen_the_subject_is_refused() -> None:
 
 def test_a_device_event_goes_to_its_devices_subject_named_by_its_outbox_id() -> None:
     event = DeviceEvent(
-        kind=DeviceEventKind.QUARANTINED,
+        event=DeviceEventKind.QUARANTINED,
         device_id="h1-d1",
         host_id="h1",
         at=AT,
@@ -140,17 +140,23 @@ def test_a_device_event_goes_to_its_devices_subject_named_by_its_outbox_id() -> 
     "changes",
     [
         {},
-        {"kind": EventKind.SUBMITTED, "status": TaskStatus.QUEUED, "attempt": None, "host_id": None, "device_id": None},
-        {"kind": EventKind.DONE, "status": TaskStatus.DONE, "reason": "done"},
-        {"kind": EventKind.FAILED, "status": TaskStatus.FAILED, "reason": 'ü "q" \\ \n\t\x00\x1f\x7f \u2028 😀'},
-        {"kind": EventKind.PROGRESS, "progress": StepProgress(step="flâsh\n", index=2, of=3)},
+        {
+            "event": EventKind.SUBMITTED,
+            "status": TaskStatus.QUEUED,
+            "attempt": None,
+            "host_id": None,
+            "device_id": None,
+        },
+        {"event": EventKind.DONE, "status": TaskStatus.DONE, "reason": "done"},
+        {"event": EventKind.FAILED, "status": TaskStatus.FAILED, "reason": 'ü "q" \\ \n\t\x00\x1f\x7f \u2028 😀'},
+        {"event": EventKind.PROGRESS, "progress": StepProgress(step="flâsh\n", index=2, of=3)},
         {"at": datetime(2026, 12, 1, 11, 0, 0, tzinfo=timezone(timedelta(hours=1)))},
         {"at": datetime(2026, 12, 1, 10, 0, 0, 0, tzinfo=UTC), "seq": 2**40, "attempt": 7},
     ],
 )
 def test_a_task_event_is_written_byte_for_byte_as_the_protocols_model_writes_it(changes: dict[str, object]) -> None:
     values: dict[str, object] = {
-        "kind": EventKind.DISPATCHED,
+        "event": EventKind.DISPATCHED,
         "task_id": TASK,
         "seq": 3,
         "status": TaskStatus.DISPATCHED,
@@ -160,7 +166,7 @@ def test_a_task_event_is_written_byte_for_byte_as_the_protocols_model_writes_it(
         "device_id": "h1-d1",
     }
     event = TaskEvent(**{**values, **changes})  # type: ignore[arg-type]
-    assert outgoing(event, S).data == encode(task_event(event))
+    assert outgoing(event, S).data == encode(WireTaskEvent.from_value(event))
 
 
 @pytest.mark.parametrize(
@@ -175,7 +181,7 @@ def test_a_task_event_is_written_byte_for_byte_as_the_protocols_model_writes_it(
 )
 def test_a_task_event_the_protocol_refuses_is_refused_as_the_model_refuses_it(changes: dict[str, object]) -> None:
     values: dict[str, object] = {
-        "kind": EventKind.DISPATCHED, "task_id": TASK, "seq": 3, "status": TaskStatus.DISPATCHED, "at": AT,
+        "event": EventKind.DISPATCHED, "task_id": TASK, "seq": 3, "status": TaskStatus.DISPATCHED, "at": AT,
         "attempt": 1, "host_id": "h1", "device_id": "h1-d1",
     }  # fmt: skip
     with pytest.raises((ValidationError, ValueError)):

@@ -1,8 +1,10 @@
 """Domain events: what the control plane tells the world happened, as plain values.
 
 The store records them in its outbox in the transaction of the change that caused them; the scheduler's
-relay renders each as the protocol's message (model, subject, message id). Nothing of the wire is here,
-and no clock: `at` and `expires_at` are the database times the store read.
+relay renders each as the protocol's message (model, subject, message id). Each value's fields are named as
+its protocol model's (`event`, not `kind`), so the model is built from the value by name
+(`WireModel.from_value`) and its JSON shape (`devsched.core.eventjson`) is the one the outbox keeps.
+Nothing of the wire is here, and no clock: `at` and `expires_at` are the database times the store read.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class TaskEvent:
         ValueError: `seq` below 1, or `progress` given to another kind or missing from a `progress` event.
     """
 
-    kind: EventKind
+    event: EventKind
     task_id: uuid.UUID
     seq: int
     status: TaskStatus
@@ -51,8 +53,8 @@ class TaskEvent:
     def __post_init__(self) -> None:
         if self.seq < 1:
             raise ValueError(f"event seq counts from 1, got {self.seq}")
-        if (self.kind is EventKind.PROGRESS) != (self.progress is not None):
-            raise ValueError(f"progress is set exactly on progress events, not on {self.kind.value!r}")
+        if (self.event is EventKind.PROGRESS) != (self.progress is not None):
+            raise ValueError(f"progress is set exactly on progress events, not on {self.event.value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +99,7 @@ class DeviceEvent:
     a return); `reason` the quarantine's reason (on a return, the reason of the quarantine lifted).
     """
 
-    kind: DeviceEventKind
+    event: DeviceEventKind
     device_id: str
     host_id: str
     at: datetime

@@ -259,6 +259,20 @@ class WireModel(BaseModel):
         # not JSON from a peer: the strictness that guards decoding has nothing to guard here.
         return cls.model_validate(value, from_attributes=True, strict=False, context=STORED)
 
+    @classmethod
+    def encode_value(cls, value: object) -> bytes:
+        """`codec.encode(cls.from_value(value))`, the same bytes, in one pass through pydantic-core.
+
+        For the relay, which writes every event this way: the model's own validation and serializer, without
+        the Python layers of `model_validate` and `model_dump_json`.
+
+        Raises:
+            pydantic.ValidationError: the value does not make a valid model.
+            pydantic_core.PydanticSerializationError: a string JSON cannot carry (a lone surrogate).
+        """
+        model = cls.__pydantic_validator__.validate_python(value, from_attributes=True, strict=False, context=STORED)
+        return cls.__pydantic_serializer__.to_json(model)
+
 
 class RequestModel(WireModel):
     """A message a server receives: decoding rejects unknown fields (`invalid_request`)."""

@@ -194,7 +194,7 @@ async def _apply(
         trace = traces[m.task_id]
         outbox.add(
             TaskEvent(
-                kind=EventKind.ASSIGNED,
+                event=EventKind.ASSIGNED,
                 task_id=m.task_id,
                 seq=seqs[m.task_id],
                 status=TaskStatus.ASSIGNED,

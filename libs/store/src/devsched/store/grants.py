@@ -245,7 +245,7 @@ def _params(ref: LeaseRef, clock: Clock, **extra: Any) -> dict[str, Any]:
 def _template(ref: LeaseRef, kind: EventKind, status: TaskStatus, **fields: Any) -> TaskEvent:
     """The request's event with what the statement fills in (seq, at, device) left as placeholders."""
     return TaskEvent(
-        kind=kind, task_id=ref.task_id, seq=PLACEHOLDER_SEQ, status=status, at=PLACEHOLDER_TIME, attempt=ref.attempt,
+        event=kind, task_id=ref.task_id, seq=PLACEHOLDER_SEQ, status=status, at=PLACEHOLDER_TIME, attempt=ref.attempt,
         host_id=ref.host_id, **fields,
     )  # fmt: skip
 

@@ -26,9 +26,10 @@ from devsched.store import candidates, pairing
 from devsched.store.assignment import Outcome
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
+from devsched.store.eventrows import iso_time
 from devsched.store.faults import point
 from devsched.store.hosts import device_busy
-from devsched.store.inline import INSERTED, iso_time
+from devsched.store.inline import INSERTED
 from devsched.store.outbox import inserted
 from devsched.store.views import Handed, OutboxMessage
 

@@ -163,7 +163,7 @@ _CREATE_DUE = Sql(
 
 #: The event each new health task starts with, as a submitted task's.
 _SUBMITTED = TaskEvent(
-    kind=EventKind.SUBMITTED, task_id=PLACEHOLDER_ID, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME
+    event=EventKind.SUBMITTED, task_id=PLACEHOLDER_ID, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME
 )
 
 

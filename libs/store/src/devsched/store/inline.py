@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from devsched.core.events import TaskEvent
+from devsched.store.eventrows import filled
 from devsched.store.outbox import event_row
 
 #: What a template event carries where the statement fills in the value (never written as is).
@@ -25,21 +26,16 @@ PLACEHOLDER_SEQ = 1
 PLACEHOLDER_ID = uuid.UUID(int=0)
 
 
-def iso_time(expr: str) -> str:
-    """SQL: the timestamptz `expr` as the outbox writes times (`isoformat(timespec="microseconds")`, UTC)."""
-    return f"""to_char(({expr}) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"')"""
-
-
 def _filled(at: str, fields: dict[str, str]) -> str:
-    """The `jsonb_build_object` arguments of the fields a statement fills in: `at`, then `fields`."""
-    return ", ".join(f"'{name}', {sql}" for name, sql in {"at": iso_time(at), **fields}.items())
+    """The `jsonb_build_object` arguments of the task event fields a statement fills in: `at` and `fields`."""
+    return filled(TaskEvent, at=at, **fields)
 
 
 def insert_event(source: str, *, at: str, **fields: str) -> str:
     """SQL: insert the event bound by `event_params` once per row of `source` (a CTE or a join of them).
 
     `at` is the SQL of its time (also the row's `created_at`); `fields` name the SQL of other fields of
-    the event to fill in (`seq`, `device_id`, `status`), in the outbox's row layout.
+    the event to fill in (`seq`, `device_id`, `status`), by their names in `TaskEvent`.
     """
     return f"""
         INSERT INTO outbox (kind, data, headers, created_at)

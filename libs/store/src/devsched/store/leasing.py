@@ -100,7 +100,7 @@ async def extend(
 
     def event(kind: EventKind, seq: int, status: TaskStatus, progress: StepProgress | None = None) -> TaskEvent:
         return TaskEvent(
-            kind=kind,
+            event=kind,
             task_id=ref.task_id,
             seq=seq,
             status=status,
@@ -222,7 +222,7 @@ async def report(
         seq = (await conn.execute(_REQUEUE_TASK, requeue)).scalar_one()
         outbox.add(
             TaskEvent(
-                kind=EventKind.REQUEUED, task_id=ref.task_id, seq=seq, status=TaskStatus.QUEUED, at=now,
+                event=EventKind.REQUEUED, task_id=ref.task_id, seq=seq, status=TaskStatus.QUEUED, at=now,
                 attempt=ref.attempt, host_id=ref.host_id, device_id=device_id, reason=again.cause.value,
             )
         )  # fmt: skip
@@ -231,7 +231,7 @@ async def report(
     seq = (await conn.execute(_END_TASK, {**params, "status": decision.task_status.value})).scalar_one()
     outbox.add(
         TaskEvent(
-            kind=EventKind(decision.task_status.value),
+            event=EventKind(decision.task_status.value),
             task_id=ref.task_id,
             seq=seq,
             status=decision.task_status,

@@ -7,33 +7,23 @@ is publishing with SKIP LOCKED (never by a high-water mark: ids commit out of or
 publisher, and marks the ones it acknowledged. A crash anywhere in between publishes them again, and
 JetStream's duplicate window drops the copies by message id.
 
-The rows hold `devsched.core.events` values (a `kind` and the value's fields as JSON), never wire
-messages: subjects, message ids and encodings are the protocol's, decided by whoever publishes.
+The rows hold `devsched.core.events` values (a `kind` and the value's JSON shape, `devsched.store.eventrows`),
+never wire messages: subjects, message ids and encodings are the protocol's, decided by whoever publishes.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from devsched.core.events import (
-    AttemptAssigned,
-    DeviceEvent,
-    DeviceEventCause,
-    DeviceEventKind,
-    DomainEvent,
-    StepProgress,
-    TaskEvent,
-)
-from devsched.core.status import EventKind, TaskStatus
+from devsched.core.events import DomainEvent
+from devsched.store.eventrows import KINDS, event_of, row_of
 from devsched.store.faults import point
 from devsched.store.views import OutboxMessage
 
@@ -41,104 +31,10 @@ from devsched.store.views import OutboxMessage
 #: the trace follows the task through the relay.
 trace_headers: ContextVar[Mapping[str, str] | None] = ContextVar("devsched_outbox_trace_headers", default=None)
 
-#: `outbox.kind` of each domain value (the table's check constraint lists the same names).
-TASK_EVENT = "task_event"
-ASSIGNMENT = "assignment"
-DEVICE_EVENT = "device_event"
-
-#: The kinds this release reads: the relay claims only these, so a row of a kind a later release adds
-#: waits for a relay of that release instead of failing this one's batches.
-KINDS = (TASK_EVENT, ASSIGNMENT, DEVICE_EVENT)
-
 
 def current_trace() -> Mapping[str, str]:
     """The trace headers of the request being handled (empty outside a request)."""
     return trace_headers.get() or {}
-
-
-# -- rows <-> domain values -----------------------------------------------------------------------------
-
-
-def _time(value: datetime) -> str:
-    return value.isoformat(timespec="microseconds")
-
-
-def _row(event: DomainEvent) -> tuple[str, dict[str, Any]]:
-    """`(kind, data)` of a domain value: its fields as JSON."""
-    if isinstance(event, TaskEvent):
-        p = event.progress
-        return TASK_EVENT, {
-            "kind": event.kind.value,
-            "task_id": str(event.task_id),
-            "seq": event.seq,
-            "status": event.status.value,
-            "at": _time(event.at),
-            "attempt": event.attempt,
-            "host_id": event.host_id,
-            "device_id": event.device_id,
-            "reason": event.reason,
-            "progress": None if p is None else {"step": p.step, "index": p.index, "of": p.of},
-        }
-    if isinstance(event, DeviceEvent):
-        return DEVICE_EVENT, {
-            "kind": event.kind.value,
-            "device_id": event.device_id,
-            "host_id": event.host_id,
-            "at": _time(event.at),
-            "by": event.by.value,
-            "infra_failures": event.infra_failures,
-            "reason": event.reason,
-        }
-    return ASSIGNMENT, {
-        "task_id": str(event.task_id),
-        "attempt": event.attempt,
-        "lease_id": str(event.lease_id),
-        "host_id": event.host_id,
-        "device_id": event.device_id,
-        "plan": dict(event.plan),
-        "ttl_s": event.ttl_s,
-        "expires_at": _time(event.expires_at),
-    }
-
-
-def _event(kind: str, data: Mapping[str, Any]) -> DomainEvent:
-    """The domain value of a row (`_row` reversed)."""
-    if kind == TASK_EVENT:
-        p = data.get("progress")
-        return TaskEvent(
-            kind=EventKind(data["kind"]),
-            task_id=uuid.UUID(data["task_id"]),
-            seq=data["seq"],
-            status=TaskStatus(data["status"]),
-            at=datetime.fromisoformat(data["at"]),
-            attempt=data.get("attempt"),
-            host_id=data.get("host_id"),
-            device_id=data.get("device_id"),
-            reason=data.get("reason"),
-            progress=None if p is None else StepProgress(step=p["step"], index=p["index"], of=p["of"]),
-        )
-    if kind == ASSIGNMENT:
-        return AttemptAssigned(
-            task_id=uuid.UUID(data["task_id"]),
-            attempt=data["attempt"],
-            lease_id=uuid.UUID(data["lease_id"]),
-            host_id=data["host_id"],
-            device_id=data["device_id"],
-            plan=data["plan"],
-            ttl_s=data["ttl_s"],
-            expires_at=datetime.fromisoformat(data["expires_at"]),
-        )
-    if kind == DEVICE_EVENT:
-        return DeviceEvent(
-            kind=DeviceEventKind(data["kind"]),
-            device_id=data["device_id"],
-            host_id=data["host_id"],
-            at=datetime.fromisoformat(data["at"]),
-            by=DeviceEventCause(data["by"]),
-            infra_failures=data["infra_failures"],
-            reason=data.get("reason"),
-        )
-    raise ValueError(f"unknown outbox kind {kind!r}")
 
 
 # -- writing ---------------------------------------------------------------------------------------------
@@ -160,7 +56,7 @@ def event_row(event: DomainEvent, trace: Mapping[str, str] | None = None) -> tup
 
     For a statement that inserts its event row itself (`devsched.store.inline`); `trace` as in `add`.
     """
-    kind, data = _row(event)
+    kind, data = row_of(event)
     headers = current_trace() if trace is None else trace
     return kind, json.dumps(data), json.dumps(dict(headers)) if headers else "{}"
 
@@ -170,7 +66,7 @@ def inserted(rows: str | None) -> list[OutboxMessage]:
     if not rows:
         return []
     return [
-        OutboxMessage(id=r["id"], event=_event(r["kind"], r["data"]), headers=r["headers"]) for r in json.loads(rows)
+        OutboxMessage(id=r["id"], event=event_of(r["kind"], r["data"]), headers=r["headers"]) for r in json.loads(rows)
     ]
 
 
@@ -302,7 +198,7 @@ async def relay(
     rows = (await conn.execute(_CLAIM, params)).all()
     if not rows:
         return Published(())
-    batch = [OutboxMessage(id=r.id, event=_event(r.kind, r.data), headers=r.headers) for r in rows]
+    batch = [OutboxMessage(id=r.id, event=event_of(r.kind, r.data), headers=r.headers) for r in rows]
     outcome = await publish(batch)
     point("relay.after_publish")
     stray = set(outcome.ids) - {m.id for m in batch}

@@ -21,7 +21,8 @@ from devsched.core.events import AttemptAssigned, StepProgress, TaskEvent
 from devsched.core.ids import new_lease_id
 from devsched.core.lifecycle import Trigger
 from devsched.core.status import AttemptStatus, EventKind, TaskStatus
-from devsched.store.inline import PLACEHOLDER_ID, PLACEHOLDER_SEQ, PLACEHOLDER_TIME, iso_time
+from devsched.store.eventrows import filled
+from devsched.store.inline import PLACEHOLDER_ID, PLACEHOLDER_SEQ, PLACEHOLDER_TIME
 from devsched.store.outbox import event_row
 from devsched.store.statuses import entering
 
@@ -30,21 +31,21 @@ _ACTIVE = AttemptStatus.ACTIVE.value
 #: The two messages of an assignment as the outbox lays them out; the statement fills in what it chose.
 _ASSIGNED_ROW = event_row(
     TaskEvent(
-        kind=EventKind.ASSIGNED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.ASSIGNED,
+        event=EventKind.ASSIGNED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.ASSIGNED,
         at=PLACEHOLDER_TIME, attempt=1, host_id="", device_id="",
     ),
     trace={},
 )  # fmt: skip
 _DISPATCHED_ROW = event_row(
     TaskEvent(
-        kind=EventKind.DISPATCHED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.DISPATCHED,
+        event=EventKind.DISPATCHED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.DISPATCHED,
         at=PLACEHOLDER_TIME, attempt=1, host_id="", device_id="",
     ),
     trace={},
 )  # fmt: skip
 _PROGRESS_ROW = event_row(
     TaskEvent(
-        kind=EventKind.PROGRESS, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.DISPATCHED,
+        event=EventKind.PROGRESS, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ, status=TaskStatus.DISPATCHED,
         at=PLACEHOLDER_TIME, attempt=1, host_id="", device_id="", progress=StepProgress(step="", index=0, of=1),
     ),
     trace={},
@@ -88,27 +89,25 @@ def apply(source: str, device: str, *, dispatch: bool = False) -> str:
     else:
         status, events, extra, dispatched, progress = entering(Trigger.ASSIGN), 1, "", "NULL", "NULL"
     assigned_seq = f"moved.event_seq - {events - 1}"
+    # what the statement fills in of each message (the templates of `params` hold the rest)
+    pair = {"task_id": "moved.task_id", "attempt": "moved.attempt", "host_id": "moved.host_id",
+            "device_id": "moved.device_id"}  # fmt: skip
+    first = filled(TaskEvent, seq=assigned_seq, at="moved.now", **pair)
     if dispatch:
+        second = filled(TaskEvent, seq="moved.event_seq - 1", at="moved.now", **pair)
+        third = filled(TaskEvent, seq="moved.event_seq", at="moved.now", progress="moved.progress", **pair)
         values = f"""
-            (1, CAST(:assigned_kind AS text), CAST(:assigned_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'seq', {assigned_seq}, 'at', {iso_time("moved.now")},
-                'attempt', moved.attempt, 'host_id', moved.host_id, 'device_id', moved.device_id)),
-            (2, CAST(:dispatched_kind AS text), CAST(:dispatched_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'seq', moved.event_seq - 1, 'at', {iso_time("moved.now")},
-                'attempt', moved.attempt, 'host_id', moved.host_id, 'device_id', moved.device_id)),
-            (3, CAST(:progress_kind AS text), CAST(:progress_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'seq', moved.event_seq, 'at', {iso_time("moved.now")},
-                'attempt', moved.attempt, 'host_id', moved.host_id, 'device_id', moved.device_id,
-                'progress', moved.progress))"""
+            (1, CAST(:assigned_kind AS text), CAST(:assigned_data AS jsonb) || jsonb_build_object({first})),
+            (2, CAST(:dispatched_kind AS text), CAST(:dispatched_data AS jsonb) || jsonb_build_object({second})),
+            (3, CAST(:progress_kind AS text), CAST(:progress_data AS jsonb) || jsonb_build_object({third}))"""
     else:
+        attempt = filled(
+            AttemptAssigned, lease_id="CAST(:lease_id AS uuid)", plan="moved.plan", ttl_s="moved.lease_ttl_s",
+            expires_at="moved.expires_at", **pair,
+        )  # fmt: skip
         values = f"""
-            (1, CAST(:assigned_kind AS text), CAST(:assigned_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'seq', {assigned_seq}, 'at', {iso_time("moved.now")},
-                'attempt', moved.attempt, 'host_id', moved.host_id, 'device_id', moved.device_id)),
-            (2, CAST(:attempt_kind AS text), CAST(:attempt_data AS jsonb) || jsonb_build_object(
-                'task_id', moved.task_id, 'attempt', moved.attempt, 'lease_id', CAST(:lease_id AS uuid),
-                'host_id', moved.host_id, 'device_id', moved.device_id, 'plan', moved.plan,
-                'ttl_s', moved.lease_ttl_s, 'expires_at', {iso_time("moved.expires_at")}))"""
+            (1, CAST(:assigned_kind AS text), CAST(:assigned_data AS jsonb) || jsonb_build_object({first})),
+            (2, CAST(:attempt_kind AS text), CAST(:attempt_data AS jsonb) || jsonb_build_object({attempt}))"""
     return f"""
     moved AS (
         UPDATE tasks t

@@ -72,7 +72,7 @@ def _event(
     kind: DeviceEventKind, row: Any, now: datetime, by: DeviceEventCause, infra_failures: int, reason: str | None
 ) -> DeviceEvent:
     return DeviceEvent(
-        kind=kind, device_id=row.device_id, host_id=row.host_id, at=now, by=by, infra_failures=infra_failures,
+        event=kind, device_id=row.device_id, host_id=row.host_id, at=now, by=by, infra_failures=infra_failures,
         reason=reason,
     )  # fmt: skip
 

@@ -130,7 +130,7 @@ async def release(
     ).scalar_one()
     outbox.add(
         TaskEvent(
-            kind=_EVENT_OF[decision.task_status],
+            event=_EVENT_OF[decision.task_status],
             task_id=ref.task_id,
             seq=seq,
             status=decision.task_status,

@@ -25,6 +25,7 @@ from devsched.core.records import TaskRecord
 from devsched.core.status import AttemptStatus, EndReason, EventKind, TaskStatus
 from devsched.store import quarantine
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
+from devsched.store.eventrows import filled
 from devsched.store.faults import point
 from devsched.store.inline import INSERTED, PLACEHOLDER_ID, PLACEHOLDER_SEQ, event_params
 from devsched.store.outbox import Outbox, inserted
@@ -76,6 +77,13 @@ _GRACE = """
 """
 
 
+#: What `_end` fills in of each task's event (the template gives `at`).
+_FILLED = filled(
+    TaskEvent, event="u.kind", task_id="e.task_id", seq="e.event_seq", status="u.s", attempt="u.n", host_id="u.host",
+    device_id="u.device", reason="u.why",
+)  # fmt: skip
+
+
 def _end(*, returning: bool, devices: str) -> str:
     """SQL: each task's decision applied, its device kept out of use for its grace, its event written.
 
@@ -106,9 +114,7 @@ def _end(*, returning: bool, devices: str) -> str:
     event AS (
         INSERT INTO outbox (kind, data, headers, created_at)
         SELECT :event_kind,
-               CAST(:event_data AS jsonb) || jsonb_build_object(
-                   'kind', u.kind, 'task_id', e.task_id, 'seq', e.event_seq, 'status', u.s, 'attempt', u.n,
-                   'host_id', u.host, 'device_id', u.device, 'reason', u.why),
+               CAST(:event_data AS jsonb) || jsonb_build_object({_FILLED}),
                e.trace_headers, :now
         FROM ended e JOIN u ON u.id = e.task_id
         ORDER BY u.o
@@ -183,7 +189,7 @@ async def end_tasks(
     attempts = [t.current for t in ended]
     chosen = [decisions[t.task_id] for t in ended]
     fallback = EndReason.LEASE_EXPIRED.value
-    template = TaskEvent(kind=EventKind.REQUEUED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ,
+    template = TaskEvent(event=EventKind.REQUEUED, task_id=PLACEHOLDER_ID, seq=PLACEHOLDER_SEQ,
                          status=TaskStatus.QUEUED, at=now)  # fmt: skip
     params = {
         "task_ids": [t.task_id for t in ended],

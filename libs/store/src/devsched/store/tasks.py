@@ -91,7 +91,7 @@ async def submit_looking(
 async def _submit(
     db: Driver, clock: Clock, new: NewTask, task_id: uuid.UUID, written: list[OutboxMessage] | None, sql: Sql
 ) -> tuple[Submitted, int | None]:
-    event = TaskEvent(kind=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME)
+    event = TaskEvent(event=EventKind.SUBMITTED, task_id=task_id, seq=1, status=TaskStatus.QUEUED, at=PLACEHOLDER_TIME)
     params = {
         "task_id": task_id,
         "name": new.name,
@@ -151,7 +151,7 @@ async def request_cancel(
         seq = (await conn.execute(_CANCEL_QUEUED, {"task_id": task_id, "reason": why, "now": now})).scalar_one()
         outbox.add(
             TaskEvent(
-                kind=EventKind.CANCELLED, task_id=task_id, seq=seq, status=TaskStatus.CANCELLED, at=now, reason=why
+                event=EventKind.CANCELLED, task_id=task_id, seq=seq, status=TaskStatus.CANCELLED, at=now, reason=why
             )
         )
         await outbox.flush(conn, now)
@@ -164,7 +164,7 @@ async def request_cancel(
     await conn.execute(_RECORD_REQUEST, {"task_id": task_id, "attempt": current.attempt, "now": now, "reason": reason})
     outbox.add(
         TaskEvent(
-            kind=EventKind.CANCEL_REQUESTED,
+            event=EventKind.CANCEL_REQUESTED,
             task_id=task_id,
             seq=await bump_seq(conn, task_id, now),
             status=task.status,

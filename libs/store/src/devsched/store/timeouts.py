@@ -103,7 +103,7 @@ async def fail_queued(
     for row in (await conn.execute(_FAIL_QUEUED, params)).all():
         outbox.add(
             TaskEvent(
-                kind=EventKind.FAILED, task_id=row.task_id, seq=row.event_seq, status=TaskStatus.FAILED, at=now,
+                event=EventKind.FAILED, task_id=row.task_id, seq=row.event_seq, status=TaskStatus.FAILED, at=now,
                 reason=row.reason,
             ),
             trace=row.trace_headers,

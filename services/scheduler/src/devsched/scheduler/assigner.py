@@ -52,7 +52,7 @@ class Assigner:
         """Hear of a commit of this process (the store's `on_commit`): log its new attempts, and hint."""
         for message in committed.messages:
             m = message.event
-            if isinstance(m, TaskEvent) and m.kind is EventKind.ASSIGNED:
+            if isinstance(m, TaskEvent) and m.event is EventKind.ASSIGNED:
                 self.assigned += 1  # every new attempt, also one a report handed to its host (no `AttemptAssigned`)
             elif isinstance(m, AttemptAssigned):
                 with bind(task_id=m.task_id, attempt=m.attempt, lease_id=m.lease_id, host_id=m.host_id):

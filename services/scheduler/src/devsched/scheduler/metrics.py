@@ -132,7 +132,7 @@ class Latencies:
             event = message.event
             if type(event) is not TaskEvent:
                 continue
-            kind = event.kind
+            kind = event.event
             if kind is EventKind.SUBMITTED:
                 self._remember(self._created, event.task_id, event.at)
             elif kind is EventKind.ASSIGNED and event.attempt is not None:
