@@ -17,7 +17,9 @@ from hypothesis import strategies as st
 
 from devsched.agent.agent import host_inbox_prefix
 from devsched.core.ids import TOKEN_PATTERN
-from devsched.protocol.subjects import HOST_ENDPOINT_VERBS, HostVerb, Subjects
+from devsched.protocol import endpoints
+from devsched.protocol.endpoints import HOST_ENDPOINT_VERBS
+from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.scheduler.budget import Budget, problem
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ServiceSettings
@@ -145,7 +147,11 @@ def test_accounts_conf_service_users() -> None:
     assert "devsched.host." not in operator.replace(log_consumers, ""), "an operator must not speak for a host"
     assert "STREAM.INFO.*" not in operator
     # health checks (issue 13) are the operators' alone
-    for subject in (subjects.health_set, subjects.health_list, subjects.health_delete):
+    for subject in (
+        subjects.endpoint(endpoints.HEALTH_SET),
+        subjects.endpoint(endpoints.HEALTH_LIST),
+        subjects.endpoint(endpoints.HEALTH_DELETE),
+    ):
         assert subject.startswith("devsched.api.")
         assert subject not in _user_block(accounts, "web")
     sweeper = _user_block(accounts, "sweeper")
