@@ -22,4 +22,5 @@ async def test_service_info_is_unchanged(scheduler: Scheduler, nc: NatsClient, s
     info.pop("id")
     text = json.dumps(info).replace(subject_prefix, "P")
     assert [e["name"] for e in info["endpoints"]][:2] == ["tasks-submit", "tasks-get"]
-    assert hashlib.sha256(text.encode()).hexdigest() == INFO_SHA256
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == INFO_SHA256, f"$SRV.INFO changed (an endpoint added? then pin {digest}): {text[:2000]}"
