@@ -2,7 +2,7 @@
 
 As nats.py micro's `add_group(name=...)` then `add_endpoint(name=...)`, the rest is derived from the entry:
 its subject (`Subjects.endpoint`, `Subjects.served`), its micro name, its `$SRV.INFO` schemas, a host's
-NATS permissions (deploy/nats/host_user.py) and the clients' requests (`call`). The scheduler binds each
+NATS permissions (deploy/nats/host_user.py) and what the clients send and decode. The scheduler binds each
 entry to the handler that `@handles` it. Entries are listed in the order `nats micro info` lists them.
 """
 
@@ -15,49 +15,8 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel
 
 from devsched.core.ids import is_token
-from devsched.protocol.artifacts import ArtifactCommit, ArtifactView, ListArtifactsReply, ListArtifactsRequest
-from devsched.protocol.health import (
-    HealthCheckDeleteRequest,
-    HealthCheckListReply,
-    HealthCheckListRequest,
-    HealthCheckSetRequest,
-    HealthCheckView,
-)
-from devsched.protocol.hosts import (
-    DeviceDrainView,
-    DeviceForgottenView,
-    DrainRequest,
-    ForgetDeviceRequest,
-    HeartbeatReply,
-    HeartbeatRequest,
-    HostDrainRequest,
-    HostsListReply,
-    HostsListRequest,
-    HostView,
-    LabelDeviceRequest,
-    RegisterReply,
-    RegisterRequest,
-)
-from devsched.protocol.leases import (
-    ClaimRequest,
-    LeaseReply,
-    ReleaseReply,
-    ReleaseRequest,
-    RenewRequest,
-    ReportReply,
-    ReportRequest,
-)
+from devsched.protocol import messages as m
 from devsched.protocol.subjects import HostVerb
-from devsched.protocol.tasks import (
-    CancelReply,
-    CancelRequest,
-    GetTaskRequest,
-    ListTasksReply,
-    ListTasksRequest,
-    SubmitReply,
-    SubmitRequest,
-    TaskView,
-)
 
 Req = TypeVar("Req", bound=BaseModel)
 Rep = TypeVar("Rep", bound=BaseModel)
@@ -112,38 +71,38 @@ def _host(verb: HostVerb, request: type[Req], reply: type[Rep]) -> Endpoint[Req,
 
 # -- operators and clients: `P.api.<group>.<verb>` ---------------------------------------------------------------
 
-TASKS_SUBMIT = _declare("tasks", "submit", SubmitRequest, SubmitReply)
-TASKS_GET = _declare("tasks", "get", GetTaskRequest, TaskView)
-TASKS_LIST = _declare("tasks", "list", ListTasksRequest, ListTasksReply)
-TASKS_CANCEL = _declare("tasks", "cancel", CancelRequest, CancelReply)
-HOSTS_LIST = _declare("hosts", "list", HostsListRequest, HostsListReply)
-DEVICES_DRAIN = _declare("devices", "drain", DrainRequest, DeviceDrainView)
+TASKS_SUBMIT = _declare("tasks", "submit", m.SubmitRequest, m.SubmitReply)
+TASKS_GET = _declare("tasks", "get", m.GetTaskRequest, m.TaskView)
+TASKS_LIST = _declare("tasks", "list", m.ListTasksRequest, m.ListTasksReply)
+TASKS_CANCEL = _declare("tasks", "cancel", m.CancelRequest, m.CancelReply)
+HOSTS_LIST = _declare("hosts", "list", m.HostsListRequest, m.HostsListReply)
+DEVICES_DRAIN = _declare("devices", "drain", m.DrainRequest, m.DeviceDrainView)
 #: (an addition) drain every device of a host and tell its agent.
-HOSTS_DRAIN = _declare("hosts", "drain", HostDrainRequest, HostView)
+HOSTS_DRAIN = _declare("hosts", "drain", m.HostDrainRequest, m.HostView)
 #: (an addition) free a device from its host; operators only.
-DEVICES_FORGET = _declare("devices", "forget", ForgetDeviceRequest, DeviceForgottenView)
+DEVICES_FORGET = _declare("devices", "forget", m.ForgetDeviceRequest, m.DeviceForgottenView)
 #: (an addition) pin or unpin operator labels on a device; operators only.
-DEVICES_LABEL = _declare("devices", "label", LabelDeviceRequest, DeviceDrainView)
+DEVICES_LABEL = _declare("devices", "label", m.LabelDeviceRequest, m.DeviceDrainView)
 #: (an addition) the artifacts of a task.
-TASKS_ARTIFACTS = _declare("tasks", "artifacts", ListArtifactsRequest, ListArtifactsReply)
+TASKS_ARTIFACTS = _declare("tasks", "artifacts", m.ListArtifactsRequest, m.ListArtifactsReply)
 #: (an addition) create or replace a health check; operators only.
-HEALTH_SET = _declare("health", "set", HealthCheckSetRequest, HealthCheckView)
+HEALTH_SET = _declare("health", "set", m.HealthCheckSetRequest, m.HealthCheckView)
 #: (an addition) the health checks in force; operators only.
-HEALTH_LIST = _declare("health", "list", HealthCheckListRequest, HealthCheckListReply)
+HEALTH_LIST = _declare("health", "list", m.HealthCheckListRequest, m.HealthCheckListReply)
 #: (an addition) remove a health check; operators only.
-HEALTH_DELETE = _declare("health", "delete", HealthCheckDeleteRequest, HealthCheckView)
+HEALTH_DELETE = _declare("health", "delete", m.HealthCheckDeleteRequest, m.HealthCheckView)
 
 # -- hosts: `P.host.<host_id>.<verb>` ----------------------------------------------------------------------------
 
-HOST_REGISTER = _host(HostVerb.REGISTER, RegisterRequest, RegisterReply)
-HOST_HEARTBEAT = _host(HostVerb.HEARTBEAT, HeartbeatRequest, HeartbeatReply)
-HOST_CLAIM = _host(HostVerb.CLAIM, ClaimRequest, LeaseReply)
-HOST_RENEW = _host(HostVerb.RENEW, RenewRequest, LeaseReply)
-HOST_REPORT = _host(HostVerb.REPORT, ReportRequest, ReportReply)
+HOST_REGISTER = _host(HostVerb.REGISTER, m.RegisterRequest, m.RegisterReply)
+HOST_HEARTBEAT = _host(HostVerb.HEARTBEAT, m.HeartbeatRequest, m.HeartbeatReply)
+HOST_CLAIM = _host(HostVerb.CLAIM, m.ClaimRequest, m.LeaseReply)
+HOST_RENEW = _host(HostVerb.RENEW, m.RenewRequest, m.LeaseReply)
+HOST_REPORT = _host(HostVerb.REPORT, m.ReportRequest, m.ReportReply)
 #: (an addition) give an attempt back.
-HOST_RELEASE = _host(HostVerb.RELEASE, ReleaseRequest, ReleaseReply)
+HOST_RELEASE = _host(HostVerb.RELEASE, m.ReleaseRequest, m.ReleaseReply)
 #: (an addition) store a file of an attempt's artifacts.
-HOST_ARTIFACT = _host(HostVerb.ARTIFACT, ArtifactCommit, ArtifactView)
+HOST_ARTIFACT = _host(HostVerb.ARTIFACT, m.ArtifactCommit, m.ArtifactView)
 
 #: Every endpoint, in the order the service registers them (and `nats micro info` lists them).
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = tuple(_declared)
