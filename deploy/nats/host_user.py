@@ -15,7 +15,8 @@ host's `P.assign.<id>`, a task's events). In an account of its own, every reply 
 subject of that account, where no stream and no other host live. The account imports, from the devsched
 account (which exports them in accounts.conf), exactly what `devsched-agent` uses (PROTOCOL.md):
 
-- services: `P.host.<id>.{register,heartbeat,claim,renew,report,release,artifact}`; the two JetStream API
+- services: `P.host.<id>.<verb>` of every host endpoint (`devsched.protocol.endpoints`, the protocol's one
+  table: register, heartbeat, claim, renew, report, release, artifact); the two JetStream API
   calls it makes on its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and
   pull "next"), mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
   acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers
@@ -36,7 +37,8 @@ Everything else does not exist for the host: other hosts' subjects (their logs i
 creating or deleting consumers and streams, the operator API, the event stream, and reading the logs stream
 (its own output included: only operators read it), the uploads stream and the artifacts bucket.
 
-Standard library only, so it runs anywhere an operator has a Python.
+The host's request subjects come from the protocol's endpoint table, so it runs where devsched-protocol is
+installed: `uv run python deploy/nats/host_user.py ...` in a checkout, or after `pip install devsched-protocol`.
 """
 
 from __future__ import annotations
@@ -46,8 +48,15 @@ import re
 import sys
 from collections.abc import Sequence
 
-#: The prefix when none is configured (ARCHITECTURE.md, DEVSCHED_SUBJECT_PREFIX).
-DEFAULT_PREFIX = "devsched"
+try:
+    from devsched.protocol.endpoints import ENDPOINTS
+    from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
+except ImportError as exc:  # pragma: no cover - a Python without devsched
+    raise SystemExit(
+        f"host_user.py needs devsched-protocol ({exc}): run `uv run python deploy/nats/host_user.py ...` in a "
+        "checkout, or `pip install devsched-protocol` first"
+    ) from None
+
 #: The account of the services and the streams, which exports the host subjects (accounts.conf).
 DEFAULT_SERVICE_ACCOUNT = "DEVSCHED"
 #: Per-host limits: one agent connection plus one while a restarted agent replaces it; an agent holds a
@@ -56,8 +65,6 @@ DEFAULT_SERVICE_ACCOUNT = "DEVSCHED"
 HOST_LIMITS = {"max_connections": 2, "max_subscriptions": 64, "max_payload": 1048576}
 #: A single NATS subject token: the prefix and host ids (the same rule as devsched.core.ids).
 TOKEN_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
-#: The requests a host sends, one subject each (`P.host.<id>.<verb>`).
-HOST_REQUEST_VERBS = ("register", "heartbeat", "claim", "renew", "report", "release", "artifact")
 #: Written into the password field when no hash is given: a bcrypt-looking value that matches no
 #: password, so a block pasted without a real hash fails closed (the host cannot log in).
 PLACEHOLDER_HASH = "$2a$11$REPLACE.WITH.THE.BCRYPT.HASH.OF.THIS.HOSTS.PASSWORD"
@@ -105,13 +112,19 @@ def upload_subjects(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.host.{host_id}.upload.>"
 
 
+def host_requests(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """`P.host.<id>.<verb>`: the subject of each host endpoint of the protocol's table, in its order."""
+    subjects = Subjects(_token("prefix", prefix))
+    return [subjects.endpoint(endpoint, _token("host id", host_id)) for endpoint in ENDPOINTS if endpoint.host]
+
+
 def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
     """What the host's account imports from the devsched account: (kind, exported subject, local subject)."""
     _token("host id", host_id)
     _token("prefix", prefix)
     stream = f"{stream_prefix(prefix)}_ASSIGNMENTS"
     consumer = f"host-{host_id}"
-    imports = [("service", f"{prefix}.host.{host_id}.{verb}", "") for verb in HOST_REQUEST_VERBS]
+    imports = [("service", subject, "") for subject in host_requests(host_id, prefix)]
     for api in ("CONSUMER.INFO", "CONSUMER.MSG.NEXT"):
         imports.append(
             ("service", f"$JS.API.{api}.{stream}.{consumer}", f"{jetstream_api(prefix)}.{api}.{stream}.{consumer}")
@@ -134,7 +147,7 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
     _token("prefix", prefix)
     stream = f"{stream_prefix(prefix)}_ASSIGNMENTS"
     consumer = f"host-{host_id}"
-    publish = [f"{prefix}.host.{host_id}.{verb}" for verb in HOST_REQUEST_VERBS]
+    publish = host_requests(host_id, prefix)
     publish += [
         f"{jetstream_api(prefix)}.CONSUMER.INFO.{stream}.{consumer}",
         f"{jetstream_api(prefix)}.CONSUMER.MSG.NEXT.{stream}.{consumer}",

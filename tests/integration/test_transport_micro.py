@@ -22,6 +22,7 @@ from devsched.core.errors import InvalidRequest, LeaseForeign, NotFound, ReplyTo
 from devsched.core.status import TaskStatus
 from devsched.embedded import ChildProcess, free_port
 from devsched.embedded.server import tcp_accepts
+from devsched.protocol import endpoints
 from devsched.protocol import messages as m
 from devsched.protocol.codec import ERROR_CODE_HEADER, ERROR_HEADER
 from devsched.protocol.subjects import HostVerb, Subjects
@@ -101,7 +102,7 @@ async def scheduler(nc: Client, subjects: Subjects) -> AsyncIterator[Scheduler]:
     await add_typed_endpoint(
         svc,
         name="tasks-get",
-        subject=subjects.tasks_get,
+        subject=subjects.endpoint(endpoints.TASKS_GET),
         request_type=m.GetTaskRequest,
         handler=scheduler.get,
         max_payload_bytes=LIMIT,
@@ -109,7 +110,7 @@ async def scheduler(nc: Client, subjects: Subjects) -> AsyncIterator[Scheduler]:
     await add_typed_endpoint(
         svc,
         name="host-claim",
-        subject=subjects.host_endpoint(HostVerb.CLAIM),
+        subject=subjects.served(endpoints.HOST_CLAIM),
         request_type=m.ClaimRequest,
         handler=scheduler.claim,
         max_payload_bytes=LIMIT,
@@ -119,13 +120,15 @@ async def scheduler(nc: Client, subjects: Subjects) -> AsyncIterator[Scheduler]:
 
 
 async def test_a_typed_endpoint_answers(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
-    reply = await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+    reply = await request(
+        nc, subjects.endpoint(endpoints.TASKS_GET), m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2
+    )
     assert reply == m.CancelReply(task_id=TASK_ID, status=TaskStatus.QUEUED, cancel_requested=False)
-    assert scheduler.seen[0][0] == subjects.tasks_get
+    assert scheduler.seen[0][0] == subjects.endpoint(endpoints.TASKS_GET)
 
 
 async def test_a_bad_body_gets_400_with_headers_and_paths(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
-    msg = await nc.request(subjects.tasks_get, b'{"task_id": "nope", "bogus": 1}', timeout=2)
+    msg = await nc.request(subjects.endpoint(endpoints.TASKS_GET), b'{"task_id": "nope", "bogus": 1}', timeout=2)
     assert msg.headers is not None
     assert msg.headers[ERROR_CODE_HEADER] == "400"
     assert msg.headers[ERROR_HEADER].startswith("invalid request")
@@ -137,31 +140,33 @@ async def test_a_bad_body_gets_400_with_headers_and_paths(nc: Client, subjects: 
 
 async def test_a_duplicate_key_gets_400(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
     body = f'{{"task_id": "{TASK_ID}", "task_id": "{TASK_ID}"}}'.encode()
-    msg = await nc.request(subjects.tasks_get, body, timeout=2)
+    msg = await nc.request(subjects.endpoint(endpoints.TASKS_GET), body, timeout=2)
     assert msg.headers is not None
     assert msg.headers[ERROR_CODE_HEADER] == "400"
 
 
 async def test_an_oversize_body_gets_413(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
-    msg = await nc.request(subjects.tasks_get, b" " * (LIMIT + 1), timeout=2)
+    msg = await nc.request(subjects.endpoint(endpoints.TASKS_GET), b" " * (LIMIT + 1), timeout=2)
     assert msg.headers is not None
     assert msg.headers[ERROR_CODE_HEADER] == "413"
     assert json.loads(msg.data)["error"]["details"] == {"size": LIMIT + 1, "limit": LIMIT}
     # Through request(): the size is checked before the schema (a CancelRequest is the wrong type here).
     big = m.CancelRequest(task_id=TASK_ID, reason="x" * LIMIT)
     with pytest.raises(TooLarge):
-        await request(nc, subjects.tasks_get, big, m.CancelReply, timeout=2)
+        await request(nc, subjects.endpoint(endpoints.TASKS_GET), big, m.CancelReply, timeout=2)
     assert scheduler.seen == []
 
 
 async def test_request_raises_the_typed_error(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
     other = uuid.uuid4()
     with pytest.raises(NotFound) as raised:
-        await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=other), m.CancelReply, timeout=2)
+        await request(
+            nc, subjects.endpoint(endpoints.TASKS_GET), m.GetTaskRequest(task_id=other), m.CancelReply, timeout=2
+        )
     assert raised.value.message == "no such task"
     assert raised.value.details == {"task_id": str(other)}
     with pytest.raises(InvalidRequest) as invalid:
-        await request(nc, subjects.tasks_get, m.ListTasksRequest(), m.CancelReply, timeout=2)
+        await request(nc, subjects.endpoint(endpoints.TASKS_GET), m.ListTasksRequest(), m.CancelReply, timeout=2)
     assert "task_id" in [e["path"] for e in invalid.value.details["errors"]]
 
 
@@ -179,14 +184,22 @@ async def test_host_wildcard_endpoint_sees_the_concrete_subject(
 
 async def test_the_trace_crosses_the_request(nc: Client, subjects: Subjects, scheduler: Scheduler) -> None:
     with use_context(extract({TRACEPARENT: PARENT})):
-        await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
-    assert scheduler.seen == [(subjects.tasks_get, int(PARENT.split("-")[1], 16))]
+        await request(
+            nc, subjects.endpoint(endpoints.TASKS_GET), m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2
+        )
+    assert scheduler.seen == [(subjects.endpoint(endpoints.TASKS_GET), int(PARENT.split("-")[1], 16))]
 
 
 async def test_no_responders_is_no_reply(nc: Client, subjects: Subjects) -> None:
     with pytest.raises(NoReply) as raised:
         await request(
-            nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=1, retries=1, backoff=0.01
+            nc,
+            subjects.endpoint(endpoints.TASKS_GET),
+            m.GetTaskRequest(task_id=TASK_ID),
+            m.CancelReply,
+            timeout=1,
+            retries=1,
+            backoff=0.01,
         )
     assert raised.value.details["reason"] == "no_responders"
 
@@ -196,8 +209,8 @@ async def test_the_service_is_discoverable(nc: Client, subjects: Subjects, sched
     info = json.loads(msg.data)
     assert info["name"] == subjects.service_name
     assert {(e["name"], e["subject"], e["queue_group"]) for e in info["endpoints"]} == {
-        ("tasks-get", subjects.tasks_get, subjects.queue_group),
-        ("host-claim", subjects.host_endpoint(HostVerb.CLAIM), subjects.queue_group),
+        ("tasks-get", subjects.endpoint(endpoints.TASKS_GET), subjects.queue_group),
+        ("host-claim", subjects.served(endpoints.HOST_CLAIM), subjects.queue_group),
     }
 
 
@@ -242,16 +255,24 @@ async def test_micro_stats_count_error_replies_and_time_the_whole_handler(
         tally = await add_typed_endpoint(
             svc,
             name="tasks-get",
-            subject=subjects.tasks_get,
+            subject=subjects.endpoint(endpoints.TASKS_GET),
             request_type=m.GetTaskRequest,
             handler=slow_get,
             hand_off=hand_off,
         )
         assert tally.attached, "nats-py's micro Endpoint changed: see transport._micro_endpoint"
-        await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+        await request(
+            nc, subjects.endpoint(endpoints.TASKS_GET), m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2
+        )
         with pytest.raises(NotFound):
-            await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=uuid.uuid4()), m.CancelReply, timeout=2)
-        bad = await nc.request(subjects.tasks_get, b"not json", timeout=2)
+            await request(
+                nc,
+                subjects.endpoint(endpoints.TASKS_GET),
+                m.GetTaskRequest(task_id=uuid.uuid4()),
+                m.CancelReply,
+                timeout=2,
+            )
+        bad = await nc.request(subjects.endpoint(endpoints.TASKS_GET), b"not json", timeout=2)
         assert bad.headers is not None
         assert bad.headers[ERROR_CODE_HEADER] == "400"
 
@@ -280,10 +301,16 @@ async def test_micro_stats_last_error_names_status_code_and_message(nc: Client, 
     )
     try:
         await add_typed_endpoint(
-            svc, name="tasks-get", subject=subjects.tasks_get, request_type=m.GetTaskRequest, handler=missing
+            svc,
+            name="tasks-get",
+            subject=subjects.endpoint(endpoints.TASKS_GET),
+            request_type=m.GetTaskRequest,
+            handler=missing,
         )
         with pytest.raises(NotFound):
-            await request(nc, subjects.tasks_get, m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2)
+            await request(
+                nc, subjects.endpoint(endpoints.TASKS_GET), m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2
+            )
         stats = await micro_stats(nc, subjects.service_name, "tasks-get")
         assert (stats["num_requests"], stats["num_errors"]) == (1, 1)
         assert stats["last_error"] == "404:not_found no such task"
@@ -303,20 +330,22 @@ async def test_a_reply_too_large_to_send_is_an_error_reply_not_silence(
         await add_typed_endpoint(
             svc,
             name="tasks-list",
-            subject=subjects.tasks_list,
+            subject=subjects.endpoint(endpoints.TASKS_LIST),
             request_type=m.ListTasksRequest,
             handler=huge,
             max_reply_bytes=(lambda: max_reply_bytes) if max_reply_bytes is not None else None,
         )
         # Above the budget we set, or (no budget) above the server's max_payload, which nats-py refuses to send.
-        msg = await nc.request(subjects.tasks_list, b"{}", timeout=5)
+        msg = await nc.request(subjects.endpoint(endpoints.TASKS_LIST), b"{}", timeout=5)
         assert msg.headers is not None
         assert msg.headers[ERROR_CODE_HEADER] == "500"
         error = json.loads(msg.data)["error"]
         assert error["code"] == "reply_too_large"
-        assert error["details"]["endpoint"] == subjects.tasks_list
+        assert error["details"]["endpoint"] == subjects.endpoint(endpoints.TASKS_LIST)
         assert error["details"]["size"] > reply_bytes
         with pytest.raises(ReplyTooLarge):
-            await request(nc, subjects.tasks_list, m.ListTasksRequest(), m.ListTasksReply, timeout=5)
+            await request(
+                nc, subjects.endpoint(endpoints.TASKS_LIST), m.ListTasksRequest(), m.ListTasksReply, timeout=5
+            )
     finally:
         await svc.stop()

@@ -33,6 +33,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from devsched.client import Client
+from devsched.protocol import endpoints
 from devsched.protocol.subjects import Subjects
 from support.devsched_stack import Stack
 from support.polling import eventually
@@ -255,7 +256,7 @@ async def test_the_live_streams_of_one_task_share_its_reads(hostile: Web, client
         if str(task.task_id).encode() in msg.data:
             gets.append(time.monotonic())
 
-    sub = await nc.subscribe(Subjects(stack.prefix).tasks_get, cb=seen)
+    sub = await nc.subscribe(Subjects(stack.prefix).endpoint(endpoints.TASKS_GET), cb=seen)
     try:
 
         async def watch(streams: int, seconds: float) -> int:

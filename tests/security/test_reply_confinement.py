@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from devsched.client import Client
+from devsched.protocol import endpoints
 from devsched.protocol.subjects import Subjects
 from support.polling import eventually, throughout
 from support.scheduler_harness import (
@@ -61,7 +62,7 @@ def harmful_replies(subjects: Subjects, victim: str, task_id: str) -> list[str]:
         f"$JS.API.STREAM.DELETE.{subjects.events_stream}",
         f"$JS.API.STREAM.PURGE.{subjects.assignments_stream}",
         f"$JS.API.CONSUMER.DELETE.{subjects.assignments_stream}.{subjects.consumer(victim)}",
-        subjects.tasks_submit,
+        subjects.endpoint(endpoints.TASKS_SUBMIT),
         subjects.host(victim, "report"),
         subjects.host(victim, "release"),
     ]
@@ -321,19 +322,19 @@ async def test_operator_endpoints_answer_only_an_operator_inbox(
                 {"plan": {"steps": [{"name": "n", "action": "noop", "args": {}}]}, "idempotency_key": "evil"}
             ).encode()
             for target in targets:
-                await nc.publish(subjects.tasks_submit, body, reply=target)
-                await nc.publish(subjects.hosts_list, b"{}", reply=target)
-            await nc.publish(subjects.tasks_submit, body)  # no reply at all: not a request either
+                await nc.publish(subjects.endpoint(endpoints.TASKS_SUBMIT), body, reply=target)
+                await nc.publish(subjects.endpoint(endpoints.HOSTS_LIST), b"{}", reply=target)
+            await nc.publish(subjects.endpoint(endpoints.TASKS_SUBMIT), body)  # no reply at all: not a request either
             await nc.flush()
-            listed = await call(nc, subjects.tasks_list, {})
+            listed = await call(nc, subjects.endpoint(endpoints.TASKS_LIST), {})
             await throughout(lambda: not heard, seconds=WATCH_S, message="nothing published on the reply subjects")
             assert listed["tasks"] == [], "no refused submit created a task"
-            assert (await call(nc, subjects.tasks_list, {}))["tasks"] == []
+            assert (await call(nc, subjects.endpoint(endpoints.TASKS_LIST), {}))["tasks"] == []
             refusals = [r for r in caplog.records if r.name == "devsched.scheduler.admission"]
             assert refusals
             assert "not an operator inbox" in refusals[0].getMessage()
             # an operator's own inbox is answered as ever
-            reply = await request_with_reply(nc, subjects.hosts_list, b"{}", "_INBOX.operator-1.x")
+            reply = await request_with_reply(nc, subjects.endpoint(endpoints.HOSTS_LIST), b"{}", "_INBOX.operator-1.x")
             assert json.loads(reply.data)["hosts"] == []
         finally:
             await delete_streams(nc, subject_prefix)

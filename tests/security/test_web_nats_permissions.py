@@ -29,6 +29,7 @@ from devsched.client import Client
 from devsched.client.artifacts import open_chunks
 from devsched.client.logs import LogReader, collect_output
 from devsched.client.watch import stored_events
+from devsched.protocol import endpoints
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.codec import encode
@@ -105,7 +106,14 @@ async def test_the_web_user_calls_the_reads_cancel_and_device_drain(
 ) -> None:
     assert web.nc is not None
     _, heard = scheduler
-    allowed = [S.tasks_get, S.tasks_list, S.tasks_cancel, S.hosts_list, S.devices_drain, S.task_artifacts]
+    allowed = [
+        S.endpoint(endpoints.TASKS_GET),
+        S.endpoint(endpoints.TASKS_LIST),
+        S.endpoint(endpoints.TASKS_CANCEL),
+        S.endpoint(endpoints.HOSTS_LIST),
+        S.endpoint(endpoints.DEVICES_DRAIN),
+        S.endpoint(endpoints.TASKS_ARTIFACTS),
+    ]
     for subject in allowed:
         reply = await web.nc.request(subject, b"{}", timeout=5)
         assert reply.data == b'{"ok": true}', subject
@@ -120,10 +128,10 @@ async def test_the_web_user_cannot_submit_drain_a_host_or_touch_a_host_subject(
     _, heard = scheduler
     task = uuid.uuid4()
     refused = [
-        S.tasks_submit,
-        S.hosts_drain,
-        S.devices_forget,  # operators only: free a device from its host
-        S.devices_label,  # operators only: pin labels
+        S.endpoint(endpoints.TASKS_SUBMIT),
+        S.endpoint(endpoints.HOSTS_DRAIN),
+        S.endpoint(endpoints.DEVICES_FORGET),  # operators only: free a device from its host
+        S.endpoint(endpoints.DEVICES_LABEL),  # operators only: pin labels
         "devsched.api.anything.else",
         "$SRV.PING",
         "devsched.host.bench-07.heartbeat",

@@ -27,6 +27,7 @@ from devsched.core.errors import (
     Unavailable,
 )
 from devsched.core.status import TaskStatus
+from devsched.protocol import endpoints
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.subjects import MSG_ID_HEADER, HostVerb, Subjects, assignment_msg_id
@@ -95,24 +96,24 @@ class FakeScheduler:
         self._service = await nats.micro.add_service(
             self.nc, name=self.subjects.service_name, version="0.0.0", queue_group=self.subjects.queue_group
         )
-        endpoints = [
-            (HostVerb.REGISTER, m.RegisterRequest, self.register),
-            (HostVerb.HEARTBEAT, m.HeartbeatRequest, self.heartbeat),
-            (HostVerb.CLAIM, m.ClaimRequest, self.claim),
-            (HostVerb.RENEW, m.RenewRequest, self.renew),
-            (HostVerb.REPORT, m.ReportRequest, self.report),
-            (HostVerb.RELEASE, m.ReleaseRequest, self.release),
+        served = [
+            (endpoints.HOST_REGISTER, self.register),
+            (endpoints.HOST_HEARTBEAT, self.heartbeat),
+            (endpoints.HOST_CLAIM, self.claim),
+            (endpoints.HOST_RENEW, self.renew),
+            (endpoints.HOST_REPORT, self.report),
+            (endpoints.HOST_RELEASE, self.release),
         ]
-        for verb, request_type, handler in endpoints:
+        for endpoint, handler in served:
             await add_typed_endpoint(
                 self._service,
-                name=f"host-{verb}",
-                subject=self.subjects.host_endpoint(verb),
-                request_type=request_type,  # type: ignore[arg-type]
+                name=endpoint.name,
+                subject=self.subjects.served(endpoint),
+                request_type=endpoint.request,
                 handler=handler,  # type: ignore[arg-type]
             )
         # Report bodies as sent, byte for byte (the service answers; this only listens).
-        await self.nc.subscribe(self.subjects.host_endpoint(HostVerb.REPORT), cb=self._record_body)
+        await self.nc.subscribe(self.subjects.served(endpoints.HOST_REPORT), cb=self._record_body)
 
     async def stop(self) -> None:
         if self._service is not None:

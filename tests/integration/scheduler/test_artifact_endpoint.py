@@ -20,6 +20,7 @@ from nats.aio.client import Client as NatsClient
 
 from devsched.agent.stop import StopSignal
 from devsched.agent.uploads import UploadLimits, uploads_factory
+from devsched.protocol import endpoints
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, upload_msg_id
 from devsched.protocol.codec import decode
@@ -91,7 +92,7 @@ async def refused(nc: NatsClient, subject: str, body: dict[str, Any]) -> ErrorRe
 
 
 async def listing(nc: NatsClient, prefix: str, task_id: str) -> list[dict[str, Any]]:
-    reply = await call(nc, Subjects(prefix).task_artifacts, {"task_id": task_id})
+    reply = await call(nc, Subjects(prefix).endpoint(endpoints.TASKS_ARTIFACTS), {"task_id": task_id})
     return list(reply["artifacts"])
 
 

@@ -6,9 +6,15 @@ import asyncio
 import logging
 
 import pytest
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 from sqlalchemy import text
 
 from devsched.core.status import TaskStatus
+from devsched.protocol.codec import decode
+from devsched.protocol.subjects import Subjects
+from devsched.protocol.wake import Wake
+from devsched.service import flush_subscriptions
 from devsched.store import DeviceSpec, NewTask, Store
 from devsched.sweeper.app import Sweeper, SweeperSettings
 from support.databases import service_url
@@ -85,3 +91,39 @@ def test_a_retention_under_an_hour_is_refused_and_zero_keeps_forever() -> None:
         SweeperSettings(retention_days=0.01)
     assert SweeperSettings(retention_days=0).retention is None
     assert SweeperSettings().retention_days == 30
+
+
+async def test_the_sweeper_wakes_the_schedulers_with_how_many_leases_it_released(
+    database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient
+) -> None:
+    store = Store.connect(database_url)
+    wakes: asyncio.Queue[Wake] = asyncio.Queue()
+
+    async def on_wake(msg: Msg) -> None:
+        wakes.put_nowait(decode(Wake, msg.data))
+
+    await nc.subscribe(Subjects(subject_prefix).internal_wake, cb=on_wake)
+    await flush_subscriptions(nc)
+    stop = asyncio.Event()
+    running: asyncio.Task[None] | None = None
+    try:
+        await store.register_host("h1", [DeviceSpec("d1"), DeviceSpec("d2")])
+        for _ in range(2):
+            await store.submit(NewTask(plan=PLAN, lease_ttl_s=1))
+        assert len(await store.assign()) == 2
+        await asyncio.sleep(1.2)  # the leases run out (the database's clock)
+        settings = SweeperSettings(
+            database_url=service_url(database_url, "sweeper"),
+            nats_url=nats_url,
+            subject_prefix=subject_prefix,
+            metrics_port=0,
+            sweep_interval_s=0.1,
+        )
+        running = asyncio.create_task(Sweeper(settings).run(stop))
+        wake = await asyncio.wait_for(wakes.get(), 20)
+        assert wake == Wake(released=2)
+    finally:
+        stop.set()
+        if running is not None:
+            await asyncio.wait_for(running, 20)
+        await store.close()

@@ -16,8 +16,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.protocol import endpoints
 from devsched.protocol.connection import host_inbox_prefix
-from devsched.protocol.subjects import HOST_ENDPOINT_VERBS, HostVerb, Subjects
+from devsched.protocol.endpoints import HOST_ENDPOINT_VERBS
+from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.scheduler.budget import Budget, problem
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ServiceSettings
@@ -145,7 +147,11 @@ def test_accounts_conf_service_users() -> None:
     assert "devsched.host." not in operator.replace(log_consumers, ""), "an operator must not speak for a host"
     assert "STREAM.INFO.*" not in operator
     # health checks (issue 13) are the operators' alone
-    for subject in (subjects.health_set, subjects.health_list, subjects.health_delete):
+    for subject in (
+        subjects.endpoint(endpoints.HEALTH_SET),
+        subjects.endpoint(endpoints.HEALTH_LIST),
+        subjects.endpoint(endpoints.HEALTH_DELETE),
+    ):
         assert subject.startswith("devsched.api.")
         assert subject not in _user_block(accounts, "web")
     sweeper = _user_block(accounts, "sweeper")
@@ -219,7 +225,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
 def test_rendered_block_names_only_its_own_host() -> None:
     block = host_user.render("bench-07")
     quoted = _quoted(block)
-    assert len(quoted) == 14  # 12, and issue 12's artifact verb and upload subjects
+    assert len(quoted) == len(HOST_ENDPOINT_VERBS) + 7  # its requests, 5 of JetStream, logs, uploads; 2 to read
     assert all("bench-07" in subject for subject in quoted)
     assert not any("*" in subject for subject in quoted), "no wildcard but the trailing > of its own subjects"
     assert 'user: "host-bench-07"' in block
@@ -287,7 +293,7 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
     devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
     exports = set(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    assert len(exports) == 13, exports  # 11, and the artifact verb and upload subjects (issue 12)
+    assert len(exports) == len(HOST_ENDPOINT_VERBS) + 6, exports  # the requests, 3 of JetStream, logs, uploads, nudges
     for kind, subject, _ in host_user.host_imports("bench-07"):
         assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
     # a pull is answered by many messages, so its export must say so
@@ -302,7 +308,9 @@ def test_a_host_account_is_limited_and_imports_only_its_own_subjects() -> None:
     assert "HOST_bench-07: {" in block
     assert "limits: { max_connections: 2, max_subscriptions: 64, max_payload: 1048576 }" in block
     imported = re.findall(r'subject: "([^"]+)"', block) + re.findall(r'to: "([^"]+)"', block)
-    assert len(imported) == 15  # 13, and the artifact verb and upload subjects (issue 12)
+    assert (
+        len(imported) == len(HOST_ENDPOINT_VERBS) + 8
+    )  # the requests, 3 of JetStream (2 mapped), logs, uploads, nudges
     assert all("bench-07" in subject for subject in imported)
     assert "jetstream" not in block, "a host account holds no stream"
 

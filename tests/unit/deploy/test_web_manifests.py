@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devsched.protocol import endpoints
 from devsched.protocol.subjects import Subjects
 from devsched.service.settings import ENV_PREFIX
 from devsched.web import hosts
@@ -46,11 +47,18 @@ def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
     published = set(re.findall(r'^\s*"([^"]+)"\s*$', block.split("subscribe:")[0], flags=re.MULTILINE))
     s = Subjects("devsched")
     api = {subject for subject in published if subject.startswith("devsched.")}
-    assert api == {s.tasks_get, s.tasks_list, s.tasks_cancel, s.hosts_list, s.devices_drain, s.task_artifacts}
-    assert s.tasks_submit not in published
-    assert s.hosts_drain not in published
-    assert s.devices_forget not in published  # operators only
-    assert s.devices_label not in published
+    assert api == {
+        s.endpoint(endpoints.TASKS_GET),
+        s.endpoint(endpoints.TASKS_LIST),
+        s.endpoint(endpoints.TASKS_CANCEL),
+        s.endpoint(endpoints.HOSTS_LIST),
+        s.endpoint(endpoints.DEVICES_DRAIN),
+        s.endpoint(endpoints.TASKS_ARTIFACTS),
+    }
+    assert s.endpoint(endpoints.TASKS_SUBMIT) not in published
+    assert s.endpoint(endpoints.HOSTS_DRAIN) not in published
+    assert s.endpoint(endpoints.DEVICES_FORGET) not in published  # operators only
+    assert s.endpoint(endpoints.DEVICES_LABEL) not in published
     others = published - api
     # logouts: its own bucket of revoked sessions, written and followed, nothing else of it (the scheduler makes it)
     revoked = s.web_revoked_bucket

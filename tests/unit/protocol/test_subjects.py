@@ -7,9 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from devsched.core.ids import TOKEN_PATTERN
+from devsched.protocol import endpoints
+from devsched.protocol.endpoints import ENDPOINTS, HOST_ENDPOINT_VERBS
 from devsched.protocol.subjects import (
     DEFAULT_PREFIX,
-    HOST_ENDPOINT_VERBS,
     HostVerb,
     Subjects,
     assignment_msg_id,
@@ -30,27 +31,33 @@ def test_default_prefix() -> None:
 
 
 def test_api_subjects() -> None:
-    assert S.tasks_submit == "devsched.api.tasks.submit"
-    assert S.tasks_get == "devsched.api.tasks.get"
-    assert S.tasks_list == "devsched.api.tasks.list"
-    assert S.tasks_cancel == "devsched.api.tasks.cancel"
-    assert S.hosts_list == "devsched.api.hosts.list"
-    assert S.devices_drain == "devsched.api.devices.drain"
-    assert S.devices_forget == "devsched.api.devices.forget"
-    assert S.devices_label == "devsched.api.devices.label"
+    assert S.endpoint(endpoints.TASKS_SUBMIT) == "devsched.api.tasks.submit"
+    assert S.endpoint(endpoints.TASKS_ARTIFACTS) == "devsched.api.tasks.artifacts"
+    assert S.endpoint(endpoints.DEVICES_LABEL) == "devsched.api.devices.label"
+    assert S.served(endpoints.HOSTS_LIST) == S.endpoint(endpoints.HOSTS_LIST) == "devsched.api.hosts.list"
+    with pytest.raises(ValueError, match="not a host endpoint"):
+        S.endpoint(endpoints.TASKS_GET, "h1")
+
+
+def test_host_endpoint_subjects() -> None:
+    assert S.endpoint(endpoints.HOST_CLAIM, "bench-07") == "devsched.host.bench-07.claim"
+    assert S.served(endpoints.HOST_CLAIM) == "devsched.host.*.claim"
+    with pytest.raises(ValueError, match="names the host"):
+        S.endpoint(endpoints.HOST_CLAIM)
+    with pytest.raises(ValueError, match="host id"):
+        S.endpoint(endpoints.HOST_CLAIM, "*")
 
 
 @pytest.mark.parametrize("verb", list(HostVerb))
 def test_host_subjects(verb: HostVerb) -> None:
     assert S.host("bench-07", verb) == f"devsched.host.bench-07.{verb.value}"
     assert S.host("bench-07", verb.value) == S.host("bench-07", verb)
-    assert S.host_endpoint(verb) == f"devsched.host.*.{verb.value}"
     assert S.parse_host(S.host("bench-07", verb)) == ("bench-07", verb)
 
 
-def test_endpoint_verbs_exclude_nudge() -> None:
+def test_every_host_verb_but_nudge_is_an_endpoint() -> None:
     assert set(HOST_ENDPOINT_VERBS) == set(HostVerb) - {HostVerb.NUDGE}
-    assert S.host_endpoint("register") == "devsched.host.*.register"
+    assert [e.verb for e in ENDPOINTS if e.host] == list(HOST_ENDPOINT_VERBS)
 
 
 def test_host_id_of() -> None:
@@ -118,8 +125,8 @@ def test_prefix_with_dash() -> None:
     assert s.assignments_stream == "LAB_2_X_ASSIGNMENTS"
     assert s.events_stream == "LAB_2_X_EVENTS"
     assert s.service_name == "lab-2_x-scheduler"
-    assert s.tasks_submit == "lab-2_x.api.tasks.submit"
-    assert s.host_endpoint(HostVerb.RENEW) == "lab-2_x.host.*.renew"
+    assert s.endpoint(endpoints.TASKS_SUBMIT) == "lab-2_x.api.tasks.submit"
+    assert s.served(endpoints.HOST_RENEW) == "lab-2_x.host.*.renew"
     assert s.parse_host("lab-2_x.host.h1.renew") == ("h1", HostVerb.RENEW)
     with pytest.raises(ValueError, match="prefix"):
         s.parse_host("devsched.host.h1.renew")

@@ -20,6 +20,8 @@ from devsched.bench.hosts import BenchHost
 from devsched.bench.probes import memory_kib
 from devsched.bench.seeding import copy_task
 from devsched.bench.servers import DATABASE, PREFIX
+from devsched.protocol.codec import encode
+from devsched.protocol.wake import Wake
 
 #: RSS a scheduler may use at any depth (MB), and how much more at the deep queue than at the shallow one.
 RSS_LIMIT_MB = 150.0
@@ -39,7 +41,7 @@ async def _timed(calls: int, call: Callable[[], Awaitable[object]]) -> float:
 async def _exercise(ctx: Context, task_id: str, labels: dict[str, str]) -> dict[str, float]:
     client = ctx.client
     for _ in range(3):  # assignment passes over the queue
-        await ctx.nc.publish(ctx.subjects.internal_wake, b'{"released": 0}')
+        await ctx.nc.publish(ctx.subjects.internal_wake, encode(Wake(released=0)))
         await asyncio.sleep(0.3)
     return {
         "list_100_queued_ms": await _timed(5, lambda: client.list_page(status="queued", limit=100)),

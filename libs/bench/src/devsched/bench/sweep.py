@@ -15,7 +15,6 @@ next are waited for after the load, so that the next phase does not start under 
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import signal
@@ -33,6 +32,8 @@ from devsched.bench.probes import Distribution
 from devsched.bench.renewals import Rig
 from devsched.bench.seeding import copy_task
 from devsched.bench.servers import DATABASE, PREFIX
+from devsched.protocol.codec import decode, encode
+from devsched.protocol.wake import Wake
 
 #: Hosts that hold the leases.
 HOSTS = 10
@@ -85,7 +86,7 @@ class Sweeps:
         """Listen for the sweeper's wake-ups."""
 
         async def on_wake(msg: Msg) -> None:
-            self.released.put_nowait(int(json.loads(msg.data).get("released", 0)))
+            self.released.put_nowait(decode(Wake, msg.data).released)
 
         await self.ctx.nc.subscribe(self.ctx.subjects.internal_wake, cb=on_wake)
         await self.ctx.nc.flush()
@@ -106,7 +107,7 @@ class Sweeps:
             if not self.hosts:
                 await self._register()
             else:  # the hosts are there: wake the assignment loop for the copies
-                await ctx.nc.publish(ctx.subjects.internal_wake, b'{"released": 0}')
+                await ctx.nc.publish(ctx.subjects.internal_wake, encode(Wake(released=0)))
             await watch.wait(60 + n / 50, "sweep: assignments")
         finally:
             ctx.events.forget(watch)

@@ -47,7 +47,9 @@ from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
 from devsched.core.limits import LIST_LIMIT_DEFAULT
 from devsched.core.status import TERMINAL, TaskKind, TaskStatus
+from devsched.protocol import endpoints
 from devsched.protocol.connection import connect
+from devsched.protocol.endpoints import Endpoint
 from devsched.protocol.messages import (
     CancelReply,
     CancelRequest,
@@ -57,12 +59,10 @@ from devsched.protocol.messages import (
     ForgetDeviceRequest,
     GetTaskRequest,
     HealthCheckDeleteRequest,
-    HealthCheckListReply,
     HealthCheckListRequest,
     HealthCheckSetRequest,
     HealthCheckView,
     HostDrainRequest,
-    HostsListReply,
     HostsListRequest,
     HostView,
     LabelDeviceRequest,
@@ -90,6 +90,7 @@ DEFAULT_TIMEOUT_S = 5.0
 AUTO_KEY_PREFIX = "auto-"
 
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
 C = TypeVar("C", bound="Client")
 TaskId = uuid.UUID | str
 
@@ -304,13 +305,14 @@ class Client:
         """The deployment's subject prefix."""
         return self.subjects.prefix
 
-    async def _call(self, subject: str, payload: BaseModel, reply_type: type[M], *, repeatable: bool = True) -> M:
+    async def _call(self, endpoint: Endpoint[R, M], payload: R, *, repeatable: bool = True) -> M:
+        subject = self.subjects.endpoint(endpoint)
         try:
             return await request(
                 self.nc,
                 subject,
                 payload,
-                reply_type,
+                endpoint.reply,
                 timeout=self.timeout,
                 retries=self.retries if repeatable else 0,
             )
@@ -389,7 +391,7 @@ class Client:
         generated = body.idempotency_key is None
         if generated:
             body = body.model_copy(update={"idempotency_key": f"{AUTO_KEY_PREFIX}{uuid.uuid4()}"})
-        reply = await self._call(self.subjects.tasks_submit, body, SubmitReply)
+        reply = await self._call(endpoints.TASKS_SUBMIT, body)
         if generated and not reply.created:
             reply = reply.model_copy(update={"created": True})
         return reply
@@ -406,7 +408,7 @@ class Client:
             ReplyTooLarge: even so the view does not fit one message.
         """
         body = _build(GetTaskRequest, task_id=task_uuid(task_id), full=list(full) if full else None)
-        return await self._call(self.subjects.tasks_get, body, TaskView)
+        return await self._call(endpoints.TASKS_GET, body)
 
     async def list_page(
         self,
@@ -423,7 +425,7 @@ class Client:
         `device_id`: only tasks that had an attempt on that device, its history (issue 15).
         """
         body = _build(ListTasksRequest, status=status, limit=limit, after=after, kind=kind, device_id=device_id)
-        return await self._call(self.subjects.tasks_list, body, ListTasksReply)
+        return await self._call(endpoints.TASKS_LIST, body)
 
     async def pages(
         self, *, status: TaskStatus | str | None = None, page_size: int = LIST_LIMIT_DEFAULT, after: str | None = None
@@ -446,9 +448,7 @@ class Client:
         Raises:
             NotFound: no such task.
         """
-        return await self._call(
-            self.subjects.tasks_cancel, CancelRequest(task_id=task_uuid(task_id), reason=reason), CancelReply
-        )
+        return await self._call(endpoints.TASKS_CANCEL, CancelRequest(task_id=task_uuid(task_id), reason=reason))
 
     async def wait(self, task_id: TaskId, *, timeout: float | None = None) -> TaskView:  # noqa: ASYNC109
         """Follow a task until it ends and return its final view.
@@ -525,11 +525,11 @@ class Client:
     async def artifacts(self, task_id: TaskId, *, attempt: int | None = None) -> ListArtifactsReply:
         """The task's stored artifacts (of one attempt, or all), by attempt then name, and their bucket."""
         body = ListArtifactsRequest(task_id=task_uuid(task_id), attempt=attempt)
-        listing = await self._call(self.subjects.task_artifacts, body, ListArtifactsReply)
+        listing = await self._call(endpoints.TASKS_ARTIFACTS, body)
         found = list(listing.artifacts)
         while listing.next is not None and listing.artifacts:  # the rest, when one reply could not hold them
             body = body.model_copy(update={"after": listing.next})
-            listing = await self._call(self.subjects.task_artifacts, body, ListArtifactsReply)
+            listing = await self._call(endpoints.TASKS_ARTIFACTS, body)
             found += listing.artifacts
         return listing.model_copy(update={"artifacts": found, "next": None})
 
@@ -552,10 +552,10 @@ class Client:
 
     async def hosts(self) -> builtins.list[HostView]:
         """Every registered host with its devices and their states (`P.api.hosts.list`)."""
-        reply = await self._call(self.subjects.hosts_list, HostsListRequest(), HostsListReply)
+        reply = await self._call(endpoints.HOSTS_LIST, HostsListRequest())
         hosts = list(reply.hosts)
         while reply.next is not None and reply.hosts:  # the rest, when one reply could not hold them
-            reply = await self._call(self.subjects.hosts_list, HostsListRequest(after=reply.next), HostsListReply)
+            reply = await self._call(endpoints.HOSTS_LIST, HostsListRequest(after=reply.next))
             hosts += reply.hosts
         return hosts
 
@@ -568,7 +568,7 @@ class Client:
             NotFound: no such device.
         """
         body = _build(DrainRequest, device_id=device_id, drained=drained, reason=reason)
-        return await self._call(self.subjects.devices_drain, body, DeviceDrainView)
+        return await self._call(endpoints.DEVICES_DRAIN, body)
 
     async def forget_device(self, device_id: str, *, reason: str) -> DeviceForgottenView:
         """Free a device from the host that registered it (`P.api.devices.forget`); what was freed.
@@ -580,7 +580,7 @@ class Client:
             Conflict: it runs an attempt (or is in its grace after an expired one).
         """
         body = _build(ForgetDeviceRequest, device_id=device_id, reason=reason)
-        return await self._call(self.subjects.devices_forget, body, DeviceForgottenView)
+        return await self._call(endpoints.DEVICES_FORGET, body)
 
     async def label_device(
         self, device_id: str, labels: Mapping[str, str] | None = None, *, unset: builtins.list[str] | None = None
@@ -593,7 +593,7 @@ class Client:
             NotFound: no such device.
         """
         body = _build(LabelDeviceRequest, device_id=device_id, labels=dict(labels or {}), unset=list(unset or []))
-        return await self._call(self.subjects.devices_label, body, DeviceDrainView)
+        return await self._call(endpoints.DEVICES_LABEL, body)
 
     async def drain_host(self, host_id: str, *, drained: bool = True, reason: str | None = None) -> HostView:
         """Drain every device of a host and tell its agent to finish (`P.api.hosts.drain`); the host after it.
@@ -605,7 +605,7 @@ class Client:
             NotFound: no such host.
         """
         body = _build(HostDrainRequest, host_id=host_id, drained=drained, reason=reason)
-        return await self._call(self.subjects.hosts_drain, body, HostView)
+        return await self._call(endpoints.HOSTS_DRAIN, body)
 
     async def health_set(
         self,
@@ -623,15 +623,15 @@ class Client:
         fields["plan"] = plan.model_dump(mode="json") if isinstance(plan, Plan) else dict(plan)
         if interval_s is not None:
             fields["interval_s"] = interval_s
-        return await self._call(self.subjects.health_set, _build(HealthCheckSetRequest, **fields), HealthCheckView)
+        return await self._call(endpoints.HEALTH_SET, _build(HealthCheckSetRequest, **fields))
 
     async def health_checks(self) -> builtins.list[HealthCheckView]:
         """The health checks in force, by name (`P.api.health.list`)."""
-        reply = await self._call(self.subjects.health_list, HealthCheckListRequest(), HealthCheckListReply)
+        reply = await self._call(endpoints.HEALTH_LIST, HealthCheckListRequest())
         checks = list(reply.checks)
         while reply.next is not None and reply.checks:  # the rest, when one reply could not hold them
             body = HealthCheckListRequest(after=reply.next)
-            reply = await self._call(self.subjects.health_list, body, HealthCheckListReply)
+            reply = await self._call(endpoints.HEALTH_LIST, body)
             checks += reply.checks
         return checks
 
@@ -642,7 +642,7 @@ class Client:
             NotFound: no check of that name.
         """
         body = _build(HealthCheckDeleteRequest, name=name)
-        return await self._call(self.subjects.health_delete, body, HealthCheckView)
+        return await self._call(endpoints.HEALTH_DELETE, body)
 
     async def list(
         self, *, status: TaskStatus | str | None = None, limit: int | None = None, page_size: int = LIST_LIMIT_DEFAULT

@@ -18,6 +18,15 @@ from pydantic import Field, field_validator
 
 from devsched.protocol.base import Cursor, Id, ReplyModel, RequestModel, ShortName, Timestamp, Token
 
+__all__ = [
+    "ArtifactCommit",
+    "ArtifactFailure",
+    "ArtifactView",
+    "ListArtifactsReply",
+    "ListArtifactsRequest",
+    "StepArtifacts",
+]
+
 KiB = 1024
 MiB = 1024 * KiB
 #: Bytes of file per chunk message: well under NATS's default `max_payload` (1 MiB).

@@ -36,6 +36,19 @@ from pydantic_core import PydanticCustomError
 
 from devsched.core.ids import TOKEN_PATTERN
 
+__all__ = [
+    "Id",
+    "JsonObject",
+    "Name",
+    "ReplyModel",
+    "RequestModel",
+    "Seconds",
+    "Timestamp",
+    "Token",
+    "WireModel",
+    "format_timestamp",
+]
+
 #: RFC 3339 date-time with a mandatory offset. pydantic alone would also take `"1735787045"` (unix time).
 _RFC3339 = re.compile(r"\d{4}-\d\d-\d\d[Tt ]\d\d:\d\d:\d\d(\.\d{1,9})?([Zz]|[+-]\d\d:\d\d)")
 

@@ -11,6 +11,16 @@ from devsched.core.status import EventKind, TaskStatus
 from devsched.protocol.base import Id, Lax, ReplyModel, Timestamp, Token
 from devsched.protocol.plans import Plan, Progress
 
+__all__ = [
+    "Assignment",
+    "DeviceEventMessage",
+    "DrainNotice",
+    "ErrorBody",
+    "ErrorDetail",
+    "Nudge",
+    "TaskEvent",
+]
+
 
 class Assignment(ReplyModel):
     """JetStream message on `P.assign.<host_id>`, one per new attempt (`Nats-Msg-Id: <task_id>.<attempt>`)."""

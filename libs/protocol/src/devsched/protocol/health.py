@@ -14,6 +14,15 @@ from devsched.core.limits import TIMEOUT_MAX_S
 from devsched.protocol.base import Labels, Name, ReplyModel, RequestModel, Timestamp, Token
 from devsched.protocol.plans import Plan, refuse_reserved_labels
 
+__all__ = [
+    "HealthCheckDeleteRequest",
+    "HealthCheckListReply",
+    "HealthCheckListRequest",
+    "HealthCheckSetRequest",
+    "HealthCheckView",
+    "HealthSelector",
+]
+
 
 class HealthSelector(RequestModel):
     """Which devices a check applies to: those whose labels contain these pairs (every device when empty)."""

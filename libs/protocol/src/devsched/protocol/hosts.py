@@ -26,6 +26,26 @@ from devsched.protocol.base import (
 )
 from devsched.protocol.plans import refuse_reserved_labels
 
+__all__ = [
+    "ActionOffer",
+    "ActionView",
+    "DeviceDrainView",
+    "DeviceForgottenView",
+    "DeviceRegistration",
+    "DeviceView",
+    "DrainRequest",
+    "ForgetDeviceRequest",
+    "HeartbeatReply",
+    "HeartbeatRequest",
+    "HostDrainRequest",
+    "HostView",
+    "HostsListReply",
+    "HostsListRequest",
+    "LabelDeviceRequest",
+    "RegisterReply",
+    "RegisterRequest",
+]
+
 #: Most actions a host may advertise.
 MAX_ACTIONS = 100
 #: Longest action name and version a host may advertise, in characters.

@@ -9,6 +9,18 @@ from devsched.protocol.base import Id, Lax, Reason, ReplyModel, RequestModel, Ti
 from devsched.protocol.events import Assignment
 from devsched.protocol.plans import Progress, RunResult
 
+__all__ = [
+    "ClaimRequest",
+    "HandedAttempt",
+    "LeaseReply",
+    "LeaseRequest",
+    "ReleaseReply",
+    "ReleaseRequest",
+    "RenewRequest",
+    "ReportReply",
+    "ReportRequest",
+]
+
 
 class LeaseRequest(RequestModel):
     """The lease a host names; the host id comes from the subject."""

@@ -21,6 +21,13 @@ from devsched.core.status import Outcome
 from devsched.protocol.base import Id, Lax, ReplyModel, Timestamp
 from devsched.protocol.plans import StepStatus
 
+__all__ = [
+    "DataEncoding",
+    "LogKind",
+    "LogRecord",
+    "OutputStream",
+]
+
 
 class LogKind(StrEnum):
     """What a log record says."""

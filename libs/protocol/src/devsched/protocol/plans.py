@@ -26,6 +26,24 @@ from devsched.protocol.base import (
     text_schema,
 )
 
+__all__ = [
+    "BUILTIN_ARGS",
+    "MAX_STEPS",
+    "FailedTest",
+    "NoopArgs",
+    "Plan",
+    "Progress",
+    "ResultFiles",
+    "ResultsSummary",
+    "RunResult",
+    "Selector",
+    "ShellArgs",
+    "SleepArgs",
+    "Step",
+    "StepResult",
+    "StepStatus",
+]
+
 #: Most steps a plan may have.
 MAX_STEPS = 100
 #: Longest path of a step's results file (`results.junit`), in characters; each part of it at most 255.

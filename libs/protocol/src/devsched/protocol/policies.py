@@ -16,6 +16,11 @@ from devsched.core.retrying import DEFAULT_ON, INITIAL_S_DEFAULT, MAX_S_DEFAULT,
 from devsched.core.retrying import RetryPolicy as CorePolicy
 from devsched.protocol.base import Lax, RequestModel
 
+__all__ = [
+    "Backoff",
+    "RetryPolicy",
+]
+
 #: A time limit or backoff, in seconds: > 0, finite, fractional allowed, at most `TIMEOUT_MAX_S`.
 Limit = Annotated[float, Field(gt=0, le=TIMEOUT_MAX_S, allow_inf_nan=False)]
 

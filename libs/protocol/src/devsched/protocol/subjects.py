@@ -8,15 +8,22 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
 from devsched.core.ids import is_token
+
+if TYPE_CHECKING:
+    from devsched.protocol.endpoints import Endpoint
 
 #: The prefix when none is configured.
 DEFAULT_PREFIX = "devsched"
 
 
 class HostVerb(StrEnum):
-    """The last token of a host subject `P.host.<host_id>.<verb>`."""
+    """The last token of a host subject `P.host.<host_id>.<verb>`.
+
+    The requests among them are endpoints of `devsched.protocol.endpoints`, each with its models there.
+    """
 
     #: Request: replace the host's device list.
     REGISTER = "register"
@@ -38,18 +45,6 @@ class HostVerb(StrEnum):
     ARTIFACT = "artifact"
 
 
-#: The host verbs served as request/reply endpoints (nudge is published, not served).
-HOST_ENDPOINT_VERBS: tuple[HostVerb, ...] = (
-    HostVerb.REGISTER,
-    HostVerb.HEARTBEAT,
-    HostVerb.CLAIM,
-    HostVerb.RENEW,
-    HostVerb.REPORT,
-    HostVerb.RELEASE,
-    HostVerb.ARTIFACT,
-)
-
-
 def _require_token(what: str, value: str) -> str:
     if not is_token(value):
         raise ValueError(f"{what} must be 1 to 64 of A-Z a-z 0-9 _ -, got {value!r}")
@@ -69,67 +64,26 @@ class Subjects:
     def __post_init__(self) -> None:
         _require_token("prefix", self.prefix)
 
-    # -- operator/client endpoints -------------------------------------------------------------------
+    # -- request/reply endpoints (`devsched.protocol.endpoints`) ----------------------------------------
 
-    @property
-    def tasks_submit(self) -> str:
-        """`P.api.tasks.submit`."""
-        return f"{self.prefix}.api.tasks.submit"
+    def endpoint(self, endpoint: Endpoint[Any, Any], host_id: str | None = None) -> str:
+        """Where a request to `endpoint` goes: `P.api.<group>.<verb>`, or `P.host.<host_id>.<verb>` for a host's.
 
-    @property
-    def tasks_get(self) -> str:
-        """`P.api.tasks.get`."""
-        return f"{self.prefix}.api.tasks.get"
+        Raises:
+            ValueError: a host endpoint without a host id (or one that is not a token), or an operator
+                endpoint with one.
+        """
+        if not endpoint.host:
+            if host_id is not None:
+                raise ValueError(f"{endpoint.name} is not a host endpoint: no host id in its subject")
+            return f"{self.prefix}.api.{endpoint.group}.{endpoint.verb}"
+        if host_id is None:
+            raise ValueError(f"{endpoint.name} is a host endpoint: its subject names the host")
+        return f"{self.prefix}.host.{_require_token('host id', host_id)}.{endpoint.verb}"
 
-    @property
-    def tasks_list(self) -> str:
-        """`P.api.tasks.list`."""
-        return f"{self.prefix}.api.tasks.list"
-
-    @property
-    def tasks_cancel(self) -> str:
-        """`P.api.tasks.cancel`."""
-        return f"{self.prefix}.api.tasks.cancel"
-
-    @property
-    def hosts_list(self) -> str:
-        """`P.api.hosts.list`."""
-        return f"{self.prefix}.api.hosts.list"
-
-    @property
-    def devices_drain(self) -> str:
-        """`P.api.devices.drain`."""
-        return f"{self.prefix}.api.devices.drain"
-
-    @property
-    def devices_forget(self) -> str:
-        """`P.api.devices.forget` (an addition): free a device from its host; operators only."""
-        return f"{self.prefix}.api.devices.forget"
-
-    @property
-    def devices_label(self) -> str:
-        """`P.api.devices.label` (an addition): pin or unpin operator labels on a device; operators only."""
-        return f"{self.prefix}.api.devices.label"
-
-    @property
-    def hosts_drain(self) -> str:
-        """`P.api.hosts.drain` (an addition): drain every device of a host and tell its agent."""
-        return f"{self.prefix}.api.hosts.drain"
-
-    @property
-    def health_set(self) -> str:
-        """`P.api.health.set` (an addition, issue 13): create or replace a health check; operators only."""
-        return f"{self.prefix}.api.health.set"
-
-    @property
-    def health_list(self) -> str:
-        """`P.api.health.list` (an addition): the health checks in force; operators only."""
-        return f"{self.prefix}.api.health.list"
-
-    @property
-    def health_delete(self) -> str:
-        """`P.api.health.delete` (an addition): remove a health check; operators only."""
-        return f"{self.prefix}.api.health.delete"
+    def served(self, endpoint: Endpoint[Any, Any]) -> str:
+        """The subject the scheduler serves `endpoint` on: `P.host.*.<verb>` for every host, else its subject."""
+        return f"{self.prefix}.host.*.{endpoint.verb}" if endpoint.host else self.endpoint(endpoint)
 
     # -- host subjects ---------------------------------------------------------------------------------
 
@@ -140,10 +94,6 @@ class Subjects:
             ValueError: `host_id` is not a token (a `*` or `.` would widen the subject), or unknown verb.
         """
         return f"{self.prefix}.host.{_require_token('host id', host_id)}.{HostVerb(verb)}"
-
-    def host_endpoint(self, verb: HostVerb | str) -> str:
-        """`P.host.*.<verb>`: the wildcard subject the scheduler serves one verb on, for every host."""
-        return f"{self.prefix}.host.*.{HostVerb(verb)}"
 
     def parse_host(self, subject: str) -> tuple[str, HostVerb]:
         """The host id and verb of a concrete host subject, such as a request's subject in a handler.
@@ -209,11 +159,6 @@ class Subjects:
         """`P.host.*.upload.>`: the subjects of the uploads stream."""
         return f"{self.prefix}.host.*.upload.>"
 
-    @property
-    def task_artifacts(self) -> str:
-        """`P.api.tasks.artifacts` (an addition): the artifacts of a task, for operators."""
-        return f"{self.prefix}.api.tasks.artifacts"
-
     # -- JetStream ---------------------------------------------------------------------------------------
 
     def assign(self, host_id: str) -> str:
@@ -250,7 +195,10 @@ class Subjects:
 
     @property
     def internal_wake(self) -> str:
-        """`P.internal.wake` (an addition, core NATS): the sweeper wakes every scheduler's loops with it."""
+        """`P.internal.wake` (an addition, core NATS): the sweeper wakes every scheduler's loops with it.
+
+        Its body is a `devsched.protocol.wake.Wake`.
+        """
         return f"{self.prefix}.internal.wake"
 
     @property

@@ -38,6 +38,20 @@ from devsched.protocol.base import (
 from devsched.protocol.plans import Plan, Progress, RunResult, Selector
 from devsched.protocol.policies import Limit, RetryPolicy
 
+__all__ = [
+    "AttemptView",
+    "CancelReply",
+    "CancelRequest",
+    "GetTaskRequest",
+    "ListTasksReply",
+    "ListTasksRequest",
+    "SubmitReply",
+    "SubmitRequest",
+    "TaskSummary",
+    "TaskView",
+    "TrimmedField",
+]
+
 
 def _unless_none(value: object) -> bool:
     # Fields added to the task view are left out when null, so a task that does not use them is shown

@@ -1,6 +1,6 @@
 """devsched.service: plumbing shared by the control-plane services (never imported by libraries)."""
 
-from devsched.service.connection import Stopped, close_nats, connect_nats, flush_subscriptions, wake_subject
+from devsched.service.connection import Stopped, close_nats, connect_nats, flush_subscriptions
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
 from devsched.service.heap import settle_heap
 from devsched.service.lifecycle import EVENT_LOOP_ENV, Backoff, EventLoopError, event_loop, run, run_loop, sleep_or_stop
@@ -34,5 +34,4 @@ __all__ = [
     "setup_tracing",
     "shutdown_tracing",
     "sleep_or_stop",
-    "wake_subject",
 ]

@@ -101,11 +101,3 @@ async def flush_subscriptions(nc: Client, timeout: float = 5.0) -> None:  # noqa
     """
     await nc.flush(timeout=timeout)  # type: ignore[arg-type]
     await nc.flush(timeout=timeout)  # type: ignore[arg-type]
-
-
-def wake_subject(prefix: str) -> str:
-    """`P.internal.wake`: core NATS, fire and forget; wakes every scheduler's assignment loop and relay.
-
-    An addition to the protocol (the sweeper publishes it after releasing leases).
-    """
-    return f"{prefix}.internal.wake"

@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
+from pydantic import BaseModel
 
 from devsched.core.errors import Internal, InvalidRequest
 from devsched.core.leases import Extension
 from devsched.protocol.codec import decode, raise_for_error
+from devsched.protocol.endpoints import (
+    HOST_CLAIM,
+    HOST_HEARTBEAT,
+    HOST_REGISTER,
+    HOST_RELEASE,
+    HOST_RENEW,
+    HOST_REPORT,
+    Endpoint,
+)
 from devsched.protocol.messages import (
     ActionOffer,
     ClaimRequest,
@@ -31,13 +41,14 @@ from devsched.protocol.messages import (
     RenewRequest,
     ReportReply,
 )
-from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.subjects import Subjects
 from devsched.protocol.tracing import inject, send_span
 from devsched.protocol.transport import NoReply, request
 
 log = logging.getLogger(__name__)
 
-R = TypeVar("R", ReportReply, ReleaseReply)
+Q = TypeVar("Q", bound=BaseModel)
+P = TypeVar("P", bound=BaseModel)
 
 
 def _granted(reply: LeaseReply) -> Extension:
@@ -61,8 +72,11 @@ class HostClient:
         #: Whether it said a report may take the device's next attempt (`take_next`; an older one would refuse it).
         self.take_next = False
 
-    def _subject(self, verb: HostVerb) -> str:
-        return self._subjects.host(self.host_id, verb)
+    def _subject(self, endpoint: Endpoint[Any, Any]) -> str:
+        return self._subjects.endpoint(endpoint, self.host_id)
+
+    async def _call(self, endpoint: Endpoint[Q, P], body: Q, timeout_s: float) -> P:
+        return await request(self._nc, self._subject(endpoint), body, endpoint.reply, timeout=timeout_s)
 
     async def register(
         self,
@@ -76,24 +90,21 @@ class HostClient:
         without them (it gets tasks of built-in actions only) and says so once.
         """
         body = RegisterRequest(devices=devices, agent_version=agent_version, actions=actions)
-        subject = self._subject(HostVerb.REGISTER)
         try:
-            reply = await request(self._nc, subject, body, RegisterReply, timeout=self.timeout_s)
+            reply = await self._call(HOST_REGISTER, body, self.timeout_s)
         except InvalidRequest as exc:
             if actions is None or not any(e.get("path") == "actions" for e in exc.details.get("errors", [])):
                 raise
             log.warning("the scheduler does not take advertised actions: registered without them (built-ins only)")
             body = RegisterRequest(devices=devices, agent_version=agent_version)
-            reply = await request(self._nc, subject, body, RegisterReply, timeout=self.timeout_s)
+            reply = await self._call(HOST_REGISTER, body, self.timeout_s)
         self.claim_progress = reply.claim_progress
         self.take_next = reply.take_next
         return reply
 
     async def heartbeat(self) -> RegisterReply:
         """A sign of life; the reply gives the heartbeat interval."""
-        reply = await request(
-            self._nc, self._subject(HostVerb.HEARTBEAT), HeartbeatRequest(), RegisterReply, timeout=self.timeout_s
-        )
+        reply = await self._call(HOST_HEARTBEAT, HeartbeatRequest(), self.timeout_s)
         self.claim_progress = reply.claim_progress
         self.take_next = reply.take_next
         return reply
@@ -112,7 +123,7 @@ class HostClient:
         `progress` (the first step's, only when `claim_progress`) stands in for that step's boundary renewal.
         """
         body = ClaimRequest(task_id=task_id, attempt=attempt, lease_id=lease_id, progress=progress)
-        return _granted(await request(self._nc, self._subject(HostVerb.CLAIM), body, LeaseReply, timeout=timeout_s))
+        return _granted(await self._call(HOST_CLAIM, body, timeout_s))
 
     async def renew(
         self,
@@ -125,7 +136,7 @@ class HostClient:
     ) -> Extension:
         """Extend the lease, carrying `progress`."""
         body = RenewRequest(task_id=task_id, attempt=attempt, lease_id=lease_id, progress=progress)
-        return _granted(await request(self._nc, self._subject(HostVerb.RENEW), body, LeaseReply, timeout=timeout_s))
+        return _granted(await self._call(HOST_RENEW, body, timeout_s))
 
     async def report(self, body: bytes) -> ReportReply:
         """Send an encoded report exactly as spooled, so every retry carries the identical bytes.
@@ -134,14 +145,15 @@ class HostClient:
             DevschedError: the typed error of an error reply.
             NoReply: no reply in time, or nothing serves the subject.
         """
-        return await self._send_spooled(HostVerb.REPORT, body, ReportReply)
+        return await self._send_spooled(HOST_REPORT, body)
 
     async def release(self, body: bytes) -> ReleaseReply:
         """Send an encoded release exactly as spooled (see `report`)."""
-        return await self._send_spooled(HostVerb.RELEASE, body, ReleaseReply)
+        return await self._send_spooled(HOST_RELEASE, body)
 
-    async def _send_spooled(self, verb: HostVerb, body: bytes, reply_type: type[R]) -> R:
-        subject = self._subject(verb)
+    async def _send_spooled(self, endpoint: Endpoint[Any, P], body: bytes) -> P:
+        reply_type = endpoint.reply
+        subject = self._subject(endpoint)
         with send_span(subject, len(body)):
             try:
                 msg = await self._nc.request(subject, body, timeout=self.timeout_s, headers=inject() or None)

@@ -51,7 +51,8 @@ from devsched.protocol.artifacts import (
     normalise_name,
     upload_msg_id,
 )
-from devsched.protocol.subjects import MSG_ID_HEADER, HostVerb, Subjects
+from devsched.protocol.endpoints import HOST_ARTIFACT
+from devsched.protocol.subjects import MSG_ID_HEADER, Subjects
 from devsched.protocol.transport import request
 
 logger = logging.getLogger(__name__)
@@ -264,9 +265,9 @@ class AttemptUploads:
             try:
                 await request(
                     self._nc,
-                    self._subjects.host(self._host_id, HostVerb.ARTIFACT),
+                    self._subjects.endpoint(HOST_ARTIFACT, self._host_id),
                     commit,
-                    m.ArtifactView,
+                    HOST_ARTIFACT.reply,
                     timeout=timeout,
                 )
             except TooManyRequests as exc:  # the scheduler's commit slots are busy: the chunks wait in the stream

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections import Counter
@@ -30,6 +29,9 @@ from pydantic import Field, field_validator
 
 from devsched.core.errors import DevschedError
 from devsched.core.retention import PRUNE_BATCH_MAX, RETENTION_DEFAULT, check_retention
+from devsched.protocol.codec import encode
+from devsched.protocol.subjects import Subjects
+from devsched.protocol.wake import Wake
 from devsched.service import (
     Backoff,
     HealthServer,
@@ -40,7 +42,6 @@ from devsched.service import (
     connect_nats,
     serving_health,
     sleep_or_stop,
-    wake_subject,
 )
 from devsched.service.health import plainly
 from devsched.service.metrics import serve_metrics
@@ -240,7 +241,7 @@ class Sweeper:
         if nc is None or not nc.is_connected:
             return
         with contextlib.suppress(Exception):  # best effort: the schedulers tick anyway
-            await nc.publish(wake_subject(self.settings.subject_prefix), json.dumps({"released": released}).encode())
+            await nc.publish(Subjects(self.settings.subject_prefix).internal_wake, encode(Wake(released=released)))
 
     async def _connect(self, stop: asyncio.Event) -> None:
         with contextlib.suppress(Stopped):

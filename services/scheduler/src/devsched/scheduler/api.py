@@ -23,8 +23,10 @@ from devsched.core.actions import action_labels
 from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
 from devsched.core.records import LeaseRef
 from devsched.core.records import Selector as CoreSelector
+from devsched.protocol import endpoints
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode, refusal_log_fields
+from devsched.protocol.endpoints import handles
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tracing import inject
 from devsched.protocol.transport import reply_limit
@@ -175,6 +177,7 @@ class Api:
 
     # -- operators and clients ---------------------------------------------------------------
 
+    @handles(endpoints.TASKS_SUBMIT)
     async def submit(self, req: m.SubmitRequest, subject: str) -> m.SubmitReply:
         """`P.api.tasks.submit`."""
         await check_plugin_args(self._store, req.plan)
@@ -186,6 +189,7 @@ class Api:
             log.info("submitted" if done.created else "submit repeated", extra={"new": done.created})
         return m.SubmitReply.from_value(done)
 
+    @handles(endpoints.TASKS_GET)
     async def get(self, req: m.GetTaskRequest, subject: str) -> m.TaskView:
         """`P.api.tasks.get`."""
         with bind(task_id=req.task_id):
@@ -199,15 +203,18 @@ class Api:
             log.info("task view trimmed to fit a reply", extra={"fields": reply.truncated})
             return reply
 
+    @handles(endpoints.TASKS_ARTIFACTS)
     async def artifacts(self, req: m.ListArtifactsRequest, subject: str) -> m.ListArtifactsReply:
         """`P.api.tasks.artifacts` (an addition, issue 12): a task's stored artifacts."""
         with bind(task_id=req.task_id):
             return await self._artifacts.list(req, reply_limit(self._nc))
 
+    @handles(endpoints.HOST_ARTIFACT)
     async def artifact(self, req: m.ArtifactCommit, subject: str) -> m.ArtifactView:
         """`P.host.<id>.artifact` (an addition, issue 12): store an uploaded file (`devsched.scheduler.artifacts`)."""
         return await self._artifacts.commit(self._host_of(subject), req)
 
+    @handles(endpoints.TASKS_LIST)
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`: a page cut by bytes too (`devsched.scheduler.replies`), its large fields cut."""
         page = await self._store.list_tasks(
@@ -220,6 +227,7 @@ class Api:
         last = page.tasks[n - 1]
         return m.ListTasksReply(tasks=tasks[:n], next=task_cursor(last.created_at, last.task_id))
 
+    @handles(endpoints.TASKS_CANCEL)
     async def cancel(self, req: m.CancelRequest, subject: str) -> m.CancelReply:
         """`P.api.tasks.cancel`; nudges the host when work is in flight there."""
         with bind(task_id=req.task_id):
@@ -242,6 +250,7 @@ class Api:
         else:
             log.info("nudged", extra={"host_id": host_id, "attempt": attempt})
 
+    @handles(endpoints.HOSTS_LIST)
     async def hosts(self, req: m.HostsListRequest, subject: str) -> m.HostsListReply:
         """`P.api.hosts.list`, by host id: cut to fit a reply, `next` naming the last host listed."""
         # Sorted here, not by the database's collation: `after` compares as Python does.
@@ -250,6 +259,7 @@ class Api:
         n = fit(hosts, reply_limit(self._nc))
         return m.HostsListReply(hosts=hosts[:n], next=hosts[n - 1].host_id if n < len(hosts) else None)
 
+    @handles(endpoints.DEVICES_DRAIN)
     async def drain(self, req: m.DrainRequest, subject: str) -> m.DeviceDrainView:
         """`P.api.devices.drain`."""
         view = await self._store.drain_device(req.device_id, req.drained, req.reason)
@@ -258,6 +268,7 @@ class Api:
         log.info("drained" if view.drained else "returned to service", extra={"device_id": view.device_id})
         return m.DeviceDrainView.from_value(view)
 
+    @handles(endpoints.DEVICES_FORGET)
     async def forget(self, req: m.ForgetDeviceRequest, subject: str) -> m.DeviceForgottenView:
         """`P.api.devices.forget` (an addition): free a device from its host; the audit record says so."""
         freed = await self._store.forget_device(req.device_id, req.reason)
@@ -272,6 +283,7 @@ class Api:
         )
         return m.DeviceForgottenView.from_value(freed)
 
+    @handles(endpoints.DEVICES_LABEL)
     async def label(self, req: m.LabelDeviceRequest, subject: str) -> m.DeviceDrainView:
         """`P.api.devices.label` (an addition): pin or unpin operator labels (the keys are logged, no value)."""
         view = await self._store.label_device(req.device_id, req.labels, req.unset)
@@ -288,6 +300,7 @@ class Api:
 
     # -- health checks (issue 13) -------------------------------------------------------------
 
+    @handles(endpoints.HEALTH_SET)
     async def health_set(self, req: m.HealthCheckSetRequest, subject: str) -> m.HealthCheckView:
         """`P.api.health.set` (an addition): create or replace a health check."""
         await check_plugin_args(self._store, req.plan)
@@ -297,6 +310,7 @@ class Api:
         log.info("health check set", extra={"check": view.name, "interval_s": view.interval_s})
         return m.HealthCheckView.from_value(view)
 
+    @handles(endpoints.HEALTH_LIST)
     async def health_list(self, req: m.HealthCheckListRequest, subject: str) -> m.HealthCheckListReply:
         """`P.api.health.list` (an addition): the health checks in force."""
         checks = [
@@ -307,6 +321,7 @@ class Api:
         n = fit(checks, reply_limit(self._nc))
         return m.HealthCheckListReply(checks=checks[:n], next=checks[n - 1].name if n < len(checks) else None)
 
+    @handles(endpoints.HEALTH_DELETE)
     async def health_delete(self, req: m.HealthCheckDeleteRequest, subject: str) -> m.HealthCheckView:
         """`P.api.health.delete` (an addition): remove a health check; answers the check removed."""
         view = await self._store.delete_health_check(req.name)
@@ -315,6 +330,7 @@ class Api:
 
     # -- hosts ---------------------------------------------------------------------------------
 
+    @handles(endpoints.HOST_REGISTER)
     async def register(self, req: m.RegisterRequest, subject: str) -> m.RegisterReply:
         """`P.host.<id>.register`: the host's streams, its devices, then its consumer (503 if JetStream fails).
 
@@ -349,12 +365,14 @@ class Api:
             log.info("registered", extra={"devices": len(devices), "agent_version": req.agent_version})
             return _host_reply(interval)
 
+    @handles(endpoints.HOST_HEARTBEAT)
     async def heartbeat(self, req: m.HeartbeatRequest, subject: str) -> m.HeartbeatReply:
         """`P.host.<id>.heartbeat`."""
         host_id = self._host_of(subject)
         with bind(host_id=host_id):
             return _host_reply(await self._store.heartbeat(host_id))
 
+    @handles(endpoints.HOST_CLAIM)
     async def claim(self, req: m.ClaimRequest, subject: str) -> m.LeaseReply:
         """`P.host.<id>.claim`."""
         ref = self._lease(subject, req)
@@ -365,6 +383,7 @@ class Api:
             log.info("claimed", extra={"cancel_requested": grant.cancel_requested})
             return m.LeaseReply.from_value(grant)
 
+    @handles(endpoints.HOST_RENEW)
     async def renew(self, req: m.RenewRequest, subject: str) -> m.LeaseReply:
         """`P.host.<id>.renew`."""
         ref = self._lease(subject, req)
@@ -375,6 +394,7 @@ class Api:
                 self._relay.set()  # a new step is a `progress` event
             return m.LeaseReply.from_value(grant)
 
+    @handles(endpoints.HOST_REPORT)
     async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
         """`P.host.<id>.report`."""
         ref = self._lease(subject, req)
@@ -393,6 +413,7 @@ class Api:
                 log.info("handed over", extra={"next_task_id": nxt.task_id, "next_attempt": nxt.attempt})
             return m.ReportReply.from_value(receipt)
 
+    @handles(endpoints.HOST_RELEASE)
     async def release(self, req: m.ReleaseRequest, subject: str) -> m.ReleaseReply:
         """`P.host.<id>.release` (an addition): the attempt is given back, its device free at once."""
         ref = self._lease(subject, req)
@@ -405,6 +426,7 @@ class Api:
             log.info("released", extra={"task_status": receipt.status.value, "duplicate": receipt.duplicate})
             return m.ReleaseReply.from_value(receipt)
 
+    @handles(endpoints.HOSTS_DRAIN)
     async def drain_host(self, req: m.HostDrainRequest, subject: str) -> m.HostView:
         """`P.api.hosts.drain` (an addition): drain the host's devices, and tell its agent to finish and exit."""
         with bind(host_id=req.host_id):

@@ -22,6 +22,7 @@ from nats.micro.service import Service
 from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, StorageFull
 from devsched.core.fairshare import ShareLimits
+from devsched.protocol.endpoints import ENDPOINTS
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler import budget
 from devsched.scheduler.admission import Admission
@@ -33,7 +34,7 @@ from devsched.scheduler.loops import Wakeup, WorkLoop
 from devsched.scheduler.metrics import DATABASE_GAUGES, READY, REGISTRY, Latencies, Stats, observe_store
 from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
-from devsched.scheduler.service import Dispatcher, Lane, endpoint_specs, start_service, stop_taking_requests
+from devsched.scheduler.service import Dispatcher, Lane, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import (
     Backoff,
@@ -43,7 +44,6 @@ from devsched.service import (
     flush_subscriptions,
     serving_health,
     sleep_or_stop,
-    wake_subject,
 )
 from devsched.service.metrics import serve_metrics
 from devsched.store import Committed, Store
@@ -129,7 +129,7 @@ class Scheduler:
             if self.relay is not None:
                 self.relay.request_full_pass()
 
-        await nc.subscribe(wake_subject(self.subjects.prefix), cb=on_wake)
+        await nc.subscribe(self.subjects.internal_wake, cb=on_wake)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set, then shut down gracefully."""
@@ -238,7 +238,7 @@ class Scheduler:
                 "serving",
                 extra={"service": self.subjects.service_name, "instance": service.id, "prefix": s.subject_prefix},
             )
-            self.endpoints_expected = len(endpoint_specs(api, self.subjects))
+            self.endpoints_expected = len(ENDPOINTS)
             self.taking_requests = True
             self.ready.set()
 

@@ -17,19 +17,17 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, get_type_hints
 
 import nats.micro
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
 from nats.micro.request import Handler, Request
 from nats.micro.service import Service
-from pydantic import BaseModel
 
 from devsched.core.errors import TooManyRequests
-from devsched.protocol import messages as m
 from devsched.protocol.codec import ERROR_HEADER, encode_error
-from devsched.protocol.subjects import HostVerb, Subjects
+from devsched.protocol.endpoints import HOST_ARTIFACT, handlers
+from devsched.protocol.subjects import Subjects
 from devsched.protocol.transport import EndpointTally, add_typed_endpoint, reply_limit
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
@@ -217,58 +215,6 @@ async def _refuse(
         tally.error(TooManyRequests(headers[ERROR_HEADER]), headers)
 
 
-@dataclass(frozen=True, slots=True)
-class EndpointSpec:
-    """One endpoint: micro name, subject, request model and handler."""
-
-    name: str
-    subject: str
-    request_type: type[Any]
-    handler: Any
-    #: A host endpoint (`P.host.*.<verb>`): the host id comes from the subject.
-    host: bool = False
-
-    @property
-    def reply_type(self) -> type[BaseModel]:
-        """The model of a success reply: the handler's return annotation (one definition, no list to keep)."""
-        reply: type[BaseModel] = get_type_hints(self.handler)["return"]
-        return reply
-
-
-def endpoint_specs(api: Api, subjects: Subjects) -> list[EndpointSpec]:
-    """Every endpoint of PROTOCOL.md section 1, in the order `nats micro info` lists them."""
-    return [
-        EndpointSpec("tasks-submit", subjects.tasks_submit, m.SubmitRequest, api.submit),
-        EndpointSpec("tasks-get", subjects.tasks_get, m.GetTaskRequest, api.get),
-        EndpointSpec("tasks-list", subjects.tasks_list, m.ListTasksRequest, api.list),
-        EndpointSpec("tasks-cancel", subjects.tasks_cancel, m.CancelRequest, api.cancel),
-        EndpointSpec("hosts-list", subjects.hosts_list, m.HostsListRequest, api.hosts),
-        EndpointSpec("devices-drain", subjects.devices_drain, m.DrainRequest, api.drain),
-        EndpointSpec("hosts-drain", subjects.hosts_drain, m.HostDrainRequest, api.drain_host),
-        EndpointSpec("devices-forget", subjects.devices_forget, m.ForgetDeviceRequest, api.forget),
-        EndpointSpec("devices-label", subjects.devices_label, m.LabelDeviceRequest, api.label),
-        EndpointSpec("tasks-artifacts", subjects.task_artifacts, m.ListArtifactsRequest, api.artifacts),
-        EndpointSpec("health-set", subjects.health_set, m.HealthCheckSetRequest, api.health_set),
-        EndpointSpec("health-list", subjects.health_list, m.HealthCheckListRequest, api.health_list),
-        EndpointSpec("health-delete", subjects.health_delete, m.HealthCheckDeleteRequest, api.health_delete),
-        EndpointSpec(
-            "host-register", subjects.host_endpoint(HostVerb.REGISTER), m.RegisterRequest, api.register, host=True
-        ),
-        EndpointSpec(
-            "host-heartbeat", subjects.host_endpoint(HostVerb.HEARTBEAT), m.HeartbeatRequest, api.heartbeat, host=True
-        ),
-        EndpointSpec("host-claim", subjects.host_endpoint(HostVerb.CLAIM), m.ClaimRequest, api.claim, host=True),
-        EndpointSpec("host-renew", subjects.host_endpoint(HostVerb.RENEW), m.RenewRequest, api.renew, host=True),
-        EndpointSpec("host-report", subjects.host_endpoint(HostVerb.REPORT), m.ReportRequest, api.report, host=True),
-        EndpointSpec(
-            "host-release", subjects.host_endpoint(HostVerb.RELEASE), m.ReleaseRequest, api.release, host=True
-        ),
-        EndpointSpec(
-            "host-artifact", subjects.host_endpoint(HostVerb.ARTIFACT), m.ArtifactCommit, api.artifact, host=True
-        ),
-    ]
-
-
 async def start_service(
     nc: Client,
     api: Api,
@@ -291,18 +237,18 @@ async def start_service(
         metadata={"prefix": subjects.prefix},
         queue_group=subjects.queue_group,
     )
-    for spec in endpoint_specs(api, subjects):
-        host_of = api.host_id_of if spec.host else None
-        lane = commit_lane if spec.name == "host-artifact" else None
+    for endpoint, handler in handlers(api):
+        host_of = api.host_id_of if endpoint.host else None
+        lane = commit_lane if endpoint is HOST_ARTIFACT else None
         await add_typed_endpoint(
             service,
-            name=spec.name,
-            subject=spec.subject,
-            request_type=spec.request_type,
-            handler=observed(spec.name, spec.handler),
+            name=endpoint.name,
+            subject=subjects.served(endpoint),
+            request_type=endpoint.request,
+            handler=observed(endpoint.name, handler),
             max_payload_bytes=max_payload_bytes,
-            hand_off=functools.partial(_dispatched, dispatcher, host_of, spec.name, lane),
-            reply_type=spec.reply_type,
+            hand_off=functools.partial(_dispatched, dispatcher, host_of, endpoint.name, lane),
+            reply_type=endpoint.reply,
             max_reply_bytes=functools.partial(reply_limit, nc),
         )
     return service
@@ -321,7 +267,7 @@ def _dispatched(
 
 
 def endpoints_registered(service: Service) -> int:
-    """How many endpoints the micro service lists (all of `endpoint_specs` while it serves, none once stopped)."""
+    """How many endpoints the micro service lists (all of `ENDPOINTS` while it serves, none once stopped)."""
     return len(service.info().endpoints)
 
 
