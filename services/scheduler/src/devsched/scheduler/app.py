@@ -35,6 +35,7 @@ from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
 from devsched.scheduler.service import Dispatcher, Lane, endpoint_specs, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.warden import OutputWarden
 from devsched.service import (
     Backoff,
     HealthServer,
@@ -73,6 +74,8 @@ class Scheduler:
         self.relay: Relay | None = None
         self.assigner: Assigner | None = None
         self.resync: Resync | None = None
+        #: Holds each host's log writes to its rate share (`warden.py`), when on.
+        self.warden: OutputWarden | None = None
         #: What the readiness checks look at (`health.py`): set as `run` gets them.
         self.nc: Client | None = None
         self.store: Store | None = None
@@ -188,6 +191,9 @@ class Scheduler:
             stack.push_async_callback(resync.stop)
             if s.resync_interval_s > 0:
                 loops.append(WorkLoop("resync", resync.step, Wakeup(), tick=s.resync_interval_s))
+            if s.create_streams and s.host_log_rate_interval_s > 0:
+                warden = self.warden = OutputWarden(js, self.subjects, s.output_share)
+                loops.append(WorkLoop("output-warden", warden.step, Wakeup(), tick=s.host_log_rate_interval_s))
             if s.health_pass_interval_s > 0:
                 batch = s.health_pass_batch
 
