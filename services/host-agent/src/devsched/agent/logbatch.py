@@ -269,6 +269,25 @@ class LogBatcher:
         self.refused_records += 1
         self.refused_bytes += pending.size
 
+    def give_up_output(self) -> tuple[int, int]:
+        """Give up the output records queued (control records stay): how many, and the output bytes they held.
+
+        For a host whose stream refuses its records: output queued while it does would only be refused in turn.
+        """
+        kept: deque[Pending] = deque()
+        records = size = 0
+        for pending in self._queue:
+            if pending.fields is None:  # an output record (control records keep their fields until taken)
+                records += 1
+                size += pending.size
+            else:
+                kept.append(pending)
+        self._queue = kept
+        self.buffered -= size
+        self.refused_records += records
+        self.refused_bytes += size
+        return records, size
+
     def refused_record(self, seq: int, offset: int, records: int, size: int) -> bytes:
         """The encoded `refused` record of `records` refused records carrying `size` output bytes from `offset`.
 

@@ -15,9 +15,10 @@ then is given up and logged.
 
 A record the stream refuses at its limits is given up, not sent again: a host's logs stream drops its own
 oldest records when full, so it refuses only while closed because the host wrote past its output rate share
-(the scheduler's output rate warden, for a cool-down). Nothing more is sent then; after a pause, and again
-until it is stored, one `refused` record takes the first refused record's place, saying how many records and
-bytes were refused; then publishing goes on. The steps, and the attempt's report, never wait for it.
+(the scheduler's output rate warden, for a cool-down). Nothing more is sent then, and the output records made
+meanwhile are given up too (control records are kept); after a pause, and again until it is stored, one
+`refused` record takes the first refused record's place, saying how many records and bytes were given up;
+then publishing goes on. The steps, and the attempt's report, never wait for it.
 
 An attempt that prints nothing sends nothing at first: its records (`step_end`s) are held back for
 `quiet_s` (1 s) or until its first output, whichever comes first. One that ends within that without
@@ -342,6 +343,9 @@ class AttemptLog:
         """
         refusal.probes += 1
         await asyncio.sleep(backoff_delay(refusal.probes, base_s=_PROBE_BASE_S, cap_s=_PROBE_CAP_S))
+        records, size = self.batcher.give_up_output()  # made while refused: they would only be refused in turn
+        refusal.records += records
+        refusal.bytes += size
         payload = self.batcher.refused_record(refusal.seq, refusal.offset, refusal.records, refusal.bytes)
         headers = {MSG_ID_HEADER: log_msg_id(self._lease_id, refusal.seq)}
         try:
