@@ -11,7 +11,9 @@ any number of watchers read, with their own consumers, at their own pace.
 
 Logs and uploads (additions): one stream of each per host, made when it registers (`ensure_host_streams`),
 each holding the host's share of the budget, so that a host filling its own evicts or is refused only its
-own (`logs_stream_config`, `artifacts.uploads_stream_config`). The budgets fit the store: `budget.py`.
+own (`logs_stream_config`, `artifacts.uploads_stream_config`). The budgets fit the store: `budget.py`. A host
+writing its logs past its rate share has its logs stream closed to new records for a while (`warden.py`,
+`closed_logs_config`).
 
 The artifacts bucket (an addition): `devsched.scheduler.artifacts`.
 
