@@ -2,12 +2,13 @@
 
 Two real scheduler processes (replicas) run the output rate warden with a small share: 100 records (and
 1 MiB) a second, averaged over 2 s, a 3 s cool-down, streams read every 0.25 s. Host A publishes small
-well-formed records into its own log subject as fast as it can (64 in flight, over a connection of its own)
+well-formed records into its own log subject as fast as it can (64 in flight, from a process of its own)
 for 7 s; meanwhile host B renews its lease every 0.1 s and writes 256 KiB of output. A's stream is closed
 within a bounded time, its publishes then refused by JetStream (503, "maximum messages exceeded"); B's output
 reads back in full, B's renewals keep their p99 under a third of the ttl, B's stream is never closed; after the
 cool-down A writes again, and once A is quiet its stream stays open (the replicas do not close it again for
-what was paid for). Run with the warden off (`host_log_rate_interval_s` 0), the test fails: nothing refuses A.
+what was paid for). `hosts.list` shows A's logs closed while they are, and never B's. Run with the warden
+off (`host_log_rate_interval_s` 0), the test fails: nothing refuses A.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from devsched.scheduler.jetstream import CLOSED_UNTIL
 from support.polling import eventually
 from support.scheduler_harness import (
     TestHost,
+    api,
     call,
     delete_streams,
     get_task,
@@ -153,6 +155,16 @@ async def renewals_during(host: TestHost, lease: dict[str, Any], busy: asyncio.F
     return latencies
 
 
+async def closed_hosts_seen(nc: NatsClient, prefix: str, busy: asyncio.Future[Any]) -> set[str]:
+    """The hosts `hosts.list` showed with their logs closed, at any moment while `busy` runs."""
+    seen: set[str] = set()
+    while not busy.done():
+        listed = await call(nc, api(prefix, "hosts.list"), {})
+        seen |= {h["host_id"] for h in listed["hosts"] if h.get("logs_closed_until") is not None}
+        await asyncio.sleep(INTERVAL_S)
+    return seen
+
+
 async def test_a_host_writing_records_past_its_rate_share_is_refused_and_costs_another_host_nothing(
     database_url: str, nats_url: str, subject_prefix: str, nc: NatsClient, tmp_path: Path
 ) -> None:
@@ -170,7 +182,10 @@ async def test_a_host_writing_records_past_its_rate_share_is_refused_and_costs_a
         flooding = asyncio.ensure_future(flood_process(nats_url, flooder, flood_lease, FLOOD_S))
         acks: list[float] = []
         output = asyncio.ensure_future(honest_output(honest, lease, 256 * KiB, acks))
-        latencies = await renewals_during(honest, lease, asyncio.gather(flooding, output))
+        busy = asyncio.gather(flooding, output)
+        listing = asyncio.ensure_future(closed_hosts_seen(nc, subject_prefix, busy))
+        latencies = await renewals_during(honest, lease, busy)
+        assert await listing == {flooder.host_id}, "hosts.list shows the flooder's logs closed, and only its"
         expected = await output
         flood = await flooding
         started, stored, refused = flood["started"], flood["stored"], flood["refused"]

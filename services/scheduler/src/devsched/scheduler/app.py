@@ -124,6 +124,10 @@ class Scheduler:
             if await sleep_or_stop(stop, backoff_delay(attempt, base_s=1.0, cap_s=30.0)):
                 return
 
+    def _logs_closed(self) -> dict[str, float]:
+        """The hosts whose logs stream the warden last saw closed, and until when (none when it is off)."""
+        return self.warden.closed if self.warden is not None else {}
+
     async def _wake_from(self, nc: Client) -> None:
         async def on_wake(_: Msg) -> None:
             # the sweeper committed: requeued tasks to assign, its outbox rows to publish
@@ -227,6 +231,7 @@ class Scheduler:
                 assign_wakeup=self.assign_wakeup,
                 relay_wakeup=Wakeup(),
                 on_registered=resync.host_registered,
+                logs_closed=self._logs_closed,
             )
             service = self.service = await start_service(
                 nc,

@@ -54,8 +54,8 @@ class OutputWarden:
         self._clock = clock
         self._monotonic = monotonic
         self._windows: dict[str, RateWindow] = {}
-        #: Hosts whose logs stream this replica saw closed at its last pass.
-        self.closed: frozenset[str] = frozenset()
+        #: Hosts whose logs stream this replica saw closed at its last pass, and until when (Unix seconds).
+        self.closed: dict[str, float] = {}
 
     async def step(self) -> bool:
         """Read every host's logs stream once; close those past their share, open those whose time is up.
@@ -66,7 +66,7 @@ class OutputWarden:
         streams = await self._host_log_streams()
         now, at = self._clock(), self._monotonic()
         seen: set[str] = set()
-        closed: set[str] = set()
+        closed: dict[str, float] = {}
         for info in streams:
             host_id = self._host_of(info)
             if host_id is None:
@@ -78,7 +78,7 @@ class OutputWarden:
                 if now >= until:
                     await self._open(info, host_id)
                 else:
-                    closed.add(host_id)
+                    closed[host_id] = until
                 continue
             window = self._windows.get(host_id)
             if window is None:
@@ -86,12 +86,13 @@ class OutputWarden:
             state = info.state
             over = window.add(Reading(at=at, last_seq=state.last_seq, messages=state.messages, bytes=state.bytes))
             if over is not None:
-                await self._close(info, host_id, now + self._share.cooldown_s, over.records, over.bytes)
+                until = now + self._share.cooldown_s
+                await self._close(info, host_id, until, over.records, over.bytes)
                 self._windows.pop(host_id, None)
-                closed.add(host_id)
+                closed[host_id] = until
         for gone in self._windows.keys() - seen:
             del self._windows[gone]
-        self.closed = frozenset(closed)
+        self.closed = closed
         return False
 
     async def _close(self, info: StreamInfo, host_id: str, until: float, records: int, size: int) -> None:
