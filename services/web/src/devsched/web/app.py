@@ -371,7 +371,7 @@ async def task_log(request: Request) -> Response:
                         yield _sse("output", json.dumps(views.hide_lease_ids(text, leases)))
                     elif record.kind == LogKind.STEP_END:
                         yield _sse("output", json.dumps(f"── step {record.step} {record.status} ──\n"))
-                    elif record.kind in (LogKind.DROPPED, LogKind.TRUNCATED, LogKind.REFUSED):
+                    elif record.kind in (LogKind.DROPPED, LogKind.TRUNCATED):
                         yield _sse("output", json.dumps(f"── {record.kind} ──\n"))
         except DevschedError as exc:
             yield _sse("output", json.dumps(f"── log unavailable: {exc} ──\n"))
