@@ -18,12 +18,14 @@ import nats.js.errors
 import pytest
 
 from devsched.client.logs import LogReader, collect_output
+from devsched.core.outputrate import OutputShare
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
 from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
 from devsched.scheduler.jetstream import ensure_host_streams, ensure_streams
 from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.warden import OutputWarden
 from support.log_stream import task_view
 from support.polling import eventually
 from support.scheduler_harness import BUDGETS
@@ -171,3 +173,45 @@ async def test_a_host_reads_no_logs_not_even_its_own(secured: SecuredNats, hosts
     subscribe = [v for v in reader.violations if "subscription" in v]
     assert any(SUBJECTS.host_log_all.lower() in v for v in subscribe), reader.violations
     assert heard == [], "no host hears any step output"
+
+
+async def test_a_host_past_its_output_rate_share_is_refused_through_its_own_account(
+    secured: SecuredNats, hosts: tuple[Host, Host]
+) -> None:
+    """The output rate warden with the scheduler's deploy user: it reads every host's logs stream state in one
+    request and closes the loud host's stream; that host's publishes through its account are refused (503), the
+    other host's are stored, and the stream opens after the cool-down."""
+    owner, neighbour = hosts
+    assert owner.nc is not None
+    assert neighbour.nc is not None
+    share = OutputShare(records_per_s=5.0, bytes_per_s=1e6, window_s=2.0, cooldown_s=2.0)
+    now = [1_000_000.0]
+    scheduler = await nats.connect(secured.url("scheduler"))
+    try:
+        warden = OutputWarden(scheduler.jetstream(), SUBJECTS, share, clock=lambda: now[0], monotonic=lambda: now[0])
+        task = uuid.uuid4()
+
+        async def publish(host: Host, seq: int) -> bool:
+            assert host.nc is not None
+            subject = SUBJECTS.host_log(host.host_id, task, 1)
+            try:
+                await host.nc.jetstream().publish(subject, record(task, seq, "x\n"), timeout=WATCH_S)
+            except nats.js.errors.APIError as exc:
+                assert exc.err_code == 10077, exc  # noqa: PT017 - the refusal's code is the point
+                return False
+            return True
+
+        await warden.step()
+        assert all([await publish(owner, seq) for seq in range(1, 12)]), "11 records, past 10 in a 2 s window"
+        now[0] += 1.0
+        await warden.step()
+        assert set(warden.closed) == {"bench-07"}
+        assert not await publish(owner, 12), "refused through its own account"
+        assert await publish(neighbour, 1), "the other host's record is stored"
+        now[0] += share.cooldown_s
+        await warden.step()
+        assert warden.closed == {}
+        assert await publish(owner, 13)
+        assert owner.violations == neighbour.violations == []
+    finally:
+        await scheduler.close()

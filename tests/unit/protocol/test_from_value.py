@@ -44,8 +44,9 @@ PAIRS: list[tuple[type[m.WireModel], type[Any], set[str]]] = [
 ]
 
 
-#: Fields the scheduler sets on a reply and no value carries: the fields cut to fit (`scheduler.replies`).
-REPLY_ONLY = {"truncated"}
+#: Fields the scheduler sets on a reply and no value carries: the fields cut to fit (`scheduler.replies`), and a
+#: host's logs closed for its output rate (from JetStream, `scheduler.warden`).
+REPLY_ONLY = {"truncated", "logs_closed_until"}
 
 
 @pytest.mark.parametrize(("model", "value", "left_out"), PAIRS, ids=lambda p: getattr(p, "__name__", ""))

@@ -117,6 +117,9 @@ class HostView(ReplyModel):
     actions: list[ActionView] = Field(default_factory=list)
     """The actions of its latest registration, built-ins included (an addition); empty for an agent that
     predates plug-ins, which runs the built-ins only."""
+    logs_closed_until: Timestamp | None = None
+    """An addition: while set, the host's logs stream refuses its new records until then, because the host
+    wrote past its output rate share; null when it takes them (or the answering replica does not watch)."""
 
 
 class HostsListReply(ReplyModel):

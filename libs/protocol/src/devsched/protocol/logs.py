@@ -40,6 +40,10 @@ class LogKind(StrEnum):
     #: The attempt's output reached `cap_bytes` at `offset`: no output record of the attempt follows (the
     #: steps ran on, and their output was still read, and counted in the end record).
     TRUNCATED = "truncated"
+    #: The logs stream refused `refused_records` of the attempt's records, carrying `dropped_bytes` bytes of
+    #: output from `offset` on: its host wrote past its output rate share, and its stream took no new records
+    #: for a cool-down. Written once the stream takes records again, in the first refused record's `seq`.
+    REFUSED = "refused"
     #: A step that ran has ended (`status`, `exit_code`).
     STEP_END = "step_end"
     #: The attempt has ended: the last record of the attempt.
@@ -96,7 +100,10 @@ class LogRecord(ReplyModel):
     data: str | None = None
     """`output` only: the bytes (see `encoding`; `content()` decodes them)."""
     dropped_bytes: int | None = Field(default=None, ge=0)
-    """`dropped`: how many bytes were dropped from `offset` on; `end`: dropped in the whole attempt."""
+    """`dropped`: how many bytes were dropped from `offset` on; `end`: dropped in the whole attempt (the bytes of
+    refused records not counted); `refused`: bytes of output the refused records carried."""
+    refused_records: int | None = Field(default=None, ge=1)
+    """`refused`: how many records the logs stream refused."""
     cap_bytes: int | None = Field(default=None, ge=0)
     """`truncated`: the per-attempt cap that was reached."""
     status: Lax[StepStatus] | None = None

@@ -66,6 +66,8 @@ class Pending:
     #: A control record's fields, encoded into `payload` only when it is taken: a quiet attempt's
     #: records are mostly discarded unsent (`discard`), and are never encoded then.
     fields: dict[str, Any] | None = None
+    #: Bytes of output the attempt had produced before it (the record's `offset`).
+    offset: int = 0
 
 
 @dataclass(slots=True)
@@ -166,6 +168,9 @@ class LogBatcher:
         self.buffered = 0
         #: Whether the cap was reached.
         self.truncated = False
+        #: Records the stream refused (its host over its output rate share), and the output bytes they carried.
+        self.refused_records = 0
+        self.refused_bytes = 0
 
     # -- what the steps produce ----------------------------------------------------------------------
 
@@ -257,6 +262,48 @@ class LogBatcher:
         """A taken record is stored: its bytes leave the buffer."""
         self._unacked -= 1
         self.buffered -= pending.size
+
+    def refused(self, pending: Pending) -> None:
+        """A taken record was refused by the stream and is given up: its bytes leave the buffer."""
+        self.acked(pending)
+        self.refused_records += 1
+        self.refused_bytes += pending.size
+
+    def give_up_output(self) -> tuple[int, int]:
+        """Give up the output records queued (control records stay): how many, and the output bytes they held.
+
+        For a host whose stream refuses its records: output queued while it does would only be refused in turn.
+        """
+        kept: deque[Pending] = deque()
+        records = size = 0
+        for pending in self._queue:
+            if pending.fields is None:  # an output record (control records keep their fields until taken)
+                records += 1
+                size += pending.size
+            else:
+                kept.append(pending)
+        self._queue = kept
+        self.buffered -= size
+        self.refused_records += records
+        self.refused_bytes += size
+        return records, size
+
+    def refused_record(self, seq: int, offset: int, records: int, size: int) -> bytes:
+        """The encoded `refused` record of `records` refused records carrying `size` output bytes from `offset`.
+
+        It takes the `seq` of the first record refused (never stored), so readers see it where they were.
+        """
+        record = LogRecord(
+            task_id=self.task_id,
+            attempt=self.attempt,
+            seq=seq,
+            kind=LogKind.REFUSED,
+            at=self._clock(),
+            offset=offset,
+            refused_records=records,
+            dropped_bytes=size,
+        )
+        return encode(record)
 
     @property
     def queued(self) -> int:
@@ -362,7 +409,11 @@ class LogBatcher:
     def _control(self, kind: LogKind, **fields: Any) -> None:
         fields.setdefault("offset", self.output_bytes)
         self._seq += 1
-        self._queue.append(Pending(self._seq, b"", 0, {**fields, "seq": self._seq, "kind": kind, "at": self._clock()}))
+        self._queue.append(
+            Pending(
+                self._seq, b"", 0, {**fields, "seq": self._seq, "kind": kind, "at": self._clock()}, fields["offset"]
+            )
+        )
 
     def _record(self, kind: LogKind, **fields: Any) -> LogRecord:
         """The next record (its `seq` is taken only when it is pushed)."""
@@ -370,4 +421,4 @@ class LogBatcher:
 
     def _push(self, record: LogRecord, payload: bytes, size: int) -> None:
         self._seq = record.seq
-        self._queue.append(Pending(record.seq, payload, size))
+        self._queue.append(Pending(record.seq, payload, size, offset=record.offset))

@@ -13,6 +13,13 @@ that does not fit is dropped and counted in the stream (`dropped` records). At t
 hopeless (`LogHealth`), only while records are being stored, with the lease still renewed; what is left
 then is given up and logged.
 
+A record the stream refuses at its limits is given up, not sent again: a host's logs stream drops its own
+oldest records when full, so it refuses only while closed because the host wrote past its output rate share
+(the scheduler's output rate warden, for a cool-down). Nothing more is sent then, and the output records made
+meanwhile are given up too (control records are kept); after a pause, and again until it is stored, one
+`refused` record takes the first refused record's place, saying how many records and bytes were given up;
+then publishing goes on. The steps, and the attempt's report, never wait for it.
+
 An attempt that prints nothing sends nothing at first: its records (`step_end`s) are held back for
 `quiet_s` (1 s) or until its first output, whichever comes first. One that ends within that without
 printing anything, and neither gave its attempt back nor lost its lease, sends no record at all (its
@@ -31,7 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from nats.aio.client import Client
-from nats.js.errors import NoStreamResponseError
+from nats.js.errors import APIError, NoStreamResponseError
 
 from devsched.agent.logbatch import LogBatcher, LogLimits, Pending
 from devsched.agent.runner import RunResult
@@ -62,6 +69,32 @@ QUIET_S = 1.0
 #: Backoff of a failed publish: from 50 ms up to 2 s.
 _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 2.0
+#: JetStream's code for a publish a stream refused at its limits ("maximum messages exceeded"). A host's logs
+#: stream drops its own oldest records instead, except while it is closed because the host wrote past its
+#: output rate share (the scheduler closes it for a cool-down): such records are given up, not retried.
+STREAM_REFUSED = 10077
+#: How often the `refused` record is tried while the stream is closed: from 250 ms up to 2 s.
+_PROBE_BASE_S = 0.25
+_PROBE_CAP_S = 2.0
+
+
+def refused_by_stream(error: BaseException | None) -> bool:
+    """Whether `error` is the logs stream refusing a record (its host over its output rate share)."""
+    return isinstance(error, APIError) and error.err_code == STREAM_REFUSED
+
+
+class _Refusal:
+    """Records refused since the last `refused` record was stored: where the first was, how many, how big."""
+
+    __slots__ = ("bytes", "offset", "probes", "records", "seq")
+
+    def __init__(self, pending: Pending) -> None:
+        self.seq, self.offset = pending.seq, pending.offset
+        self.records = self.bytes = self.probes = 0
+
+    def add(self, pending: Pending) -> None:
+        self.records += 1
+        self.bytes += pending.size
 
 
 def jetstream_publish(nc: Client, *, timeout_s: float) -> Publish:
@@ -122,6 +155,8 @@ class AttemptLog:
         self.last_stored = float("-inf")
         #: Records stored so far.
         self.stored = 0
+        #: Records refused since the last `refused` record (the module docstring); None when none are.
+        self._refusal: _Refusal | None = None
 
     # -- the runner's side (RunLog) ------------------------------------------------------------------
 
@@ -185,7 +220,7 @@ class AttemptLog:
         self._wake.set()
         deadline = time.monotonic() + flush_s
         publishing = self._task
-        while not self.batcher.done:
+        while not self.done:
             now = time.monotonic()
             if now >= deadline or (self._health.hopeless and now - self.last_stored >= stall_s):
                 break
@@ -194,10 +229,10 @@ class AttemptLog:
             # The publisher returns once the last record is stored: woken by that, not by polling, so a
             # report waits for its output no longer than the stream takes to acknowledge it.
             await asyncio.wait({publishing}, timeout=min(_FINISH_CHECK_S, deadline - now))
-        done = self.batcher.done
+        done = self.done
         b = self.batcher
         # All stored, nothing lost: DEBUG (one line less per attempt); anything dropped or cut: INFO.
-        level = logging.INFO if b.dropped_bytes or b.truncated else logging.DEBUG
+        level = logging.INFO if b.dropped_bytes or b.truncated or b.refused_records else logging.DEBUG
         if done and not logger.isEnabledFor(level):
             return done
         fields = {
@@ -206,6 +241,8 @@ class AttemptLog:
             "sent_bytes": b.sent_bytes,
             "dropped_bytes": b.dropped_bytes,
             "truncated": b.truncated,
+            "refused_records": b.refused_records,
+            "refused_bytes": b.refused_bytes,
         }
         if done:
             logger.log(level, "step output stored", extra={**fields, "records": self.stored})
@@ -215,6 +252,11 @@ class AttemptLog:
                 extra={**fields, "records": self.stored, "left": b.queued + b.unacked},
             )
         return done
+
+    @property
+    def done(self) -> bool:
+        """Whether the end record is made and every record is stored or, refused, marked by a stored `refused`."""
+        return self.batcher.done and self._refusal is None
 
     def close(self) -> None:
         """Stop publishing (what is not stored by now is given up)."""
@@ -246,11 +288,15 @@ class AttemptLog:
         while True:
             self._wake.clear()
             batcher.close_lingering()
-            while self._room() and (pending := batcher.take()) is not None:
+            # once a record is refused, none is sent until the `refused` record is stored (`_mark_refused`)
+            while self._refusal is None and self._room() and (pending := batcher.take()) is not None:
                 inflight.append((pending, self._send(pending)))
                 self._inflight_bytes += len(pending.payload)
                 self.taken += 1
             if not inflight:
+                if self._refusal is not None:
+                    await self._mark_refused(self._refusal)
+                    continue
                 if batcher.done:
                     return
                 await self._until_woken(batcher.linger_due(), None)
@@ -260,6 +306,11 @@ class AttemptLog:
                 await self._until_woken(batcher.linger_due(), sending)
                 continue
             error = None if sending.cancelled() else sending.exception()
+            if refused_by_stream(error):
+                inflight.popleft()
+                self._inflight_bytes -= len(pending.payload)
+                self._given_up(pending, error)
+                continue
             if sending.cancelled() or error is not None:
                 await self._retry(pending, error)
                 continue
@@ -270,6 +321,46 @@ class AttemptLog:
             self.last_stored = time.monotonic()
             self._health.stored()
             self._failures = 0
+
+    def _given_up(self, pending: Pending, error: BaseException | None) -> None:
+        """A record the stream refused: given up (never sent again), counted for the `refused` record."""
+        self.batcher.refused(pending)
+        self._health.failed(error)
+        if self._refusal is None:
+            self._refusal = _Refusal(pending)
+            logger.warning(
+                "the logs stream refuses this host's records (its output rate is over its share): "
+                "they are given up, and a record saying so is written once it takes records again",
+                extra={**self._context, "seq": pending.seq},
+            )
+        self._refusal.add(pending)
+
+    async def _mark_refused(self, refusal: _Refusal) -> None:
+        """Try the `refused` record once, after a pause: stored, publishing goes on; refused, it is tried again.
+
+        It takes the first refused record's `seq` (and `Nats-Msg-Id`): a refused message is not stored, so its
+        id is free, and nothing after it was sent meanwhile, so readers see it where the refused records were.
+        """
+        refusal.probes += 1
+        await asyncio.sleep(backoff_delay(refusal.probes, base_s=_PROBE_BASE_S, cap_s=_PROBE_CAP_S))
+        records, size = self.batcher.give_up_output()  # made while refused: they would only be refused in turn
+        refusal.records += records
+        refusal.bytes += size
+        payload = self.batcher.refused_record(refusal.seq, refusal.offset, refusal.records, refusal.bytes)
+        headers = {MSG_ID_HEADER: log_msg_id(self._lease_id, refusal.seq)}
+        try:
+            await self._publish(self.subject, payload, headers)
+        except Exception as exc:  # refused again, or NATS away: tried again after the next pause
+            self._health.failed(exc)
+            return
+        self._refusal = None
+        self.stored += 1
+        self.last_stored = time.monotonic()
+        self._health.stored()
+        logger.info(
+            "the logs stream takes this host's records again; the refused ones are marked",
+            extra={**self._context, "refused_records": refusal.records, "refused_bytes": refusal.bytes},
+        )
 
     def _held(self) -> float | None:
         """Seconds the records are still held back for (the module docstring); None when they are not.

@@ -11,7 +11,8 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TypeVar
 
 from nats.aio.client import Client
@@ -151,8 +152,11 @@ class Api:
         assign_wakeup: Wakeup,
         relay_wakeup: Wakeup,
         on_registered: Callable[[str], None] | None = None,
+        logs_closed: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._store = store
+        #: The hosts whose logs stream is closed for their output rate, and until when (`warden.py`).
+        self._logs_closed = logs_closed
         #: Told of each host whose registration listed devices, once its consumer exists (the resync).
         self._on_registered = on_registered
         self._nc = nc
@@ -256,6 +260,14 @@ class Api:
         # Sorted here, not by the database's collation: `after` compares as Python does.
         listed = sorted(await self._store.list_hosts(), key=lambda h: h.host_id)
         hosts = [m.HostView.from_value(h) for h in listed if req.after is None or h.host_id > req.after]
+        closed = self._logs_closed() if self._logs_closed is not None else {}
+        if closed:
+            hosts = [
+                h.model_copy(update={"logs_closed_until": datetime.fromtimestamp(closed[h.host_id], UTC)})
+                if h.host_id in closed
+                else h
+                for h in hosts
+            ]
         n = fit(hosts, reply_limit(self._nc))
         return m.HostsListReply(hosts=hosts[:n], next=hosts[n - 1].host_id if n < len(hosts) else None)
 

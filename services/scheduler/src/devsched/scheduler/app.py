@@ -36,6 +36,7 @@ from devsched.scheduler.relay import Relay
 from devsched.scheduler.resync import Resync
 from devsched.scheduler.service import Dispatcher, Lane, start_service, stop_taking_requests
 from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.warden import OutputWarden
 from devsched.service import (
     Backoff,
     HealthServer,
@@ -73,6 +74,8 @@ class Scheduler:
         self.relay: Relay | None = None
         self.assigner: Assigner | None = None
         self.resync: Resync | None = None
+        #: Holds each host's log writes to its rate share (`warden.py`), when on.
+        self.warden: OutputWarden | None = None
         #: What the readiness checks look at (`health.py`): set as `run` gets them.
         self.nc: Client | None = None
         self.store: Store | None = None
@@ -120,6 +123,10 @@ class Scheduler:
                 log.warning("hosts' streams not made yet, will retry: %s", type(exc).__name__)
             if await sleep_or_stop(stop, backoff_delay(attempt, base_s=1.0, cap_s=30.0)):
                 return
+
+    def _logs_closed(self) -> dict[str, float]:
+        """The hosts whose logs stream the warden last saw closed, and until when (none when it is off)."""
+        return self.warden.closed if self.warden is not None else {}
 
     async def _wake_from(self, nc: Client) -> None:
         async def on_wake(_: Msg) -> None:
@@ -190,6 +197,9 @@ class Scheduler:
             stack.push_async_callback(resync.stop)
             if s.resync_interval_s > 0:
                 loops.append(WorkLoop("resync", resync.step, Wakeup(), tick=s.resync_interval_s))
+            if s.create_streams and s.host_log_rate_interval_s > 0:
+                warden = self.warden = OutputWarden(js, self.subjects, s.output_share)
+                loops.append(WorkLoop("output-warden", warden.step, Wakeup(), tick=s.host_log_rate_interval_s))
             if s.health_pass_interval_s > 0:
                 batch = s.health_pass_batch
 
@@ -223,6 +233,7 @@ class Scheduler:
                 assign_wakeup=self.assign_wakeup,
                 relay_wakeup=Wakeup(),
                 on_registered=resync.host_registered,
+                logs_closed=self._logs_closed,
             )
             service = self.service = await start_service(
                 nc,

@@ -11,7 +11,9 @@ any number of watchers read, with their own consumers, at their own pace.
 
 Logs and uploads (additions): one stream of each per host, made when it registers (`ensure_host_streams`),
 each holding the host's share of the budget, so that a host filling its own evicts or is refused only its
-own (`logs_stream_config`, `artifacts.uploads_stream_config`). The budgets fit the store: `budget.py`.
+own (`logs_stream_config`, `artifacts.uploads_stream_config`). The budgets fit the store: `budget.py`. A host
+writing its logs past its rate share has its logs stream closed to new records for a while (`warden.py`,
+`closed_logs_config`).
 
 The artifacts bucket (an addition): `devsched.scheduler.artifacts`.
 
@@ -27,6 +29,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
+from collections.abc import Callable
 
 import nats.errors
 from nats.js import JetStreamContext
@@ -142,6 +146,36 @@ def logs_stream_config(subjects: Subjects, settings: SchedulerSettings, host_id:
     )
 
 
+#: The logs stream's metadata key that says it is closed to new records, and until when (Unix seconds).
+CLOSED_UNTIL = "devsched_closed_until"
+
+
+def closed_until(config: StreamConfig) -> float | None:
+    """Until when (Unix seconds) a host's logs stream is closed to new records (`warden.py`); None when open."""
+    value = (config.metadata or {}).get(CLOSED_UNTIL)
+    try:
+        return None if value is None else float(value)
+    except ValueError:
+        return 0.0  # unreadable: closed until long ago, so it is reopened
+
+
+def closed_logs_config(config: StreamConfig, messages: int, until: float) -> StreamConfig:
+    """`config` closed to new records until `until`: discard new, at most the `messages` it holds now.
+
+    JetStream then refuses the host's publishes ("maximum messages exceeded", 503 code 10077) and keeps what
+    is stored; records stored after `messages` was read are kept too (lowering `max_msgs` under discard new
+    drops nothing). Nobody else's records are touched: the stream is the host's own.
+    """
+    metadata = {**(config.metadata or {}), CLOSED_UNTIL: f"{until:.3f}"}
+    return dataclasses.replace(config, discard=DiscardPolicy.NEW, max_msgs=max(1, messages), metadata=metadata)
+
+
+def open_logs_config(config: StreamConfig) -> StreamConfig:
+    """`config` open again: its limits as `logs_stream_config` has them, the closing mark gone."""
+    metadata = {k: v for k, v in (config.metadata or {}).items() if k != CLOSED_UNTIL}
+    return dataclasses.replace(config, discard=DiscardPolicy.OLD, max_msgs=-1, metadata=metadata)
+
+
 async def ensure_streams(js: JetStreamContext, subjects: Subjects, settings: SchedulerSettings) -> None:
     """Create the streams, or bring existing ones to our configuration; retire the shared ones of before.
 
@@ -198,21 +232,31 @@ async def retire_shared_streams(js: JetStreamContext, subjects: Subjects) -> Non
 
 
 async def ensure_host_streams(
-    js: JetStreamContext, subjects: Subjects, settings: SchedulerSettings, host_id: str
+    js: JetStreamContext,
+    subjects: Subjects,
+    settings: SchedulerSettings,
+    host_id: str,
+    *,
+    now: Callable[[], float] = time.time,
 ) -> None:
     """Create (or bring to our configuration) the host's logs and uploads streams; idempotent.
 
     A host that has none yet is one host more: refused `StorageFull` when `max_hosts` hosts have theirs, or
     when JetStream has no room left to reserve for its share (the server reserves each stream's `max_bytes`
-    from its store and refuses a stream that does not fit).
+    from its store and refuses a stream that does not fit). A logs stream closed for its host's rate stays
+    closed until its time (`now`, Unix seconds); one whose time has passed is opened.
 
     Raises:
         StorageFull: no room for one host more.
         nats.errors.Error: JetStream is unreachable or refused.
     """
-    configs = (logs_stream_config(subjects, settings, host_id), uploads_stream_config(subjects, settings, host_id))
+    logs = logs_stream_config(subjects, settings, host_id)
     try:
-        await js.stream_info(subjects.host_logs_stream(host_id))
+        info = await js.stream_info(subjects.host_logs_stream(host_id))
+        until = closed_until(info.config)
+        if until is not None and until > now():
+            # closed for its rate (`warden.py`): a registration must not reopen it before its time
+            logs = closed_logs_config(logs, info.state.messages, until)
     except NotFoundError:
         hosts = await _hosts_with_streams(js, subjects)
         if hosts >= settings.max_hosts:
@@ -220,7 +264,7 @@ async def ensure_host_streams(
                 f"{hosts} hosts have their logs and uploads streams, the most there is room for (max_hosts)",
                 max_hosts=settings.max_hosts,
             ) from None
-    for config in configs:
+    for config in (logs, uploads_stream_config(subjects, settings, host_id)):
         try:
             await _ensure_stream(js, config)
         except BadRequestError as exc:

@@ -59,6 +59,12 @@ RENEWALS = Counter("devsched_renewals", "Lease renewals answered, by code (ok or
                    registry=REGISTRY)  # fmt: skip
 REPORTS = Counter("devsched_reports", "Attempt reports answered, by code (ok or the error's).", ["code"],
                   registry=REGISTRY)  # fmt: skip
+LOG_CLOSINGS = Counter(
+    "devsched_host_log_closings",
+    "Times a host's logs stream was closed to new records for writing past its rate share, by host.",
+    ["host_id"],
+    registry=REGISTRY,
+)
 SUBMIT_TO_ASSIGNED = Histogram(
     "devsched_submit_to_assigned_seconds",
     "Time from a task's submission to the assignment of an attempt (each attempt, from the submission).",

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import NoDecode
 
 from devsched.core.limits import MAX_RELEASES_DEFAULT
+from devsched.core.outputrate import OutputShare
 from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
 from devsched.protocol.connection import INBOX_PREFIX, host_inbox_prefix
 from devsched.scheduler.admission import HOST_ID_PLACEHOLDER
@@ -49,6 +50,19 @@ class SchedulerSettings(ServiceSettings):
     max_hosts: int = Field(default=64, ge=1, le=100_000)
     """Hosts that may have their own logs and uploads streams: the logs and uploads budgets are divided by it,
     and the registration of one host more is refused 507 `storage_full`."""
+    host_log_records_per_s: float = Field(default=200.0, gt=0, allow_inf_nan=False)
+    """Records a second one host may write into its logs stream, averaged over `host_log_rate_window_s`; past
+    it (or past `host_log_bytes_per_s`), its logs stream refuses the host's new records for
+    `host_log_cooldown_s` (`warden.py`)."""
+    host_log_bytes_per_s: float = Field(default=16 * MiB, gt=0, allow_inf_nan=False)
+    """Bytes a second one host may write into its logs stream, averaged over `host_log_rate_window_s`."""
+    host_log_rate_window_s: Seconds = 30.0
+    """The window a host's log write rate is averaged over: a burst within it is fine."""
+    host_log_cooldown_s: Seconds = 30.0
+    """How long a host over its log rate share has its logs stream closed to new records (at least the window)."""
+    host_log_rate_interval_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
+    """How often each replica reads the hosts' logs streams' state (one JetStream request for every host);
+    0 turns the rate bound off on this replica (a closed stream is still reopened when its host registers)."""
     artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
     """Largest artifact file a host may store (issue 12); a larger one is refused `artifact_too_large`."""
     artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
@@ -167,6 +181,14 @@ class SchedulerSettings(ServiceSettings):
         return self
 
     @model_validator(mode="after")
+    def _log_rate_window(self) -> SchedulerSettings:
+        if self.host_log_cooldown_s < self.host_log_rate_window_s:
+            raise ValueError("host_log_cooldown_s must be at least host_log_rate_window_s")
+        if self.host_log_rate_interval_s * 2 > self.host_log_rate_window_s:
+            raise ValueError("host_log_rate_interval_s must be at most half of host_log_rate_window_s")
+        return self
+
+    @model_validator(mode="after")
     def _upload_share_holds_a_file(self) -> SchedulerSettings:
         share = self.uploads_host_max_bytes
         need = self.artifact_max_file_bytes + chunk_count(self.artifact_max_file_bytes) * CHUNK_OVERHEAD_BYTES
@@ -181,6 +203,16 @@ class SchedulerSettings(ServiceSettings):
     def logs_host_max_bytes(self) -> int:
         """Each host's share of the logs budget (`max_bytes` of its logs stream); -1 for no cap."""
         return -1 if self.logs_max_bytes < 0 else self.logs_max_bytes // self.max_hosts
+
+    @property
+    def output_share(self) -> OutputShare:
+        """Each host's share of the logs' write rate."""
+        return OutputShare(
+            records_per_s=self.host_log_records_per_s,
+            bytes_per_s=self.host_log_bytes_per_s,
+            window_s=self.host_log_rate_window_s,
+            cooldown_s=self.host_log_cooldown_s,
+        )
 
     @property
     def uploads_host_max_bytes(self) -> int:

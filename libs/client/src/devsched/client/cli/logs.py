@@ -43,6 +43,11 @@ def note_of(record: LogRecord) -> str | None:
             f"{head}: {_size(record.dropped_bytes or 0)} of output of step {record.step!r} dropped by the agent "
             "(its buffer was full while NATS was slow or away)"
         )
+    if record.kind is LogKind.REFUSED:
+        return (
+            f"{head}: {record.refused_records or 0} records ({_size(record.dropped_bytes or 0)} of output) refused "
+            "by the logs stream: this host's output rate was over its share"
+        )
     if record.kind is LogKind.TRUNCATED:
         return f"{head}: output cut at the attempt's cap of {_size(record.cap_bytes or 0)}; the rest is not stored"
     if record.kind is LogKind.END:

@@ -176,6 +176,8 @@ def hosts_table(hosts: Sequence[HostView], *, compact: bool = False) -> Table:
         table.add_column("LABELS", overflow="fold")
     for host in sorted(hosts, key=lambda h: h.host_id):
         online = Text("yes", style="green") if host.online else Text("no", style="red")
+        if host.logs_closed_until is not None:  # its output rate was over its share: `hosts --json` says until when
+            online.append(" (logs closed)", style="yellow")
         devices = host.devices or []
         if not devices:
             table.add_row(literal(host.host_id), online, ago(host.last_seen_at), "-", "", "")
