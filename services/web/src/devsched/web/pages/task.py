@@ -101,7 +101,7 @@ async def task_log(request: Request) -> Response:
                         yield live.sse("output", json.dumps(views.hide_lease_ids(text, leases)))
                     elif record.kind == LogKind.STEP_END:
                         yield live.sse("output", json.dumps(f"── step {record.step} {record.status} ──\n"))
-                    elif record.kind in (LogKind.DROPPED, LogKind.TRUNCATED):
+                    elif record.kind in (LogKind.DROPPED, LogKind.TRUNCATED, LogKind.REFUSED):
                         yield live.sse("output", json.dumps(f"── {record.kind} ──\n"))
         except DevschedError as exc:
             yield live.sse("output", json.dumps(f"── log unavailable: {exc} ──\n"))
