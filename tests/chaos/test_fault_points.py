@@ -15,6 +15,7 @@ import asyncpg
 import nats.errors
 import pytest
 
+from devsched.protocol.subjects import Subjects
 from devsched.store.faults import FAULT_POINT_ENV
 from support.fault_lab import FaultLab, MakeLab, extra_service
 from support.invariants import plain_dsn
@@ -163,7 +164,7 @@ async def test_a_scheduler_killed_between_publishing_and_marking_publishes_each_
 
     (row,) = await _rows(database_url, "SELECT sent_at FROM outbox")
     assert row["sent_at"] is None  # published, never marked
-    published = await lab.nc.jetstream().stream_info(f"{lab.prefix.upper()}_EVENTS")
+    published = await lab.nc.jetstream().stream_info(Subjects(lab.prefix).events_stream)
     assert published.state.messages == 1
 
     del lab.plane.env[FAULT_POINT_ENV]

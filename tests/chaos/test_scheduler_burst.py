@@ -21,6 +21,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from sqlalchemy import text
 
+from devsched.protocol.subjects import Subjects
 from devsched.store import Store
 from support.scheduler_harness import (
     Assigned,
@@ -210,7 +211,7 @@ async def _check_audit_trail(store: Store, nc: NatsClient, prefix: str, total: i
 
     # Events: with two relays publishing, each task's events are in the stream once, seq 1..n.
     assert unsent == 0 or await _drained(store)
-    messages = await stream_messages(nc.jetstream(), f"{prefix.upper()}_EVENTS")
+    messages = await stream_messages(nc.jetstream(), Subjects(prefix).events_stream)
     seqs: dict[str, list[int]] = defaultdict(list)
     task_subjects = f"{prefix}.events.task."  # device events (quarantines of the silent hosts' devices) aside
     for m in messages:

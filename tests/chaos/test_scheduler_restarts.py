@@ -12,6 +12,7 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.protocol.subjects import Subjects
 from devsched.store import Store
 from support.polling import eventually
 from support.scheduler_harness import (
@@ -56,7 +57,7 @@ async def test_scheduler_killed_between_commit_and_publish_delivers_after_restar
         assert {a.task_id for a in got} <= set(ids)
         await eventually(lambda: _unsent_zero(store), message="outbox relayed after the restart")
         js = nc.jetstream()
-        events = await stream_messages(js, f"{subject_prefix.upper()}_EVENTS")
+        events = await stream_messages(js, Subjects(subject_prefix).events_stream)
         kinds = sorted(json.loads(m.data)["event"] for m in events)
         assert kinds == ["assigned", "assigned", "submitted", "submitted", "submitted"]
         assert len({m.headers["Nats-Msg-Id"] for m in events if m.headers}) == 5
@@ -78,7 +79,7 @@ async def test_scheduler_killed_after_publishing_before_marking_republishes_once
     got = await host.assignments(2)  # published at once: no relay pass ran
     assert {a.task_id for a in got} <= set(ids)
     js = nc.jetstream()
-    events_stream = f"{subject_prefix.upper()}_EVENTS"
+    events_stream = Subjects(subject_prefix).events_stream
 
     async def all_events_published() -> bool:
         return len(await stream_messages(js, events_stream)) == 5

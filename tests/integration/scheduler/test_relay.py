@@ -52,7 +52,7 @@ async def parts(
 
 
 async def events_in_stream(nc: NatsClient, prefix: str) -> int:
-    return len(await stream_messages(nc.jetstream(), f"{prefix.upper()}_EVENTS"))
+    return len(await stream_messages(nc.jetstream(), Subjects(prefix).events_stream))
 
 
 async def test_a_commit_is_published_at_once_and_marked_by_the_next_pass(

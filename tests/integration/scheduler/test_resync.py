@@ -10,6 +10,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
+from devsched.protocol.subjects import Subjects
 from support.polling import eventually
 from support.scheduler_harness import (
     Assigned,
@@ -98,7 +99,7 @@ async def test_the_timer_creates_lost_streams_and_the_consumer_of_a_host_it_publ
 ) -> None:
     settings = scheduler_settings(database_url, nats_url, subject_prefix, resync_interval_s=0.2, resync_after_s=0.5)
     js = nc.jetstream()
-    pu = subject_prefix.upper()
+    names = Subjects(subject_prefix)
     try:
         async with running_scheduler(settings):
             host = make_host()
@@ -110,9 +111,9 @@ async def test_the_timer_creates_lost_streams_and_the_consumer_of_a_host_it_publ
 
             async def streams_back() -> bool:
                 try:
-                    await js.stream_info(f"{pu}_ASSIGNMENTS")
-                    await js.stream_info(f"{pu}_EVENTS")
-                    await js.consumer_info(f"{pu}_ASSIGNMENTS", f"host-{host.host_id}")
+                    await js.stream_info(names.assignments_stream)
+                    await js.stream_info(names.events_stream)
+                    await js.consumer_info(names.assignments_stream, f"host-{host.host_id}")
                 except (NotFoundError, nats.errors.TimeoutError):
                     return False
                 return True

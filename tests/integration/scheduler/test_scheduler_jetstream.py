@@ -9,6 +9,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.api import RetentionPolicy, StorageType
 from sqlalchemy import text
 
+from devsched.protocol.subjects import Subjects
 from devsched.scheduler.app import Scheduler
 from devsched.store import Store
 from support.polling import eventually
@@ -93,7 +94,7 @@ async def test_host_consumer_is_durable_explicit_ack_and_idempotent(
     host = make_host()
     await host.register("d1")
     await host.register("d1", "d2")  # again: the same consumer, no error
-    info = await host.js.consumer_info(f"{subject_prefix.upper()}_ASSIGNMENTS", f"host-{host.host_id}")
+    info = await host.js.consumer_info(Subjects(subject_prefix).assignments_stream, f"host-{host.host_id}")
     assert info.config.ack_policy == "explicit"
     assert info.config.ack_wait == 30
     assert info.config.max_deliver == 10
@@ -133,7 +134,7 @@ async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
         await eventually(lambda: _unsent_is_zero(store), message="outbox relayed again")
         assert scheduler.relay.duplicates == duplicates + 5
         assert await counts() == before
-        assert len(await stream_messages(js, f"{subject_prefix.upper()}_EVENTS")) == 4
+        assert len(await stream_messages(js, Subjects(subject_prefix).events_stream)) == 4
     finally:
         await store.close()
 
@@ -148,13 +149,13 @@ async def test_relay_recreates_a_deleted_stream_and_delivers(
     host = make_host()
     await host.register("d1")
     js = nc.jetstream()
-    await js.delete_stream(f"{subject_prefix.upper()}_EVENTS")
+    await js.delete_stream(Subjects(subject_prefix).events_stream)
     task_id = await submit(nc, subject_prefix)
     assert (await host.next_assignment()).task_id == task_id
 
     async def events_back() -> int:
         try:
-            return (await js.stream_info(f"{subject_prefix.upper()}_EVENTS")).state.messages
+            return (await js.stream_info(Subjects(subject_prefix).events_stream)).state.messages
         except Exception:
             return 0
 
@@ -164,7 +165,7 @@ async def test_relay_recreates_a_deleted_stream_and_delivers(
 async def test_registration_recreates_a_deleted_assignments_stream(
     scheduler: Scheduler, nc: NatsClient, subject_prefix: str, make_host: Callable[..., TestHost]
 ) -> None:
-    await nc.jetstream().delete_stream(f"{subject_prefix.upper()}_ASSIGNMENTS")
+    await nc.jetstream().delete_stream(Subjects(subject_prefix).assignments_stream)
     host = make_host()
     await host.register("d1")
     task_id = await submit(nc, subject_prefix)

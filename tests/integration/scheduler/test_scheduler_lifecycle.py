@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.protocol.subjects import Subjects
 from devsched.scheduler.app import Scheduler
 from devsched.sweeper.app import SweeperSettings
 from support.polling import eventually
@@ -43,7 +44,7 @@ async def test_full_lifecycle_over_nats(
         "claim_progress": True,
         "take_next": True,
     }
-    consumer = await host.js.consumer_info(f"{subject_prefix.upper()}_ASSIGNMENTS", f"host-{host.host_id}")
+    consumer = await host.js.consumer_info(Subjects(subject_prefix).assignments_stream, f"host-{host.host_id}")
     assert consumer.config.filter_subject == f"{subject_prefix}.assign.{host.host_id}"
     assert consumer.config.durable_name == f"host-{host.host_id}"
 
@@ -140,7 +141,7 @@ async def test_assignment_and_event_messages_are_published_once(
         return await scheduler_unsent(scheduler) == 0
 
     await eventually(relayed, message="outbox empty")
-    msgs = await stream_messages(host.js, f"{subject_prefix.upper()}_EVENTS")
+    msgs = await stream_messages(host.js, Subjects(subject_prefix).events_stream)
     msg_ids = [m.headers["Nats-Msg-Id"] for m in msgs if m.headers]
     assert len(msg_ids) == len(set(msg_ids)) == len(msgs)
     kinds = sorted(json.loads(m.data)["event"] for m in msgs)
