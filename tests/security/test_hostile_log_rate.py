@@ -20,7 +20,6 @@ import statistics
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +28,10 @@ from nats.aio.client import Client as NatsClient
 
 from devsched.client.logs import LogReader, collect_output
 from devsched.protocol import messages as m
-from devsched.protocol.codec import decode, encode
-from devsched.protocol.logs import DataEncoding, LogKind, LogRecord, OutputStream
+from devsched.protocol.codec import decode
 from devsched.protocol.subjects import MSG_ID_HEADER, Subjects, log_msg_id
 from devsched.scheduler.jetstream import CLOSED_UNTIL
+from support.log_flood import output_record
 from support.polling import eventually
 from support.scheduler_harness import (
     TestHost,
@@ -77,26 +76,6 @@ FLOOD_RECORD = 512
 HONEST_RECORD = 4 * KiB
 #: How soon after the flooder goes past its share its stream must refuse it: a few readings of the warden.
 CLOSED_WITHIN_S = 1.5
-#: JetStream's error code for a publish refused at a stream's limits.
-REFUSED = 10077
-
-
-def record(task_id: uuid.UUID, seq: int, data: str) -> bytes:
-    return encode(
-        LogRecord(
-            task_id=task_id,
-            attempt=1,
-            seq=seq,
-            kind=LogKind.OUTPUT,
-            at=datetime.now(UTC),
-            offset=(seq - 1) * len(data),
-            step="run",
-            index=0,
-            stream=OutputStream.STDOUT,
-            encoding=DataEncoding.UTF8,
-            data=data,
-        )
-    )
 
 
 async def claimed_lease(operator: NatsClient, prefix: str, host: TestHost) -> dict[str, Any]:
@@ -139,7 +118,7 @@ async def honest_output(host: TestHost, lease: dict[str, Any], total: int, acks:
         data = f"b{seq:07d}".ljust(HONEST_RECORD - 1, "b") + "\n"
         headers = {MSG_ID_HEADER: log_msg_id(lease["lease_id"], seq)}
         started = time.monotonic()
-        await host.js.publish(subject, record(task_id, seq, data), headers=headers)
+        await host.js.publish(subject, output_record(task_id, seq, data), headers=headers)
         acks.append(time.monotonic() - started)
         written.append(data.encode())
         await asyncio.sleep(0.05)
