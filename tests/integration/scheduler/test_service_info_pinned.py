@@ -13,7 +13,7 @@ from devsched.scheduler.app import Scheduler
 pytestmark = pytest.mark.integration
 
 #: sha256 of the `$SRV.INFO` reply, the test's prefix written `P` and the instance id left out.
-INFO_SHA256 = "f7281aa9372bb55beb4c5dff147cf5822a9de2fdf9e02c5bedc1aab9004c7ae9"
+INFO_SHA256 = "12ec4d789d7968c2e59529e05eb6f5528ddd0275d115da2ab93c683ed048788d"
 
 
 async def test_service_info_is_unchanged(scheduler: Scheduler, nc: NatsClient, subject_prefix: str) -> None:
