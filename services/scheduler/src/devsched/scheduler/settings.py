@@ -9,6 +9,7 @@ from pydantic_settings import NoDecode
 
 from devsched.core.limits import MAX_RELEASES_DEFAULT
 from devsched.core.outputrate import OutputShare
+from devsched.core.uploadrate import UploadShare
 from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
 from devsched.protocol.connection import INBOX_PREFIX, host_inbox_prefix
 from devsched.scheduler.admission import HOST_ID_PLACEHOLDER
@@ -63,6 +64,15 @@ class SchedulerSettings(ServiceSettings):
     host_log_rate_interval_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """How often each replica reads the hosts' logs streams' state (one JetStream request for every host);
     0 turns the rate bound off on this replica (a closed stream is still reopened when its host registers)."""
+    host_upload_bytes_per_s: float = Field(default=32 * MiB, gt=0, allow_inf_nan=False)
+    """Bytes a second one host's artifact commits may purge from its uploads stream (every commit purges its
+    chunks, whatever its outcome), averaged over `host_upload_rate_window_s`; past it, the host's next
+    commits are refused 429 for the window, purging nothing (`uploadrate.py`). With several replicas, each
+    keeps its own account: a host may reach this rate on each."""
+    host_upload_rate_window_s: Seconds = 60.0
+    """The window a host's upload rate is averaged over, and how long its commits are refused past it; the
+    window's bytes (`host_upload_bytes_per_s * host_upload_rate_window_s`) must hold one attempt's artifacts
+    (`artifact_max_attempt_bytes`), so that an honest attempt uploading at any speed is never refused."""
     artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
     """Largest artifact file a host may store (issue 12); a larger one is refused `artifact_too_large`."""
     artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
@@ -189,6 +199,16 @@ class SchedulerSettings(ServiceSettings):
         return self
 
     @model_validator(mode="after")
+    def _upload_rate_holds_an_attempt(self) -> SchedulerSettings:
+        window_bytes = self.host_upload_bytes_per_s * self.host_upload_rate_window_s
+        if window_bytes < self.artifact_max_attempt_bytes:
+            raise ValueError(
+                f"host_upload_bytes_per_s * host_upload_rate_window_s ({window_bytes:.0f} bytes) must hold one "
+                f"attempt's artifacts (artifact_max_attempt_bytes, {self.artifact_max_attempt_bytes} bytes)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _upload_share_holds_a_file(self) -> SchedulerSettings:
         share = self.uploads_host_max_bytes
         need = self.artifact_max_file_bytes + chunk_count(self.artifact_max_file_bytes) * CHUNK_OVERHEAD_BYTES
@@ -213,6 +233,11 @@ class SchedulerSettings(ServiceSettings):
             window_s=self.host_log_rate_window_s,
             cooldown_s=self.host_log_cooldown_s,
         )
+
+    @property
+    def upload_share(self) -> UploadShare:
+        """Each host's share of the uploads' write rate."""
+        return UploadShare(bytes_per_s=self.host_upload_bytes_per_s, window_s=self.host_upload_rate_window_s)
 
     @property
     def uploads_host_max_bytes(self) -> int:
