@@ -54,7 +54,7 @@ from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, 
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler.metrics import UPLOAD_REFUSALS
 from devsched.scheduler.replies import decode_key, encode_key, fit
-from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.settings import UPLOAD_MAX_MSG_BYTES, SchedulerSettings
 from devsched.service import bind
 from devsched.store import Store
 
@@ -67,9 +67,6 @@ _OBJ_STREAM = "OBJ_{bucket}"
 _CHUNKS = "$O.{bucket}.C.{nuid}"
 _META = "$O.{bucket}.M.{name}"
 _ROLLUP = {"Nats-Rollup": "sub"}
-#: Largest message a host's uploads stream takes (a chunk and its headers): what each purged message is
-#: charged, an upper bound of what it cost to write.
-UPLOAD_MAX_MSG_BYTES = CHUNK_BYTES + 4096
 
 
 def object_stream(bucket: str) -> str:
