@@ -112,3 +112,40 @@ async def test_a_commit_refused_for_the_upload_rate_is_retried_after_the_pause_a
     assert elapsed >= 3.0, f"the second attempt's uploads waited for the window ({elapsed:.1f} s)"
     log = (own_lab.plane.logs / "scheduler-0.log").read_text()
     assert "host's uploads over its rate share" in log
+
+
+#: An honest attempt's large artifacts, uploaded at full speed at the default uploads rate share (the test
+#: plane's uploads share, 40 MiB a host, and file cap, 32 MiB, are smaller than the defaults).
+LARGE_FILES = 3
+LARGE_FILE_BYTES = 32 * MiB
+
+
+async def test_large_artifacts_at_full_speed_are_not_refused_at_the_default_settings(lab: AgentLab) -> None:
+    # The default uploads rate share (32 MiB a second over 60 s: 1,920 MiB a window) holds an attempt's
+    # whole quota in full chunks; this uploads 96 MiB as fast as this machine takes it, and nothing waits.
+    agent = await lab.agent("d1").ready()
+    task_id = await lab.submit(
+        [
+            shell(
+                "make",
+                f"for i in $(seq {LARGE_FILES}); do head -c {LARGE_FILE_BYTES} /dev/zero"
+                ' > "$DEVSCHED_ARTIFACTS_DIR/big$i.bin"; done',
+            )
+        ],
+        lease_ttl_s=10,
+    )
+    await lab.wait_status(task_id, "done", within=120)
+    (step,) = (await lab.task(task_id))["result"]["steps"]
+    assert step["artifacts"] == {
+        "stored": LARGE_FILES,
+        "stored_bytes": LARGE_FILES * LARGE_FILE_BYTES,
+        "failed": 0,
+        "failures": [],
+    }
+    stored = [await agent.wait_line("artifact stored", artifact=f"big{i}.bin") for i in range(1, LARGE_FILES + 1)]
+    seconds = sum(line["ms"] for line in stored) / 1000
+    print(
+        f"\n{LARGE_FILES * LARGE_FILE_BYTES / MiB:.0f} MiB uploaded in {seconds:.2f} s: "
+        f"{LARGE_FILES * LARGE_FILE_BYTES / MiB / seconds:.1f} MiB/s"
+    )
+    assert "host's uploads over its rate share" not in (lab.plane.logs / "scheduler-0.log").read_text()
