@@ -129,7 +129,7 @@ class ArtifactIntake:
         self._settings = settings
         self._bucket = subjects.artifacts_bucket
         #: What each host's commits purged over the last window, on this replica.
-        self.upload_charges = UploadCharges(settings.upload_share)
+        self._upload_charges = UploadCharges(settings.upload_share)
 
     async def commit(self, host_id: str, req: m.ArtifactCommit) -> m.ArtifactView:
         """Store one uploaded file as an artifact of the host's attempt (see the module docstring)."""
@@ -305,7 +305,7 @@ class ArtifactIntake:
         Raises:
             TooManyRequests: (429) with the seconds until the host may commit again.
         """
-        wait_s = self.upload_charges.refused_for(host_id, time.monotonic())
+        wait_s = self._upload_charges.refused_for(host_id, time.monotonic())
         if wait_s is None:
             return
         UPLOAD_REFUSALS.labels(host_id).inc()
@@ -316,8 +316,8 @@ class ArtifactIntake:
 
     def _charge(self, host_id: str, purged: int) -> None:
         """Charge the host the messages its commit purged, each at the largest an uploads stream takes."""
-        share = self.upload_charges.share
-        total = self.upload_charges.charge(host_id, purged * UPLOAD_MAX_MSG_BYTES, time.monotonic())
+        share = self._upload_charges.share
+        total = self._upload_charges.charge(host_id, purged * UPLOAD_MAX_MSG_BYTES, time.monotonic())
         if total is not None:
             log.warning(
                 "host's uploads over its rate share: its commits are refused for the window",
