@@ -30,6 +30,15 @@ def test_an_upload_share_too_small_for_the_largest_file_is_refused() -> None:
     settings(max_hosts=4, uploads_max_bytes=4 * 3 * MiB, artifact_max_file_bytes=2 * MiB)
 
 
+def test_an_upload_rate_window_too_small_for_an_attempts_artifacts_is_refused() -> None:
+    # 16 chunks of 2 MiB, each charged 132 KiB: 2,112 KiB.
+    with pytest.raises(ValidationError, match="must hold one attempt's artifacts"):
+        settings(artifact_max_attempt_bytes=2 * MiB, host_upload_bytes_per_s=MiB, host_upload_rate_window_s=2.0)
+    s = settings(artifact_max_attempt_bytes=2 * MiB, host_upload_bytes_per_s=1056 * 1024, host_upload_rate_window_s=2.0)
+    assert s.upload_share.max_bytes == 2112 * 1024
+    assert settings().upload_share.max_bytes == 1920 * MiB, "the defaults hold a whole attempt (1,056 MiB charged)"
+
+
 def test_the_sum_of_the_caps_must_fit_the_store() -> None:
     s = settings(
         max_hosts=2,

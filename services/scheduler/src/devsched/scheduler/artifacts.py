@@ -18,7 +18,11 @@ commits them here (`P.host.<host_id>.artifact`). The scheduler then
    a re-upload of the same name replaced, and purges the upload.
 
 A commit has a deadline (`artifact_commit_timeout_s`): a host trickling its chunks gets `upload_timeout`
-and its chunks are purged. Commits run in a lane of their own (`service.Lane`), not in the request slots.
+and its chunks are purged. Every commit charges its host what it purged (`devsched.core.uploadrate`): a
+host whose commits purged more than its share within the window has its next commits refused 429
+`too_many_requests` for the window, before anything is read or purged (its stream stays full, and
+JetStream refuses its further chunks). The account is this replica's own.
+Commits run in a lane of their own (`service.Lane`), not in the request slots.
 A chunk whose `Devsched-Chunk` header is not a plain ASCII number is a 400 naming the header.
 
 The object is `<task_id>/<attempt>/<upload_id>` in bucket `<PU>_ARTIFACTS`, written in the format of the
@@ -41,14 +45,16 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext, api
 from nats.js.errors import NotFoundError
 
-from devsched.core.errors import ArtifactTooLarge, UploadMismatch, UploadTimeout
+from devsched.core.errors import ArtifactTooLarge, TooManyRequests, UploadMismatch, UploadTimeout
 from devsched.core.records import LeaseRef
+from devsched.core.uploadrate import UploadCharges
 from devsched.core.views import ArtifactView
 from devsched.protocol import messages as m
 from devsched.protocol.artifacts import CHUNK_BYTES, CHUNK_HEADER, chunk_count, object_name
 from devsched.protocol.subjects import Subjects
+from devsched.scheduler.metrics import UPLOAD_REFUSALS
 from devsched.scheduler.replies import decode_key, encode_key, fit
-from devsched.scheduler.settings import SchedulerSettings
+from devsched.scheduler.settings import UPLOAD_MAX_MSG_BYTES, SchedulerSettings
 from devsched.service import bind
 from devsched.store import Store
 
@@ -102,7 +108,7 @@ def uploads_stream_config(subjects: Subjects, settings: SchedulerSettings, host_
         num_replicas=settings.stream_replicas,
         max_age=settings.uploads_max_age_s,
         max_bytes=settings.uploads_host_max_bytes,
-        max_msg_size=CHUNK_BYTES + 4096,  # and its headers
+        max_msg_size=UPLOAD_MAX_MSG_BYTES,
         duplicate_window=min(settings.duplicate_window_s, settings.uploads_max_age_s),
         discard=api.DiscardPolicy.NEW,
     )
@@ -122,6 +128,8 @@ class ArtifactIntake:
         self._subjects = subjects
         self._settings = settings
         self._bucket = subjects.artifacts_bucket
+        #: What each host's commits purged over the last window, on this replica.
+        self._upload_charges = UploadCharges(settings.upload_share)
 
     async def commit(self, host_id: str, req: m.ArtifactCommit) -> m.ArtifactView:
         """Store one uploaded file as an artifact of the host's attempt (see the module docstring)."""
@@ -130,6 +138,7 @@ class ArtifactIntake:
         upload = self._subjects.host_upload(host_id, req.task_id, req.attempt, req.upload_id)
         deadline = asyncio.get_running_loop().time() + settings.artifact_commit_timeout_s
         with bind(host_id=host_id, task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id):
+            self._within_rate(host_id)
             try:
                 if req.size > settings.artifact_max_file_bytes:
                     raise ArtifactTooLarge(
@@ -168,7 +177,7 @@ class ArtifactIntake:
                 if replaced is not None:
                     await self._delete(replaced)
             finally:
-                await self._purge(host_id, upload)
+                self._charge(host_id, await self._purge(host_id, upload))
             log.info(
                 "artifact stored",
                 extra={
@@ -290,11 +299,45 @@ class ArtifactIntake:
         except Exception as exc:
             log.warning("object not deleted: %s", type(exc).__name__, extra={"object": name})
 
-    async def _purge(self, host_id: str, upload: str) -> None:
+    def _within_rate(self, host_id: str) -> None:
+        """Refuse the commit of a host past its uploads rate share, before anything is read or purged.
+
+        Raises:
+            TooManyRequests: (429) with the seconds until the host may commit again.
+        """
+        wait_s = self._upload_charges.refused_for(host_id, time.monotonic())
+        if wait_s is None:
+            return
+        UPLOAD_REFUSALS.labels(host_id).inc()
+        raise TooManyRequests(
+            f"this host's commits purged more than its uploads rate share; retry after {wait_s:.1f} s",
+            retry_after_s=round(wait_s, 3),
+        )
+
+    def _charge(self, host_id: str, purged: int) -> None:
+        """Charge the host the messages its commit purged, each at the largest an uploads stream takes."""
+        share = self._upload_charges.share
+        total = self._upload_charges.charge(host_id, purged * UPLOAD_MAX_MSG_BYTES, time.monotonic())
+        if total is not None:
+            log.warning(
+                "host's uploads over its rate share: its commits are refused for the window",
+                extra={"host_id": host_id, "bytes": total, "window_s": share.window_s},
+            )
+
+    async def _purge(self, host_id: str, upload: str) -> int:
+        """Purge the upload's chunks from the host's stream; how many messages went (0 when the purge failed)."""
+        stream = self._subjects.host_uploads_stream(host_id)
         try:
-            await self._js.purge_stream(self._subjects.host_uploads_stream(host_id), subject=upload)
+            reply = await self._js._api_request(
+                f"{self._js._prefix}.STREAM.PURGE.{stream}",
+                json.dumps({"filter": upload}).encode(),
+                timeout=self._js._timeout,
+            )
         except Exception as exc:  # the stream's max age removes it
             log.info("upload not purged: %s", type(exc).__name__, extra={"subject": upload})
+            return 0
+        purged = reply.get("purged")
+        return purged if isinstance(purged, int) and purged > 0 else 0
 
 
 #: Longest chunk index, in digits (a file of the largest size has fewer than 10**9 chunks).

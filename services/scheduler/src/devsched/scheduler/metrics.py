@@ -65,6 +65,12 @@ LOG_CLOSINGS = Counter(
     ["host_id"],
     registry=REGISTRY,
 )
+UPLOAD_REFUSALS = Counter(
+    "devsched_host_upload_refusals",
+    "Artifact commits refused for a host past its uploads rate share (nothing purged), by host.",
+    ["host_id"],
+    registry=REGISTRY,
+)
 SUBMIT_TO_ASSIGNED = Histogram(
     "devsched_submit_to_assigned_seconds",
     "Time from a task's submission to the assignment of an attempt (each attempt, from the submission).",

@@ -9,7 +9,8 @@ from pydantic_settings import NoDecode
 
 from devsched.core.limits import MAX_RELEASES_DEFAULT
 from devsched.core.outputrate import OutputShare
-from devsched.protocol.artifacts import DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
+from devsched.core.uploadrate import UploadShare
+from devsched.protocol.artifacts import CHUNK_BYTES, DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
 from devsched.protocol.connection import INBOX_PREFIX, host_inbox_prefix
 from devsched.scheduler.admission import HOST_ID_PLACEHOLDER
 from devsched.service.settings import Seconds, ServiceSettings
@@ -18,6 +19,9 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 #: Room a stored chunk takes beyond its bytes (its subject, headers and the store's record), rounded up.
 CHUNK_OVERHEAD_BYTES = 512
+#: Largest message a host's uploads stream takes (a chunk and its headers): what each message a commit purges
+#: is charged against its host's uploads rate share, an upper bound of what writing it cost.
+UPLOAD_MAX_MSG_BYTES = CHUNK_BYTES + 4096
 
 #: A list of subject prefixes: comma-separated in the environment and on the command line.
 Prefixes = Annotated[tuple[str, ...], NoDecode]
@@ -63,6 +67,17 @@ class SchedulerSettings(ServiceSettings):
     host_log_rate_interval_s: float = Field(default=1.0, ge=0, allow_inf_nan=False)
     """How often each replica reads the hosts' logs streams' state (one JetStream request for every host);
     0 turns the rate bound off on this replica (a closed stream is still reopened when its host registers)."""
+    host_upload_bytes_per_s: float = Field(default=32 * MiB, gt=0, allow_inf_nan=False)
+    """Bytes a second one host's artifact commits may purge from its uploads stream (every commit purges its
+    chunks, whatever its outcome), averaged over `host_upload_rate_window_s`; past it, the host's next
+    commits are refused 429 for the window, purging nothing (`uploadrate.py`). With several replicas, each
+    keeps its own account: a host may reach this rate on each."""
+    host_upload_rate_window_s: Seconds = 60.0
+    """The window a host's upload rate is averaged over, and how long its commits are refused past it; the
+    window's bytes (`host_upload_bytes_per_s * host_upload_rate_window_s`) must hold one attempt's artifacts
+    in full chunks (`artifact_max_attempt_bytes`, each message charged 132 KiB, as if full). The defaults hold
+    that and some 6,700 files' part-filled last chunks besides: one honest attempt uploading at any speed is
+    not refused."""
     artifact_max_file_bytes: int = Field(default=DEFAULT_MAX_FILE_BYTES, ge=0)
     """Largest artifact file a host may store (issue 12); a larger one is refused `artifact_too_large`."""
     artifact_max_attempt_bytes: int = Field(default=DEFAULT_MAX_ATTEMPT_BYTES, ge=0)
@@ -189,6 +204,18 @@ class SchedulerSettings(ServiceSettings):
         return self
 
     @model_validator(mode="after")
+    def _upload_rate_holds_an_attempt(self) -> SchedulerSettings:
+        window_bytes = self.host_upload_bytes_per_s * self.host_upload_rate_window_s
+        need = chunk_count(self.artifact_max_attempt_bytes) * UPLOAD_MAX_MSG_BYTES
+        if window_bytes < need:
+            raise ValueError(
+                f"host_upload_bytes_per_s * host_upload_rate_window_s ({window_bytes:.0f} bytes) must hold one "
+                f"attempt's artifacts (artifact_max_attempt_bytes in chunks of {UPLOAD_MAX_MSG_BYTES} bytes, "
+                f"{need} bytes)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _upload_share_holds_a_file(self) -> SchedulerSettings:
         share = self.uploads_host_max_bytes
         need = self.artifact_max_file_bytes + chunk_count(self.artifact_max_file_bytes) * CHUNK_OVERHEAD_BYTES
@@ -213,6 +240,11 @@ class SchedulerSettings(ServiceSettings):
             window_s=self.host_log_rate_window_s,
             cooldown_s=self.host_log_cooldown_s,
         )
+
+    @property
+    def upload_share(self) -> UploadShare:
+        """Each host's share of the uploads' write rate."""
+        return UploadShare(bytes_per_s=self.host_upload_bytes_per_s, window_s=self.host_upload_rate_window_s)
 
     @property
     def uploads_host_max_bytes(self) -> int:
