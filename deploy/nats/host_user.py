@@ -49,6 +49,7 @@ import sys
 from collections.abc import Sequence
 
 try:
+    from devsched.protocol.connection import host_inbox_prefix
     from devsched.protocol.endpoints import ENDPOINTS
     from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
 except ImportError as exc:  # pragma: no cover - a Python without devsched
@@ -155,7 +156,7 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
         log_subjects(host_id, prefix),
         upload_subjects(host_id, prefix),
     ]
-    subscribe = [f"{prefix}.host.{host_id}.nudge", f"_INBOX.{host_id}.>"]
+    subscribe = [f"{prefix}.host.{host_id}.nudge", f"{host_inbox_prefix(host_id)}.>"]
     return {"publish": publish, "subscribe": subscribe}
 
 
