@@ -55,6 +55,7 @@ async def test_a_200ms_jittered_link_to_postgres_changes_no_outcome(
     lab = await make_lab(database=with_port(database_url, pg_proxy.port), **slow)
     await lab.agent("d1", request_timeout_s=10).ready()
     pg_proxy.delay(0.2, 0.1)  # each round trip of each statement: 100-300 ms more
+    lab.read_timeout_s = 10  # a tasks.get is several round trips: often more than the 2 s a try waits by default
     # A submit is one transaction that also places the task (several round trips): seconds at this distance.
     task_id = await lab.submit(lab.journal.plan(0.3), lease_ttl_s=30, timeout=30)
     view = await lab.wait_status(task_id, "done", "failed", within=90)

@@ -317,6 +317,8 @@ class AgentLab:
         self.tag = uuid.uuid4().hex[:10]
         self.label = {"lab": self.tag}
         self.agents: list[AgentProcess] = []
+        #: How long one try of `task` waits: a test whose database link is slow on purpose raises it.
+        self.read_timeout_s = 2.0
 
     def device(self, name: str) -> str:
         """The unique id of this lab's device `name`."""
@@ -363,7 +365,8 @@ class AgentLab:
 
     async def task(self, task_id: str) -> dict[str, Any]:
         """The task view (retried while a restarting server or scheduler cannot answer)."""
-        view: dict[str, Any] = await call_retrying(self.nc, api(self.prefix, "tasks.get"), {"task_id": task_id})
+        subject, body = api(self.prefix, "tasks.get"), {"task_id": task_id}
+        view: dict[str, Any] = await call_retrying(self.nc, subject, body, timeout=self.read_timeout_s)
         return view
 
     async def cancel(self, task_id: str, reason: str = "test") -> dict[str, Any]:

@@ -123,12 +123,16 @@ async def call_retrying(
     payload: Mapping[str, Any] | None = None,
     *,
     deadline_s: float = 20.0,
+    timeout: float = 2.0,  # noqa: ASYNC109
 ) -> dict[str, Any]:
-    """`call`, repeated on no-responders, timeouts and 503 until `deadline_s` (for restarts in chaos tests)."""
+    """`call`, repeated on no-responders, timeouts and 503 until `deadline_s` (for restarts in chaos tests).
+
+    `timeout` bounds each try: raise it where one answer legitimately takes longer (a slow database link).
+    """
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            return await call(nc, subject, payload, timeout=2.0)
+            return await call(nc, subject, payload, timeout=timeout)
         except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
             pass
         except ErrorReply as err:
