@@ -14,11 +14,9 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from types import FrameType
 
 import nats
 
@@ -36,6 +34,7 @@ from devsched.bench.report import Results, render, render_conditions
 from devsched.bench.servers import DATABASE, PREFIX, BenchStack
 from devsched.bench.sweep import sweep_phase
 from devsched.client.client import Client
+from devsched.devstack.stack import sigterm_interrupts
 from devsched.protocol.subjects import Subjects
 
 
@@ -50,19 +49,6 @@ def describe(options: BenchOptions) -> dict[str, object]:
     }
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> int:
     """Run the bench; prints the report, writes the JSON and the plot; returns the exit code."""
     results = Results(started_at=datetime.now(UTC).isoformat(timespec="seconds"), options=describe(options))
@@ -73,7 +59,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> int:
     started = time.monotonic()
     code = 0
     try:
-        with _sigterm_interrupts():
+        with sigterm_interrupts():
             say(f"starting NATS and PostgreSQL (durable) in {data_dir}")
             stack.start_servers()
             asyncio.run(_run(stack, options, results, say))
@@ -85,7 +71,7 @@ def run_bench(options: BenchOptions, say: Callable[[str], None] = print) -> int:
             raise
         results.errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        with _sigterm_interrupts(), contextlib.suppress(KeyboardInterrupt):
+        with sigterm_interrupts(), contextlib.suppress(KeyboardInterrupt):
             stack.stop()
         if made and not options.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)

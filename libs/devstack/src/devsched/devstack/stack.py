@@ -121,7 +121,7 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
+def sigterm_interrupts() -> Iterator[None]:
     """SIGTERM acts like Ctrl-C during the synchronous phases (start-up and shutdown of the servers)."""
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
@@ -200,7 +200,7 @@ class Up:
         except LockedError as exc:
             raise UpError(str(exc), 1) from None
         try:
-            with _sigterm_interrupts(), ExitStack() as servers:
+            with sigterm_interrupts(), ExitStack() as servers:
                 endpoints = self._start_servers(servers)
                 code = asyncio.run(self._serve(endpoints))
                 signal.signal(signal.SIGTERM, _raise_interrupt)  # asyncio.run reset it on its way out
