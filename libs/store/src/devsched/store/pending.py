@@ -28,7 +28,7 @@ _IN_SERVICE = "m.full AND m.online AND NOT m.drained AND NOT m.quarantined"
 _IDLE = f"{_IN_SERVICE} AND NOT m.busy"
 
 #: Per selector (its labels, the same without the action labels, its device id), its matching devices
-#: counted as `Matches` counts them. The devices are read once per selector, through the GIN index on labels.
+#: counted as `Matches` counts them: the devices are read once per distinct selector, not once per task.
 _MATCHES = text(
     f"""
     WITH s AS (
