@@ -28,13 +28,23 @@ _IN_SERVICE = "m.full AND m.online AND NOT m.drained AND NOT m.quarantined"
 _IDLE = f"{_IN_SERVICE} AND NOT m.busy"
 
 #: Per selector (its labels, the same without the action labels, its device id), its matching devices
-#: counted as `Matches` counts them: the devices are read once per distinct selector, not once per task.
+#: counted as `Matches` counts them. Each registered device's state is worked out once (`dev`), then matched
+#: against every distinct selector of the page: the cost grows with selectors times devices, never with tasks.
 _MATCHES = text(
     f"""
     WITH s AS (
         SELECT u.k, CAST(u.labels AS jsonb) AS labels, CAST(u.visible AS jsonb) AS visible, u.device_id
         FROM unnest(CAST(:labels AS text[]), CAST(:visible AS text[]), CAST(:device_ids AS text[]))
              WITH ORDINALITY AS u(labels, visible, device_id, k)
+    ), dev AS MATERIALIZED (
+        SELECT d.device_id, d.labels, {host_online("h", _NOW)} AS online, d.drained,
+               d.quarantined_at IS NOT NULL AS quarantined, {device_busy("d")} AS busy, d.available_after
+        FROM devices d JOIN hosts h ON h.host_id = d.host_id
+        WHERE d.registered
+    ), m AS (
+        SELECT s.k, x.device_id, x.labels @> s.labels AS full, x.online, x.drained, x.quarantined, x.busy,
+               x.available_after
+        FROM s JOIN dev x ON x.labels @> s.visible AND (s.device_id IS NULL OR x.device_id = s.device_id)
     )
     SELECT s.k,
            count(*) FILTER (WHERE m.full) AS matching,
@@ -45,12 +55,7 @@ _MATCHES = text(
            count(*) FILTER (WHERE {_IDLE} AND (m.available_after IS NULL OR m.available_after <= {_NOW})) AS ready,
            min(m.available_after) FILTER (WHERE {_IDLE} AND m.available_after > {_NOW}) AS grace_until,
            count(m.device_id) AS without_actions
-    FROM s LEFT JOIN LATERAL (
-        SELECT d.device_id, d.labels @> s.labels AS full, {host_online("h", _NOW)} AS online, d.drained,
-               d.quarantined_at IS NOT NULL AS quarantined, {device_busy("d")} AS busy, d.available_after
-        FROM devices d JOIN hosts h ON h.host_id = d.host_id
-        WHERE d.registered AND d.labels @> s.visible AND (s.device_id IS NULL OR d.device_id = s.device_id)
-    ) m ON true
+    FROM s LEFT JOIN m ON m.k = s.k
     GROUP BY s.k
     """
 )
@@ -66,12 +71,11 @@ def _waiting(row: Any) -> Waiting:
 
 async def pending_reasons(conn: AsyncConnection, rows: Sequence[Any], now: datetime) -> dict[uuid.UUID, str]:
     """The `pending_reason` of each queued task among `rows` (task rows), by task id, in one query at most."""
-    queued = [r for r in rows if r.status == TaskStatus.QUEUED]
-    backing_off = Matches()  # not read: the backoff decides first
+    queued = [(r, _selector(r)) for r in rows if r.status == TaskStatus.QUEUED]
     keys: dict[tuple[str, str | None], int] = {}
-    for r in queued:
-        if r.not_before is None or r.not_before <= now:
-            keys.setdefault(_selector(r), len(keys) + 1)
+    for r, selector in queued:
+        if r.not_before is None or r.not_before <= now:  # one waiting out its backoff needs no count
+            keys.setdefault(selector, len(keys) + 1)
     counts: dict[int, Matches] = {}
     if keys:
         params = {
@@ -91,6 +95,7 @@ async def pending_reasons(conn: AsyncConnection, rows: Sequence[Any], now: datet
                 grace_until=c.grace_until,
                 without_actions=c.without_actions,
             )
+    none = Matches()  # what a task in its backoff is given: the backoff decides before any count is read
     return {
-        r.task_id: pending_reason(_waiting(r), counts.get(keys.get(_selector(r), 0), backing_off), now) for r in queued
+        r.task_id: pending_reason(_waiting(r), counts.get(keys.get(selector, 0), none), now) for r, selector in queued
     }
