@@ -109,3 +109,22 @@ async def test_a_listing_without_queued_tasks_reads_no_devices(lab: Lab) -> None
         await logged()
     assert [t.pending_reason for t in page.tasks] == [None]
     assert not [s for s in sent if "devices" in s]
+
+
+async def test_a_health_check_waits_for_its_quarantined_device_as_any_task_waits_for_a_free_one(lab: Lab) -> None:
+    """A quarantined device is out of service for user tasks, not for its health check (the health pass's)."""
+    await _host(lab, "h1", "d1", "pool")
+    for n in range(3):  # three lease expiries: quarantined, and (the last one's) in its post-expiry grace
+        if n:
+            lab.clock.advance(31)  # past the previous expiry's grace
+            await lab.alive()
+        lease = await lab.running(device_id="d1", max_attempts=1)
+        await lab.expire(lease)
+    user = await lab.submit(name="user", device_id="d1")
+    await lab.store.set_health_check("adb", {}, {"steps": [{"name": "check", "action": "noop"}]}, 3600)
+    assert await lab.store.health_pass() == (1, 0)  # created, not placed: the device's grace
+    page = await lab.store.list_tasks(status=TaskStatus.QUEUED, limit=100)
+    reasons = {t.name: t.pending_reason or "" for t in page.tasks}
+    assert reasons["user"].startswith("devices_quarantined: "), reasons
+    assert reasons["health:adb"].startswith("device_grace: "), reasons
+    assert (await lab.store.get_task(user)).pending_reason == reasons["user"]

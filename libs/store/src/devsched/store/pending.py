@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.actions import actions_of_labels, visible_labels
 from devsched.core.pending import Matches, Waiting, pending_reason
-from devsched.core.status import TaskStatus
+from devsched.core.status import TaskKind, TaskStatus
 from devsched.store.hosts import device_busy
 from devsched.store.liveness import host_online
 
@@ -27,23 +27,25 @@ _NOW = "CAST(:now AS timestamptz)"
 _IN_SERVICE = "m.full AND m.online AND NOT m.drained AND NOT m.quarantined"
 _IDLE = f"{_IN_SERVICE} AND NOT m.busy"
 
-#: Per selector (its labels, the same without the action labels, its device id), its matching devices
-#: counted as `Matches` counts them. Each registered device's state is worked out once (`dev`), then matched
-#: against every distinct selector of the page: the cost grows with selectors times devices, never with tasks.
+#: Per selector (its labels, the same without the action labels, its device id, whether its task is a health
+#: check), its matching devices counted as `Matches` counts them. A quarantined device counts as in service for
+#: a health check, which the health pass places there (`devsched.store.healthchecks`), and as out for the rest.
+#: Each registered device's state is worked out once (`dev`), then matched against every distinct selector
+#: of the page: the cost grows with selectors times devices, never with tasks.
 _MATCHES = text(
     f"""
     WITH s AS (
-        SELECT u.k, CAST(u.labels AS jsonb) AS labels, CAST(u.visible AS jsonb) AS visible, u.device_id
-        FROM unnest(CAST(:labels AS text[]), CAST(:visible AS text[]), CAST(:device_ids AS text[]))
-             WITH ORDINALITY AS u(labels, visible, device_id, k)
+        SELECT u.k, CAST(u.labels AS jsonb) AS labels, CAST(u.visible AS jsonb) AS visible, u.device_id, u.health
+        FROM unnest(CAST(:labels AS text[]), CAST(:visible AS text[]), CAST(:device_ids AS text[]),
+                    CAST(:health AS boolean[])) WITH ORDINALITY AS u(labels, visible, device_id, health, k)
     ), dev AS MATERIALIZED (
         SELECT d.device_id, d.labels, {host_online("h", _NOW)} AS online, d.drained,
                d.quarantined_at IS NOT NULL AS quarantined, {device_busy("d")} AS busy, d.available_after
         FROM devices d JOIN hosts h ON h.host_id = d.host_id
         WHERE d.registered
     ), m AS (
-        SELECT s.k, x.device_id, x.labels @> s.labels AS full, x.online, x.drained, x.quarantined, x.busy,
-               x.available_after
+        SELECT s.k, x.device_id, x.labels @> s.labels AS full, x.online, x.drained,
+               x.quarantined AND NOT s.health AS quarantined, x.busy, x.available_after
         FROM s JOIN dev x ON x.labels @> s.visible AND (s.device_id IS NULL OR x.device_id = s.device_id)
     )
     SELECT s.k,
@@ -61,8 +63,8 @@ _MATCHES = text(
 )
 
 
-def _selector(row: Any) -> tuple[str, str | None]:
-    return json.dumps(dict(row.selector_labels), sort_keys=True), row.selector_device_id
+def _selector(row: Any) -> tuple[str, str | None, bool]:
+    return json.dumps(dict(row.selector_labels), sort_keys=True), row.selector_device_id, row.kind == TaskKind.HEALTH
 
 
 def _waiting(row: Any) -> Waiting:
@@ -72,16 +74,17 @@ def _waiting(row: Any) -> Waiting:
 async def pending_reasons(conn: AsyncConnection, rows: Sequence[Any], now: datetime) -> dict[uuid.UUID, str]:
     """The `pending_reason` of each queued task among `rows` (task rows), by task id, in one query at most."""
     queued = [(r, _selector(r)) for r in rows if r.status == TaskStatus.QUEUED]
-    keys: dict[tuple[str, str | None], int] = {}
+    keys: dict[tuple[str, str | None, bool], int] = {}
     for r, selector in queued:
         if r.not_before is None or r.not_before <= now:  # one waiting out its backoff needs no count
             keys.setdefault(selector, len(keys) + 1)
     counts: dict[int, Matches] = {}
     if keys:
         params = {
-            "labels": [labels for labels, _ in keys],
-            "visible": [json.dumps(visible_labels(json.loads(labels)), sort_keys=True) for labels, _ in keys],
-            "device_ids": [device_id for _, device_id in keys],
+            "labels": [labels for labels, _, _ in keys],
+            "visible": [json.dumps(visible_labels(json.loads(labels)), sort_keys=True) for labels, _, _ in keys],
+            "device_ids": [device_id for _, device_id, _ in keys],
+            "health": [health for _, _, health in keys],
             "now": now,
         }
         for c in await conn.execute(_MATCHES, params):
