@@ -7,6 +7,7 @@ listing says what `get` says, and that a page costs the same statements whatever
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pytest
@@ -19,6 +20,9 @@ from support.sql_log import logged, statements
 from support.store_lab import Lab
 
 pytestmark = pytest.mark.integration
+
+#: What asyncpg sends of its own the first time a connection meets a type: not the listing's cost.
+_INTROSPECTION = re.compile(r"typeinfo_tree|'jit'")
 
 INFRA = {"steps": [{"name": "flash", "action": "noop", "args": {}, "infra": True}, {"name": "test", "action": "noop"}]}
 FLASH_FAILED = {"steps": [{"name": "flash", "status": "failed", "exit_code": 1}, {"name": "test", "status": "skipped"}]}
@@ -89,8 +93,9 @@ async def test_a_page_costs_the_same_statements_with_one_queued_task_or_many(lab
             page = await lab.store.list_tasks(status=TaskStatus.QUEUED, limit=100)
             await logged()
         assert all(t.pending_reason for t in page.tasks)
-        assert any("WITH ORDINALITY" in s for s in sent)  # the devices were counted, and heard
-        return len(page.tasks), len(sent)
+        work = [x for x in sent if not _INTROSPECTION.search(x)]
+        assert sum("WITH ORDINALITY" in x for x in work) == 1, work  # the devices counted once, and heard
+        return len(page.tasks), len(work)
 
     await lab.submit(labels={"pool": "nowhere"})
     one, cost_of_one = await listing_cost()
