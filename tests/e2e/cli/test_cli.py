@@ -311,8 +311,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 def a_task_with_a_long_note(devsched: Devsched, tmp_path: Path) -> tuple[str, str]:
     """A task with a long name and a NOTE; its id and that note as `ls --json` has it.
 
-    The note is the reason of a cancelled queued task: `ls` summaries carry no pending_reason today (only
-    `get` works it out); a long pending_reason is shown by `test_a_long_pending_reason_is_whole_at_80_columns`.
+    The note is the reason of a cancelled queued task (a queued one's note, its pending_reason, is checked by
+    `test_cli_pending`); a long pending_reason is shown by `test_a_long_pending_reason_is_whole_at_80_columns`.
     """
     path = plan_file(tmp_path, NOOP_PLAN)
     selector = "board=a-board-that-no-device-in-this-lab-has-ever-had"

@@ -221,3 +221,48 @@ async def test_log_out_ends_the_session_even_for_a_copy_of_its_cookie(page: Page
         await p.locator("#cancel").wait_for()
     finally:
         await client.cancel(reply.task_id)
+
+
+INFRA_FAILS = {
+    "plan": {
+        "steps": [
+            {"name": "flash", "action": "shell", "args": {"command": "exit 3"}, "infra": True},
+            {"name": "test", "action": "shell", "args": {"command": "true"}},
+        ]
+    },
+    "retry": {"on": ["infra"], "backoff": {"initial_s": 0.2, "max_s": 0.2}},
+    "max_attempts": 3,
+}
+
+
+async def _status(client: Client, task_id: object, *wanted: str) -> bool:
+    return (await client.get(str(task_id))).status in wanted
+
+
+async def test_the_queue_says_why_a_task_waits_for_a_missing_device_and_a_quarantined_one(
+    page: Page, client: Client, stack: Stack, shots: Path
+) -> None:
+    """The Queue's "Pending reason" column, filled from the listing: no device at all, and a quarantined one."""
+    p = page
+    device = stack.device_ids[1]
+    broken = await client.submit(INFRA_FAILS, name="breaks-the-device", device_id=device)
+    nowhere = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="needs-a-board",
+                                  selector={"board": "no-device-has-this"})  # fmt: skip
+    pinned = None
+    try:
+        await eventually(lambda: _status(client, broken.task_id, "failed"), timeout=60, message="3 infra failures")
+        pinned = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="on-the-quarantined",
+                                     device_id=device)  # fmt: skip
+        await p.goto("/queue")
+        for task_id, code in ((nowhere.task_id, "no_matching_device"), (pinned.task_id, "devices_quarantined")):
+            cell = p.locator(f'tr[data-task="{task_id}"] td').nth(4)
+            await cell.locator("code").filter(has_text=code).wait_for(timeout=30000)
+            assert (await cell.inner_text()).startswith(f"{code} ")
+        quarantined = await p.locator(f'tr[data-task="{pinned.task_id}"] td').nth(4).inner_text()
+        assert "quarantined after repeated infrastructure failures" in quarantined
+        await p.screenshot(path=str(shots / "queue-reasons.png"), full_page=True)
+    finally:
+        for reply in (nowhere, pinned):
+            if reply is not None:
+                await client.cancel(reply.task_id)
+        await client.drain(device, drained=False)  # lifts the quarantine: the device serves the next tests
