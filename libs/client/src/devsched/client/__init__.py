@@ -30,6 +30,7 @@ from devsched.client.errors import (
 )
 from devsched.client.logs import LogReader, collect_output
 from devsched.client.plans import build_request, load_document, load_request
+from devsched.client.task_ids import AmbiguousTaskId
 from devsched.client.watch import TaskWatch
 from devsched.core.status import TERMINAL, DeviceState, EventKind, TaskStatus
 from devsched.protocol.messages import (
@@ -54,6 +55,7 @@ __all__ = [
     "DEFAULT_NATS_URL",
     "DEFAULT_TIMEOUT_S",
     "TERMINAL",
+    "AmbiguousTaskId",
     "CancelReply",
     "Client",
     "Conflict",
