@@ -144,3 +144,26 @@ def test_version_prints_the_client_version() -> None:
     )
     assert result.returncode == 0, result
     assert result.stdout == f"devsched {version('devsched-client')}\n"
+
+
+def test_version_alone_imports_neither_the_client_nor_the_commands() -> None:
+    script = (
+        "import sys; sys.argv = ['devsched', '--version']; from devsched.client.cli import main; main(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('devsched.client.client', 'devsched.client.cli.main', "
+        "'typer', 'pydantic', 'nats'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result
+    assert result.stdout.splitlines() == [f"devsched {version('devsched-client')}", "[]"]
+
+
+def test_the_package_names_resolve_when_first_used() -> None:
+    import devsched.client as package
+    from devsched.client import Client, TaskStatus
+
+    assert sorted(package.__all__) == sorted(package._SOURCES)
+    assert Client.__module__ == "devsched.client.client"
+    assert TaskStatus.QUEUED == "queued"
+    assert all(getattr(package, name) is not None for name in package.__all__)
+    with pytest.raises(AttributeError):
+        package.NoSuchName  # noqa: B018

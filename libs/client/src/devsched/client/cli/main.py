@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +14,7 @@ from devsched.client.cli import health as health_commands
 from devsched.client.cli import logs as log_commands
 from devsched.client.cli.common import Settings
 from devsched.client.cli.plugins import PluginGroup
+from devsched.client.cli.version import version_line
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
 from devsched.protocol.subjects import DEFAULT_PREFIX
 from devsched.protocol.tls import NatsAccess
@@ -37,17 +37,9 @@ app = typer.Typer(
 )
 
 
-def client_version() -> str:
-    """The installed devsched-client's version (`unknown` when run from sources that were never installed)."""
-    try:
-        return version("devsched-client")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"devsched {client_version()}")
+    if value:  # `--version` among other arguments: alone, `devsched.client.cli.main()` answers it before this app
+        typer.echo(version_line())
         raise typer.Exit()
 
 
