@@ -134,6 +134,16 @@ async def test_list_filters_by_the_device_a_task_ran_on(
     assert [t["task_id"] for t in (await call(nc, listed, {}))["tasks"]] == [queued, ran]
 
 
+async def test_list_filters_by_the_start_of_the_id(scheduler: Scheduler, nc: NatsClient, subject_prefix: str) -> None:
+    ids = [await submit(nc, subject_prefix, name=f"t{i}") for i in range(3)]
+    listed = api(subject_prefix, "tasks.list")
+    for task_id in ids:
+        for prefix in (task_id[:8], task_id[:9], task_id[:20], task_id):
+            assert [t["task_id"] for t in (await call(nc, listed, {"id_prefix": prefix}))["tasks"]] == [task_id]
+    unknown = next(p for p in (uuid.uuid4().hex[:8] for _ in range(9)) if not any(i.startswith(p) for i in ids))
+    assert (await call(nc, listed, {"id_prefix": unknown}))["tasks"] == []
+
+
 async def test_cancel_queued_terminal_and_repeated(scheduler: Scheduler, nc: NatsClient, subject_prefix: str) -> None:
     task_id = await submit(nc, subject_prefix)
     cancel = api(subject_prefix, "tasks.cancel")
@@ -259,6 +269,9 @@ async def test_submit_rejects_invalid_requests_with_paths(
         ("tasks.list", {"device_id": "a.b"}, "device_id"),  # issue 15: a token, like every device id
         ("tasks.list", {"device_id": ""}, "device_id"),
         ("tasks.list", {"device_id": 7}, "device_id"),
+        ("tasks.list", {"id_prefix": "3af593"}, "id_prefix"),  # 8 hex digits at least
+        ("tasks.list", {"id_prefix": "3AF5939C"}, "id_prefix"),  # as written: lowercase
+        ("tasks.list", {"id_prefix": "3af5939c--"}, "id_prefix"),
         ("tasks.cancel", {}, "task_id"),
         ("hosts.list", {"x": 1}, "x"),
         ("devices.drain", {"device_id": "a.b"}, "device_id"),

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
-from importlib.metadata import entry_points, requires
+from importlib.metadata import entry_points, requires, version
 from pathlib import Path
 
 import pytest
@@ -92,8 +92,78 @@ def test_with_the_dev_stack_up_is_the_real_command() -> None:
 
 
 def test_the_plugin_commands_come_after_the_client_commands_in_a_fixed_order() -> None:
-    from devsched.client.cli.main import PLUGIN_COMMANDS, _name, app
-
-    names = [_name(command) for command in app.registered_commands]
-    assert [name for name in names if name in PLUGIN_COMMANDS] == ["up", "migrate", "bench"]
+    result = subprocess.run(
+        [sys.executable, "-m", "devsched.client", "--help"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result
+    names = [line.split()[0] for line in result.stdout.splitlines() if line.startswith("  ") and line.split()]
+    assert [name for name in names if name in ("up", "migrate", "bench")] == ["up", "migrate", "bench"]
     assert names.index("up") > names.index("submit")
+
+
+#: Runs `devsched ARGS...` in this interpreter, then prints the imported modules that a client command must not need.
+_IMPORTS_AFTER = """
+import sys
+from devsched.client.cli import main
+sys.argv = ["devsched", *sys.argv[1:]]
+try:
+    main()
+except SystemExit:
+    pass
+heavy = ("sqlalchemy", "alembic", "asyncpg", "devsched.store", "devsched.devstack", "devsched.bench")
+print("IMPORTED", *sorted({m for m in sys.modules if m.split(".")[0] in heavy or m.startswith(heavy)}))
+"""
+
+
+def _imported_by(*args: str) -> set[str]:
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORTS_AFTER, *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("IMPORTED")]
+    return set(line.split()[1:])
+
+
+@pytest.mark.parametrize("args", [("--version",), ("ls", "--help"), ("get", "--help"), ("--help",)])
+def test_a_client_command_imports_neither_sqlalchemy_nor_the_store(args: tuple[str, ...]) -> None:
+    imported = _imported_by(*args)
+    assert not {m for m in imported if m.startswith(("sqlalchemy", "alembic", "asyncpg", "devsched.store"))}, imported
+    if args != ("--help",):  # listing every command loads the plug-ins' command modules (still not their stack)
+        assert not {m for m in imported if m.startswith(("devsched.devstack", "devsched.bench"))}, imported
+
+
+def test_a_plugin_is_loaded_only_for_its_own_command() -> None:
+    imported = _imported_by("up", "--help")
+    assert "devsched.devstack.cli" in imported
+    assert not {m for m in imported if m.startswith(("devsched.bench", "sqlalchemy", "devsched.store"))}, imported
+    assert "devsched.bench.command" in _imported_by("bench", "--help")
+
+
+def test_version_prints_the_client_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "devsched.client", "--version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result
+    assert result.stdout == f"devsched {version('devsched-client')}\n"
+
+
+def test_version_alone_imports_neither_the_client_nor_the_commands() -> None:
+    script = (
+        "import sys; sys.argv = ['devsched', '--version']; from devsched.client.cli import main; main(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('devsched.client.client', 'devsched.client.cli.main', "
+        "'typer', 'pydantic', 'nats'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result
+    assert result.stdout.splitlines() == [f"devsched {version('devsched-client')}", "[]"]
+
+
+def test_the_package_names_resolve_when_first_used() -> None:
+    import devsched.client as package
+    from devsched.client import Client, TaskStatus
+
+    assert sorted(package.__all__) == sorted(package._SOURCES)
+    assert Client.__module__ == "devsched.client.client"
+    assert TaskStatus.QUEUED == "queued"
+    assert all(getattr(package, name) is not None for name in package.__all__)
+    with pytest.raises(AttributeError):
+        package.NoSuchName  # noqa: B018

@@ -48,7 +48,7 @@ SERVED = [
 SCHEMAS = {
     "tasks-submit": "1da4a5d4e5f4cf3ffe670c0517732e9b60c2231016596fb3051ef14e5f5ed085",
     "tasks-get": "7a67941e1c867b811d983203ca85d87cfb72c93184ecf76b4ab3529a236a10d4",
-    "tasks-list": "c08b3d3b2511fc55599062c24b2f8c1d515f79fc54e47e06df70ef43b51855df",
+    "tasks-list": "db4e622d243f6bedd021912bca15366d2970bff3e516f7e2ce046baa5540cc96",
     "tasks-cancel": "16668aa561c58a0ed6801ec05cf15558460d2b5fd7ff6070d9095ebba808b3ec",
     "hosts-list": "4b4605df26ecf7d2087d4a151e2ac3b229eb63b543c7765a0d09a7294ba3747a",
     "devices-drain": "14e001bcccead702c7026cee4d4e72a268595a303c98271aa9591632388e89cd",

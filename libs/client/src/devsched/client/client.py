@@ -43,6 +43,7 @@ from devsched.client import artifacts as artifacts_io
 from devsched.client.errors import NatsUnreachable, from_validation, invalid
 from devsched.client.logs import LogReader
 from devsched.client.plans import build_request, load_request
+from devsched.client.task_ids import resolve_task_id
 from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
 from devsched.core.limits import LIST_LIMIT_DEFAULT
@@ -418,14 +419,34 @@ class Client:
         after: str | None = None,
         kind: TaskKind | str | None = None,
         device_id: str | None = None,
+        id_prefix: str | None = None,
     ) -> ListTasksReply:
         """One page of tasks, newest first (`P.api.tasks.list`); pass the reply's `next` as `after`.
 
         `kind`: only `user` tasks, or only `health` tasks (issue 13); both by default.
         `device_id`: only tasks that had an attempt on that device, its history (issue 15).
+        `id_prefix`: only tasks whose id starts with it (`resolve` turns a short id into the one task's).
         """
-        body = _build(ListTasksRequest, status=status, limit=limit, after=after, kind=kind, device_id=device_id)
+        body = _build(
+            ListTasksRequest,
+            status=status,
+            limit=limit,
+            after=after,
+            kind=kind,
+            device_id=device_id,
+            id_prefix=id_prefix,
+        )
         return await self._call(endpoints.TASKS_LIST, body)
+
+    async def resolve(self, task_id: TaskId) -> uuid.UUID:
+        """The id of the one task `task_id` names: a whole id, or its first 8 or more hex digits (`3af5939c`).
+
+        Raises:
+            InvalidRequest: neither an id nor such a prefix (before anything is sent).
+            NotFound: no task id starts with the prefix.
+            AmbiguousTaskId: several do (an `InvalidRequest` naming them): give more digits.
+        """
+        return await resolve_task_id(self, task_id)
 
     async def pages(
         self, *, status: TaskStatus | str | None = None, page_size: int = LIST_LIMIT_DEFAULT, after: str | None = None

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from devsched.core.limits import (
     LEASE_TTL_DEFAULT_S,
@@ -39,6 +39,7 @@ from devsched.protocol.plans import Plan, Progress, RunResult, Selector
 from devsched.protocol.policies import Limit, RetryPolicy
 
 __all__ = [
+    "TASK_ID_PREFIX_PATTERN",
     "AttemptView",
     "CancelReply",
     "CancelRequest",
@@ -62,6 +63,14 @@ def _unless_none(value: object) -> bool:
 def _unless_empty(value: list[str] | None) -> bool:
     return not value
 
+
+#: The start of a task id as it is written (lowercase, its hyphens in place), cut anywhere after its 8th digit:
+#: `3af5939c`, `3af5939c-1b`, up to the whole id.
+TASK_ID_PREFIX_PATTERN = (
+    r"^[0-9a-f]{8}(-([0-9a-f]{0,3}|[0-9a-f]{4}(-([0-9a-f]{0,3}|[0-9a-f]{4}(-([0-9a-f]{0,3}|[0-9a-f]{4}"
+    r"(-[0-9a-f]{0,12})?))?))?))?$"
+)
+TaskIdPrefix = Annotated[str, StringConstraints(pattern=TASK_ID_PREFIX_PATTERN)]
 
 #: A large field of a task that a reply may cut to fit (see `TaskSummary.truncated`): `metadata` (left
 #: empty), `result` (each step's `output_tail` cut to its end, or left out), `attempts` (each attempt's
@@ -236,6 +245,9 @@ class ListTasksRequest(RequestModel):
     """Addition (issue 13): only `user` tasks or only `health` tasks; both when null (left out)."""
     device_id: Token | None = Field(default=None, exclude_if=_unless_none)
     """Addition (issue 15): only tasks that had an attempt on this device; every task when null (left out)."""
+    id_prefix: TaskIdPrefix | None = Field(default=None, exclude_if=_unless_none)
+    """Addition: only tasks whose id starts with this (8 or more hex digits, lowercase, hyphens where the id
+    has them), so that a client can take a short id; every task when null (left out)."""
 
 
 class ListTasksReply(ReplyModel):

@@ -300,14 +300,16 @@ class Store:
         after: str | None = None,
         kind: TaskKind | None = None,
         device_id: str | None = None,
+        id_prefix: str | None = None,
     ) -> TaskPage:
         """One page of tasks, newest first, each queued one with its `pending_reason` (worked out for the page at once).
 
-        `kind`: only user tasks, or only health tasks; `device_id`: only tasks that had an attempt on that device.
+        `kind`: only user tasks, or only health tasks; `device_id`: only tasks that had an attempt on that device;
+        `id_prefix`: only tasks whose id starts with it.
         """
 
         async def op(conn: AsyncConnection, now: datetime) -> TaskPage:
-            return await queries.list_tasks(conn, now, status, limit, after, kind, device_id)
+            return await queries.list_tasks(conn, now, status, limit, after, kind, device_id, id_prefix)
 
         return await self._tx.run(op, name="list_tasks")
 

@@ -222,7 +222,12 @@ class Api:
     async def list(self, req: m.ListTasksRequest, subject: str) -> m.ListTasksReply:
         """`P.api.tasks.list`: a page cut by bytes too (`devsched.scheduler.replies`), its large fields cut."""
         page = await self._store.list_tasks(
-            status=req.status, limit=req.limit, after=req.after, kind=req.kind, device_id=req.device_id
+            status=req.status,
+            limit=req.limit,
+            after=req.after,
+            kind=req.kind,
+            device_id=req.device_id,
+            id_prefix=req.id_prefix,
         )
         tasks = [list_item(m.TaskSummary.from_value(task)) for task in page.tasks]
         n = fit(tasks, reply_limit(self._nc))

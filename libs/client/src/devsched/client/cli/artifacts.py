@@ -17,13 +17,18 @@ import typer
 
 from devsched.client.cli.common import ExitCode, check, fail, out, print_json, run, with_client
 from devsched.client.cli.render import artifacts_table, literal, visible
-from devsched.client.client import Client, task_uuid
+from devsched.client.client import Client
+from devsched.client.task_ids import task_ref
 
 
 def artifacts(
     ctx: typer.Context,
     args: Annotated[
-        list[str], typer.Argument(help="TASK_ID to list, or: get TASK_ID NAME.", metavar="[get] TASK_ID [NAME]")
+        list[str],
+        typer.Argument(
+            help="TASK_ID to list, or: get TASK_ID NAME (TASK_ID: the id or its first 8 or more hex digits).",
+            metavar="[get] TASK_ID [NAME]",
+        ),
     ],
     attempt: Annotated[
         int | None, typer.Option("--attempt", min=1, help="Only this attempt's [default: all; get: the newest].")
@@ -42,9 +47,10 @@ def artifacts(
         return
     if len(args) != 1:
         fail("usage: devsched artifacts TASK_ID [--attempt N] [--json]", ExitCode.USAGE)
-    tid = check(lambda: task_uuid(args[0]))
+    ref = check(lambda: task_ref(args[0]))
 
     async def main(client: Client) -> None:
+        tid = await client.resolve(ref)
         listing = await client.artifacts(tid, attempt=attempt)
         if json_out:
             print_json(listing)
@@ -55,9 +61,10 @@ def artifacts(
 
 
 def _get(ctx: typer.Context, task_id: str, name: str, attempt: int | None, output: str | None, force: bool) -> None:
-    tid = check(lambda: task_uuid(task_id))
+    ref = check(lambda: task_ref(task_id))
 
     async def main(client: Client) -> None:
+        tid = await client.resolve(ref)
         if output == "-":
             data = await client.artifact_bytes(tid, name, attempt=attempt)
             sys.stdout.buffer.write(data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -38,6 +39,7 @@ from devsched.client.cli.render import (
 )
 from devsched.client.client import Client, task_uuid
 from devsched.client.plans import load_request, parse_labels
+from devsched.client.task_ids import task_ref
 from devsched.core.limits import LIST_LIMIT_MAX
 from devsched.core.status import TERMINAL, TaskKind, TaskStatus
 from devsched.protocol.messages import SubmitRequest, TaskSummary, TaskView
@@ -229,7 +231,7 @@ async def _bounded(coro: Coroutine[Any, Any, TaskView], seconds: float | None) -
 
 def get(
     ctx: typer.Context,
-    task_id: Annotated[str, typer.Argument(help="The task's id.")],
+    task_id: Annotated[str, typer.Argument(help="The task's id, or its first 8 or more hex digits.")],
     full: Annotated[
         list[str] | None,
         typer.Option(
@@ -241,10 +243,10 @@ def get(
     json_out: JsonFlag = False,
 ) -> None:
     """Show a task: status, attempts, and the reported step results."""
-    tid = check(lambda: task_uuid(task_id))
+    ref = check(lambda: task_ref(task_id))
 
     async def main(client: Client) -> None:
-        view = await client.get(tid, full=full)
+        view = await client.get(await client.resolve(ref), full=full)
         if json_out:
             print_json(view)
             return
@@ -271,8 +273,23 @@ def ls(
         str | None, typer.Option("--device", help="Only tasks that had an attempt on this device (its history).")
     ] = None,
     json_out: JsonFlag = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Print only the tasks' whole ids, one per line (for scripts).")
+    ] = False,
+    wide: Annotated[
+        bool,
+        typer.Option(
+            "--wide", help="Whole ids in a terminal too narrow for the full table (by default: their first 8 digits)."
+        ),
+    ] = False,
 ) -> None:
-    """List tasks, newest first. `--json` prints {"tasks": [...], "next": <cursor or null>}."""
+    """List tasks, newest first. `--json` prints {"tasks": [...], "next": <cursor or null>}.
+
+    In a terminal too narrow for the whole table, ids are cut to their first 8 digits, which every command
+    takes; into a pipe, the table is plain columns with whole ids.
+    """
+    if quiet and json_out:
+        fail("usage: --quiet and --json are two outputs: choose one", ExitCode.USAGE)
 
     async def main(client: Client) -> None:
         tasks: list[TaskSummary] = []
@@ -287,15 +304,19 @@ def ls(
         if json_out:
             print_json({"tasks": [t.model_dump(mode="json") for t in tasks], "next": cursor})
             return
+        if quiet:
+            sys.stdout.write("".join(f"{t.task_id}\n" for t in tasks))
+            sys.stdout.flush()
+            return
         if not tasks:
             where = (f" in status {status}" if status else "") + (f" on {device}" if device else "")
             out.print(literal(f"no tasks{where}"))
             return
-        print_table(out, lambda compact: tasks_table(tasks, compact=compact))
+        print_table(out, lambda compact: tasks_table(tasks, compact=compact, short_ids=compact and not wide))
         trimmed = sum(1 for t in tasks if t.truncated)
         if trimmed:
             out.print(
-                f"{trimmed} of these tasks have large fields cut in the list (metadata, result): devsched show <id>",
+                f"{trimmed} of these tasks have large fields cut in the list (metadata, result): devsched get <id>",
                 style="dim",
             )
         if cursor is not None:
@@ -308,15 +329,15 @@ def ls(
 
 def cancel(
     ctx: typer.Context,
-    task_id: Annotated[str, typer.Argument(help="The task's id.")],
+    task_id: Annotated[str, typer.Argument(help="The task's id, or its first 8 or more hex digits.")],
     reason: Annotated[str | None, typer.Option(help="Why; carried by the cancel_requested event.")] = None,
     json_out: JsonFlag = False,
 ) -> None:
     """Cancel a task: at once if queued, else at its host's next step boundary. Harmless to repeat."""
-    tid = check(lambda: task_uuid(task_id))
+    ref = check(lambda: task_ref(task_id))
 
     async def main(client: Client) -> None:
-        reply = await client.cancel(tid, reason)
+        reply = await client.cancel(await client.resolve(ref), reason)
         if json_out:
             print_json(reply)
         elif reply.cancel_requested:
@@ -334,7 +355,7 @@ def cancel(
 
 def watch(
     ctx: typer.Context,
-    task_id: Annotated[str, typer.Argument(help="The task's id.")],
+    task_id: Annotated[str, typer.Argument(help="The task's id, or its first 8 or more hex digits.")],
     json_out: Annotated[bool, typer.Option("--json", help="Print each event as one JSON line (JSON Lines).")] = False,
     logs: Annotated[
         bool,
@@ -342,10 +363,10 @@ def watch(
     ] = False,
 ) -> None:
     """Follow a task's events from its start to its end; the exit code tells how it ended."""
-    tid = check(lambda: task_uuid(task_id))
+    ref = check(lambda: task_ref(task_id))
 
     async def main(client: Client) -> ExitCode:
-        view = await follow(client, tid, json_lines=json_out, quiet=False, output=logs)
+        view = await follow(client, await client.resolve(ref), json_lines=json_out, quiet=False, output=logs)
         return exit_code_of_status(view.status)
 
     raise typer.Exit(int(run(lambda: with_client(ctx, main))))

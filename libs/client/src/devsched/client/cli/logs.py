@@ -23,9 +23,10 @@ from rich.text import Text
 
 from devsched.client.cli.common import check, err, out, print_json_line, run, with_client
 from devsched.client.cli.render import literal, visible
-from devsched.client.client import Client, task_uuid
+from devsched.client.client import Client
 from devsched.client.errors import DevschedError, describe
 from devsched.client.logs import LogReader
+from devsched.client.task_ids import task_ref
 from devsched.protocol.logs import LogKind, LogRecord, OutputStream
 
 MiB = 1024 * 1024
@@ -173,7 +174,7 @@ def _raw_printer(stream: OutputStream | None, shown: VisibleOutput | None) -> Ca
 
 def logs(
     ctx: typer.Context,
-    task_id: Annotated[str, typer.Argument(help="The task's id.")],
+    task_id: Annotated[str, typer.Argument(help="The task's id, or its first 8 or more hex digits.")],
     attempt: Annotated[
         int | None, typer.Option("--attempt", min=1, help="This attempt's output [default: the latest attempt].")
     ] = None,
@@ -203,9 +204,10 @@ def logs(
 
     On a terminal, control characters are shown as visible escapes (`--raw`: unchanged).
     """
-    tid = check(lambda: task_uuid(task_id))
+    ref = check(lambda: task_ref(task_id))
 
     async def main(client: Client) -> None:
+        tid = await client.resolve(ref)
         shown = None if raw or json_out or not sys.stdout.isatty() else VisibleOutput()
         show = _raw_printer(stream, shown)
         async with client.logs(tid, attempt=attempt, step=step, follow=follow) as records:

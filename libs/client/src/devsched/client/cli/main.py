@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, entry_points, version
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from typer.models import CommandInfo
 
 from devsched.client.cli import artifacts as artifact_commands
 from devsched.client.cli import commands
 from devsched.client.cli import devices as device_commands
 from devsched.client.cli import health as health_commands
 from devsched.client.cli import logs as log_commands
-from devsched.client.cli.common import ExitCode, Settings, fail
+from devsched.client.cli.common import Settings
+from devsched.client.cli.plugins import PluginGroup
+from devsched.client.cli.version import version_line
 from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S
 from devsched.protocol.subjects import DEFAULT_PREFIX
 from devsched.protocol.tls import NatsAccess
@@ -34,20 +33,13 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=True,
     rich_markup_mode=None,
+    cls=PluginGroup,
 )
 
 
-def client_version() -> str:
-    """The installed devsched-client's version (`unknown` when run from sources that were never installed)."""
-    try:
-        return version("devsched-client")
-    except PackageNotFoundError:
-        return "unknown"
-
-
 def _print_version(value: bool) -> None:
-    if value:
-        typer.echo(f"devsched {client_version()}")
+    if value:  # `--version` among other arguments: alone, `devsched.client.cli.main()` answers it before this app
+        typer.echo(version_line())
         raise typer.Exit()
 
 
@@ -133,51 +125,6 @@ app.command()(commands.hosts)
 app.command()(commands.drain)
 app.add_typer(health_commands.app, name="health")
 app.add_typer(device_commands.app, name="devices")
-
-
-#: Entry point group of the packages that add commands to `devsched`: each names a `register(app)` function.
-PLUGIN_GROUP = "devsched.cli_plugins"
-
-#: Commands that come with a package of their own, and that package: without it, they say so in one line.
-PLUGIN_COMMANDS = {"up": "devsched-devstack", "migrate": "devsched-devstack", "bench": "devsched-bench"}
-
-
-def _missing(name: str, package: str) -> Callable[[], None]:
-    def command() -> None:
-        fail(f"`devsched {name}` comes with the {package} package: install it (pip install {package})", ExitCode.USAGE)
-
-    command.__doc__ = f"(not installed: `pip install {package}` adds it)"
-    return command
-
-
-def _load_plugins() -> None:
-    """Add the commands of the installed plugin packages, and a one-line hint for each one that is missing.
-
-    The client stays installable without the server side: `devsched up` and `devsched migrate` need the store, the
-    embedded servers and asyncpg, which live in devsched-devstack, and `devsched bench` lives in devsched-bench;
-    both register themselves through `PLUGIN_GROUP`.
-    """
-    for entry in entry_points(group=PLUGIN_GROUP):
-        register: Callable[[typer.Typer], None] = entry.load()
-        register(app)
-    present = {_name(command) for command in app.registered_commands if command.callback is not None}
-    for name, package in PLUGIN_COMMANDS.items():
-        if name not in present:
-            app.command(
-                name, context_settings={"allow_extra_args": True, "ignore_unknown_options": True}, add_help_option=False
-            )(_missing(name, package))
-    # `--help` lists them in PLUGIN_COMMANDS's order, whatever order the packages were found in.
-    order = {name: index for index, name in enumerate(PLUGIN_COMMANDS)}
-    app.registered_commands.sort(key=lambda command: order.get(_name(command), -1))
-
-
-def _name(command: CommandInfo) -> str:
-    if command.name is not None:
-        return command.name
-    return command.callback.__name__.replace("_", "-") if command.callback is not None else ""
-
-
-_load_plugins()
 
 
 def main() -> None:

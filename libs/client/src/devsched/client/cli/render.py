@@ -116,18 +116,36 @@ def _note(task: TaskSummary) -> str:
     return task.reason or ""
 
 
+#: Characters of a short task id: what `ls` shows where a whole id does not fit, and what any command takes back.
+SHORT_ID_CHARS = 8
+
+
+def short_id(task_id: object, chars: int = SHORT_ID_CHARS) -> str:
+    """A task id's first `chars` characters (`3af5939c`): enough to name it in a lab's history."""
+    return str(task_id)[:chars]
+
+
+def short_id_chars(task_ids: Iterable[object]) -> int:
+    """How much of each id to show so that no two of these look alike: 8 characters, or whole groups more."""
+    ids = {str(task_id) for task_id in task_ids}
+    for chars in (SHORT_ID_CHARS, 13, 18, 23):  # `3af5939c`, then up to each further hyphen of the id
+        if len({task_id[:chars] for task_id in ids}) == len(ids):
+            return chars
+    return 36
+
+
 def tasks_table(
     tasks: Iterable[TaskSummary], *, title: str | None = None, short_ids: bool = False, compact: bool = False
 ) -> Table:
-    """The `ls` table: one row per task (`short_ids`: the first 8 characters of each id).
+    """The `ls` table: one row per task (`short_ids`: the first 8 characters of each id, more if two look alike).
 
-    `compact` is the layout for a terminal too narrow for the full table: no vertical rules, and the id, name,
-    date and note may all wrap, so rich shares the shortage among them instead of squeezing the few wrapping
-    columns (NAME, PRI, NOTE) out of sight, as it does when the long ones may not wrap.
+    An id is never wrapped: cut over lines, it could not be copied (nor read) as one. `compact` is the layout
+    for a terminal too narrow for the full table: no vertical rules, and the name, date and note may wrap, so
+    rich shares the shortage among them instead of squeezing the few wrapping columns out of sight.
     """
     if compact:
         table = _compact_table(title)
-        table.add_column("TASK", overflow="fold")
+        table.add_column("TASK", no_wrap=True)
         table.add_column("NAME", overflow="fold")
         table.add_column("STATUS", no_wrap=True)
         table.add_column("PRI", justify="right", no_wrap=True)
@@ -143,9 +161,11 @@ def tasks_table(
         table.add_column("ATTEMPTS", justify="right", no_wrap=True)
         table.add_column("CREATED", no_wrap=True)
         table.add_column("NOTE", overflow="ellipsis" if short_ids else "fold", no_wrap=short_ids)
+    tasks = list(tasks)
+    chars = short_id_chars(task.task_id for task in tasks) if short_ids else 36
     for task in tasks:
         table.add_row(
-            literal(str(task.task_id)[:8] if short_ids else task.task_id),
+            literal(short_id(task.task_id, chars)),
             _name(task),
             status_text(task.status),
             str(task.priority),
@@ -229,16 +249,20 @@ def natural_width(console: Console, table: Table) -> int:
 
 
 def print_table(console: Console, build: Callable[[bool], Table]) -> None:
-    """Print a table so that no column is lost: fitted to a terminal, at its natural width into a pipe.
+    """Print a table so that no column is lost: fitted to a terminal, as plain columns into a pipe.
 
     Rich renders into a pipe at 80 columns, where it would wrap every row or squeeze whole columns out; a
     script reading `devsched ls | grep queued` wants one line per row with every value whole, so a pipe gets
-    the full table at the width it needs (still text for people: `--json` is the machine format).
+    the full table without its rules, at the width it needs (still text for people: `--json` and `ls -q` are
+    the machine formats).
     """
     if console.is_terminal:
         console.print(Fitted(build))
         return
     full = build(False)
+    full.box = None  # plain columns: no rules to strip before `cut`, `awk` or `grep`
+    full.show_edge = False
+    full.pad_edge = False
     Console(
         file=console.file,
         width=natural_width(console, full),
