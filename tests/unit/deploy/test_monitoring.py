@@ -20,6 +20,7 @@ from devsched.scheduler.metrics import REGISTRY as SCHEDULER
 from devsched.service.metrics import exported_names
 from devsched.sweeper.metrics import REGISTRY as SWEEPER
 from unit.deploy.manifests import K8S, KUBERNETES_VERSION, _kustomize, containers, find, pod_spec
+from unit.docs.test_links import ROOT, anchors
 
 pytestmark = pytest.mark.unit
 
@@ -28,6 +29,9 @@ MONITORING = K8S / "components" / "monitoring"
 NAME = re.compile(r"\b((?:devsched|process)_[a-z0-9_]+)\b")
 #: Exported families the dashboard may leave out (bookkeeping, not operations).
 NOT_ON_THE_DASHBOARD = {"devsched_gauges_refreshed_timestamp_seconds", "devsched_pruned_tasks_total"}
+#: Where the alerts' runbooks are: docs/runbooks.md, served under this base (replaced in an overlay).
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
+RUNBOOK_BASE = "https://devsched.example.com/docs/runbooks.md"
 ALERTS = {
     "DevschedNoSchedulerReady",
     "DevschedOutboxLag",
@@ -131,3 +135,67 @@ def test_the_dashboard_queries_exported_metrics_and_shows_each_of_them(tmp_path:
     shown = {n.removesuffix("_bucket") for n in used} | used
     missing = {n for n in families if n.removesuffix("_bucket") not in shown} - NOT_ON_THE_DASHBOARD
     assert not missing, missing
+
+
+#: A metric selector in PromQL: the metric name and its label matchers, if any.
+SELECTOR = re.compile(r"\b((?:devsched|process)_[a-z0-9_]+)\b(\{[^}]*\})?")
+#: The namespace matcher each selector must carry: the agents' metrics the agents' namespace, the control
+#: plane's its own, the process collector's (every component) either.
+CONTROL_PLANE, AGENTS, EITHER = '"$namespace"', '"$agent_namespace"', '"$namespace|$agent_namespace"'
+
+
+def _namespace_variable(name: str, matchers: str) -> str:
+    if name.startswith("process_"):
+        return EITHER
+    if name.startswith("devsched_agent_") or 'component="agent"' in matchers:
+        return AGENTS
+    return CONTROL_PLANE
+
+
+def test_every_panel_query_filters_by_the_namespace_variables() -> None:
+    """One Prometheus often scrapes several deployments (dev and production): every query is one's."""
+    dashboard = json.loads((MONITORING / "dashboard.json").read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    for name in ("namespace", "agent_namespace"):
+        assert variables[name]["type"] == "query"
+        assert variables[name]["datasource"]["uid"] == "${datasource}"
+        assert "namespace)" in variables[name]["definition"], "it lists the namespaces the metrics come from"
+    unfiltered = []
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"]["uid"] == "${datasource}", panel["title"]
+            selectors = SELECTOR.findall(target["expr"])
+            assert selectors, panel["title"]
+            for name, matchers in selectors:
+                want = f"namespace=~{_namespace_variable(name, matchers)}"
+                if want not in matchers:
+                    unfiltered.append((panel["title"], name, want))
+    assert unfiltered == []
+
+
+def test_the_namespace_check_finds_a_query_without_the_filter() -> None:
+    assert SELECTOR.findall('sum(rate(devsched_reports_total[5m])) / max(devsched_hosts{namespace=~"$namespace"})') == [
+        ("devsched_reports_total", ""),
+        ("devsched_hosts", '{namespace=~"$namespace"}'),
+    ]
+    assert _namespace_variable("devsched_agent_spool_reports", "") == AGENTS
+    assert _namespace_variable("devsched_ready", '{component="agent"}') == AGENTS
+    assert _namespace_variable("devsched_ready", '{component="scheduler"}') == CONTROL_PLANE
+
+
+def test_every_alert_links_its_runbook_section(tmp_path: Path) -> None:
+    docs = _with_component(tmp_path, "control-plane", "monitoring", "devsched")
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    sections = anchors(RUNBOOKS)
+    missing = []
+    for r in rules:
+        url = r["annotations"].get("runbook_url", "")
+        base, _, anchor = url.partition("#")
+        if base != RUNBOOK_BASE or anchor not in sections:
+            missing.append((r["alert"], url))
+    assert missing == [], f"each alert needs a runbook_url to its section of {RUNBOOKS.relative_to(ROOT)}"
+    # and every section of the runbooks is an alert's: none left behind when an alert goes
+    assert {r["alert"].lower() for r in rules} == sections - {"runbooks"}
