@@ -19,7 +19,7 @@ from devsched.agent.metrics import REGISTRY as AGENT
 from devsched.scheduler.metrics import REGISTRY as SCHEDULER
 from devsched.service.metrics import exported_names
 from devsched.sweeper.metrics import REGISTRY as SWEEPER
-from unit.deploy.manifests import K8S, KUBERNETES_VERSION, _kustomize, containers, find, pod_spec
+from unit.deploy.manifests import K8S, KUBERNETES_VERSION, _kustomize, containers, find, pod_spec, render
 from unit.docs.test_links import ROOT, anchors
 
 pytestmark = pytest.mark.unit
@@ -39,7 +39,11 @@ ALERTS = {
     "DevschedQueueAge",
     "DevschedHostsOffline",
     "DevschedDevicesQuarantined",
+    "DevschedPostgresWALArchivingFailing",
 }
+#: CloudNativePG's metrics the alerts use (its default monitoring queries; the PodMonitor devsched-pg).
+CNPG_METRICS = {"cnpg_pg_stat_archiver_failed_count"}
+CNPG_NAME = re.compile(r"\b(cnpg_[a-z0-9_]+)\b")
 
 
 def exported() -> frozenset[str]:
@@ -80,7 +84,7 @@ def test_the_pod_monitor_and_the_scrape_policy_reach_every_service_on_its_metric
 ) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     docs = _with_component(tmp_path, overlay, component, namespace)
-    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"] != "devsched-pg"]
     (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-scrape")]
     kubernetes_validate.validate(policy, KUBERNETES_VERSION, strict=True)
     assert monitor["metadata"]["namespace"] == policy["metadata"]["namespace"] == namespace
@@ -101,9 +105,9 @@ def test_the_alerts_are_the_issues_and_use_exported_metrics(tmp_path: Path) -> N
     (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
     rules = [r for group in rule["spec"]["groups"] for r in group["rules"]]
     assert {r["alert"] for r in rules} == ALERTS
-    names = exported()
+    names = exported() | CNPG_METRICS
     for r in rules:
-        used = set(NAME.findall(r["expr"]))
+        used = set(NAME.findall(r["expr"])) | set(CNPG_NAME.findall(r["expr"]))
         assert used, r["alert"]
         assert used <= names, (r["alert"], used - names)
         assert r["labels"]["severity"] in {"warning", "critical"}
@@ -199,3 +203,18 @@ def test_every_alert_links_its_runbook_section(tmp_path: Path) -> None:
     assert missing == [], f"each alert needs a runbook_url to its section of {RUNBOOKS.relative_to(ROOT)}"
     # and every section of the runbooks is an alert's: none left behind when an alert goes
     assert {r["alert"].lower() for r in rules} == sections - {"runbooks"}
+
+
+def test_the_database_is_scraped_by_its_own_pod_monitor(tmp_path: Path) -> None:
+    docs = _with_component(tmp_path, "control-plane", "monitoring", "devsched")
+    monitor = find(docs, "PodMonitor", "devsched-pg")
+    assert monitor["metadata"]["namespace"] == "devsched", "beside the Cluster"
+    assert monitor["spec"]["selector"] == {"matchLabels": {"cnpg.io/cluster": "devsched-pg"}}
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "metrics"  # CloudNativePG's exporter, 9187
+    cluster = find(render("overlays/production/postgres"), "Cluster", "devsched-pg")
+    assert cluster["metadata"]["namespace"] == monitor["metadata"]["namespace"]
+    # the archiving alert reads this monitor's pods
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    (archiving,) = [r for g in rule["spec"]["groups"] for r in g["rules"] if r["alert"].startswith("DevschedPostgres")]
+    assert 'pod=~"devsched-pg-[0-9]+"' in archiving["expr"]
