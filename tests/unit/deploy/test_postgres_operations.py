@@ -8,6 +8,8 @@ by hand (no schema offline), the Kubernetes objects they change against Kubernet
 from __future__ import annotations
 
 import os
+import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +141,21 @@ def test_the_components_are_opt_in() -> None:
             cluster = find(docs, "Cluster", CLUSTER)
             assert set(cluster["spec"]["bootstrap"]) == {"initdb"}, name
             assert "plugins" not in cluster["spec"], name
+
+
+def test_the_readmes_drill_restores_beside_production_without_touching_its_archive(tmp_path: Path) -> None:
+    """The drill's kustomization, as deploy/README.md gives it, with <repo> filled in."""
+    readme = (K8S.parent / "README.md").read_text()
+    blocks = re.findall(r"^ *```yaml\n(.*?)^ *```", readme, flags=re.DOTALL | re.MULTILINE)
+    (drill,) = [textwrap.dedent(b) for b in blocks if "# drill/kustomization.yaml" in b]
+    (tmp_path / "kustomization.yaml").write_text(drill.replace("<repo>", os.path.relpath(K8S.parents[1], tmp_path)))
+    docs = _kustomize(tmp_path)
+    assert {d["metadata"]["namespace"] for d in docs} == {"devsched-drill"}
+    assert "ScheduledBackup" not in {d["kind"] for d in docs}, "a drill takes no backups"
+    cluster = find(docs, "Cluster", CLUSTER)
+    assert set(cluster["spec"]["bootstrap"]) == {"recovery"}
+    (source,) = cluster["spec"]["externalClusters"]
+    assert source["plugin"]["parameters"]["serverName"] == CLUSTER, "it restores production's backups"
+    (archiver,) = cluster["spec"]["plugins"]
+    # its own archive: neither production's nor the one a real restore would take next
+    assert archiver["parameters"]["serverName"] == "devsched-pg-drill"
