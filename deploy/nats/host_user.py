@@ -15,8 +15,9 @@ host's `P.assign.<id>`, a task's events). In an account of its own, every reply 
 subject of that account, where no stream and no other host live. The account imports, from the devsched
 account (which exports them in accounts.conf), exactly what `devsched-agent` uses (PROTOCOL.md):
 
-- services: `P.host.<id>.<verb>` of every host endpoint (`devsched.protocol.endpoints`, the protocol's one
-  table: register, heartbeat, claim, renew, report, release, artifact); the two JetStream API
+- services: `P.host.<id>.*`, every request verb of this host (register, heartbeat, claim, renew, report,
+  release, artifact, and any host endpoint a later release adds: the block names no verb, so it never needs
+  generating again for one; the devsched account exports `P.host.*.*`); the two JetStream API
   calls it makes on its own durable consumer `host-<id>` of the stream `<PU>_ASSIGNMENTS` (consumer info and
   pull "next"), mapped to `P.js.API.CONSUMER...` in the host's account (the agent's `jetstream_api_prefix`); and the
   acks of the messages that consumer delivers (`$JS.ACK.<PU>_ASSIGNMENTS.host-<id>.>`, which also covers
@@ -29,7 +30,8 @@ account (which exports them in accounts.conf), exactly what `devsched-agent` use
   reaches the bucket (`$O.>`), the uploads stream's API, nor another host's uploads.
 - stream: its nudges `P.host.<id>.nudge` (which also carry the scheduler's drain notice for this host).
 
-Its one user may publish to exactly those subjects and subscribe to its nudges and its own inbox
+Its one user may publish to exactly those subjects, less its own nudge (denied: `P.host.<id>.*` covers it,
+and only the scheduler nudges), and subscribe to its nudges and its own inbox
 `_INBOX.<id>.>` (the agent connects with that inbox prefix). The account's limits bound what one host can
 hold of the server: connections (one agent, plus one more during a restart), subscriptions, payload size.
 
@@ -37,7 +39,7 @@ Everything else does not exist for the host: other hosts' subjects (their logs i
 creating or deleting consumers and streams, the operator API, the event stream, and reading the logs stream
 (its own output included: only operators read it), the uploads stream and the artifacts bucket.
 
-The host's request subjects come from the protocol's endpoint table, so it runs where devsched-protocol is
+The subject names come from the protocol library (`devsched.protocol.subjects`), so it runs where devsched-protocol is
 installed: `uv run python deploy/nats/host_user.py ...` in a checkout, or after `pip install devsched-protocol`.
 """
 
@@ -50,8 +52,7 @@ from collections.abc import Sequence
 
 try:
     from devsched.protocol.connection import host_inbox_prefix
-    from devsched.protocol.endpoints import ENDPOINTS
-    from devsched.protocol.subjects import DEFAULT_PREFIX, Subjects
+    from devsched.protocol.subjects import DEFAULT_PREFIX, HostVerb, Subjects
 except ImportError as exc:  # pragma: no cover - a Python without devsched
     raise SystemExit(
         f"host_user.py needs devsched-protocol ({exc}): run `uv run python deploy/nats/host_user.py ...` in a "
@@ -113,10 +114,19 @@ def upload_subjects(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.host.{host_id}.upload.>"
 
 
-def host_requests(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
-    """`P.host.<id>.<verb>`: the subject of each host endpoint of the protocol's table, in its order."""
-    subjects = Subjects(_token("prefix", prefix))
-    return [subjects.endpoint(endpoint, _token("host id", host_id)) for endpoint in ENDPOINTS if endpoint.host]
+def host_requests(host_id: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """`P.host.<id>.*`: every request verb of this host, those of the protocol's table and any added later.
+
+    One wildcard in the verb's place, the host id pinned: a new host endpoint reaches the scheduler without
+    regenerating any host's block, and the host still reaches no other host's subjects. The one subject of
+    that shape a host must not send to, its nudge, is denied (`host_denied`).
+    """
+    return f"{_token('prefix', prefix)}.host.{_token('host id', host_id)}.*"
+
+
+def host_denied(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[str]:
+    """What the host may not publish although `host_requests` covers it: its nudge (the scheduler's to send)."""
+    return [Subjects(_token("prefix", prefix)).host(_token("host id", host_id), HostVerb.NUDGE)]
 
 
 def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, str, str]]:
@@ -125,7 +135,7 @@ def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, 
     _token("prefix", prefix)
     stream = f"{stream_prefix(prefix)}_ASSIGNMENTS"
     consumer = f"host-{host_id}"
-    imports = [("service", subject, "") for subject in host_requests(host_id, prefix)]
+    imports = [("service", host_requests(host_id, prefix), "")]
     for api in ("CONSUMER.INFO", "CONSUMER.MSG.NEXT"):
         imports.append(
             ("service", f"$JS.API.{api}.{stream}.{consumer}", f"{jetstream_api(prefix)}.{api}.{stream}.{consumer}")
@@ -138,7 +148,7 @@ def host_imports(host_id: str, prefix: str = DEFAULT_PREFIX) -> list[tuple[str, 
 
 
 def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, list[str]]:
-    """The subjects a host may publish to and subscribe to.
+    """The subjects a host may publish to (`publish`, less `publish_deny`) and subscribe to (`subscribe`).
 
     Raises:
         ValueError: the host id or prefix is not a single subject token (a `*`, `>` or `.` would widen
@@ -148,8 +158,8 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
     _token("prefix", prefix)
     stream = f"{stream_prefix(prefix)}_ASSIGNMENTS"
     consumer = f"host-{host_id}"
-    publish = host_requests(host_id, prefix)
-    publish += [
+    publish = [
+        host_requests(host_id, prefix),
         f"{jetstream_api(prefix)}.CONSUMER.INFO.{stream}.{consumer}",
         f"{jetstream_api(prefix)}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
@@ -157,7 +167,7 @@ def host_permissions(host_id: str, prefix: str = DEFAULT_PREFIX) -> dict[str, li
         upload_subjects(host_id, prefix),
     ]
     subscribe = [f"{prefix}.host.{host_id}.nudge", f"{host_inbox_prefix(host_id)}.>"]
-    return {"publish": publish, "subscribe": subscribe}
+    return {"publish": publish, "publish_deny": host_denied(host_id, prefix), "subscribe": subscribe}
 
 
 def _quoted_list(items: Sequence[str], indent: str) -> str:
@@ -198,6 +208,9 @@ def render(
             "        publish: {",
             "          allow: [",
             _quoted_list(permissions["publish"], "            "),
+            "          ]",
+            "          deny: [",
+            _quoted_list(permissions["publish_deny"], "            "),
             "          ]",
             "        }",
             "        subscribe: {",

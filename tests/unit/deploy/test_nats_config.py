@@ -170,7 +170,7 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
     permissions = host_user.host_permissions("bench-07")
     stream, consumer = subjects.assignments_stream, subjects.consumer("bench-07")
     assert permissions["publish"] == [
-        *(subjects.host("bench-07", verb) for verb in HOST_ENDPOINT_VERBS),
+        "devsched.host.bench-07.*",
         f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
@@ -179,7 +179,11 @@ def test_host_block_allows_exactly_that_hosts_subjects() -> None:
     ]
     # the drain notice rides on the host's nudge subject: draining needs no subscription of its own
     assert permissions["subscribe"] == [subjects.host("bench-07", HostVerb.NUDGE), "_INBOX.bench-07.>"]
-    assert subjects.host("bench-07", HostVerb.RELEASE) in permissions["publish"]
+    # every request verb, present and future, under its own id only; never its own nudge
+    assert permissions["publish_deny"] == [subjects.host("bench-07", HostVerb.NUDGE)]
+    for verb in HOST_ENDPOINT_VERBS:
+        assert _subject_matches(permissions["publish"][0], subjects.host("bench-07", verb))
+        assert not _subject_matches(permissions["publish"][0], subjects.host("bench-08", verb))
 
 
 tokens = st.from_regex(TOKEN_PATTERN, fullmatch=True)
@@ -189,10 +193,10 @@ tokens = st.from_regex(TOKEN_PATTERN, fullmatch=True)
 def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: str, prefix: str) -> None:
     subjects = Subjects(prefix)
     permissions = host_user.host_permissions(host_id, prefix)
-    verbs = len(HOST_ENDPOINT_VERBS)
-    assert permissions["publish"][:verbs] == [subjects.host(host_id, verb) for verb in HOST_ENDPOINT_VERBS]
+    assert permissions["publish"][0] == f"{prefix}.host.{host_id}.*"
+    assert permissions["publish_deny"] == [subjects.host(host_id, HostVerb.NUDGE)]
     stream, consumer = subjects.assignments_stream, subjects.consumer(host_id)
-    assert permissions["publish"][verbs:] == [
+    assert permissions["publish"][1:] == [
         f"{subjects.host_jetstream_api}.CONSUMER.INFO.{stream}.{consumer}",
         f"{subjects.host_jetstream_api}.CONSUMER.MSG.NEXT.{stream}.{consumer}",
         f"$JS.ACK.{stream}.{consumer}.>",
@@ -201,7 +205,7 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
     ]
     # what the host's account imports from the devsched account, and where
     assert host_user.host_imports(host_id, prefix) == [
-        *(("service", subjects.host(host_id, verb), "") for verb in HOST_ENDPOINT_VERBS),
+        ("service", f"{prefix}.host.{host_id}.*", ""),
         (
             "service",
             f"$JS.API.CONSUMER.INFO.{stream}.{consumer}",
@@ -225,9 +229,11 @@ def test_the_generator_derives_every_name_as_the_protocol_library_does(host_id: 
 def test_rendered_block_names_only_its_own_host() -> None:
     block = host_user.render("bench-07")
     quoted = _quoted(block)
-    assert len(quoted) == len(HOST_ENDPOINT_VERBS) + 7  # its requests, 5 of JetStream, logs, uploads; 2 to read
+    assert len(quoted) == 9  # its requests, 5 of JetStream, logs, uploads, its nudge denied; 2 to read
     assert all("bench-07" in subject for subject in quoted)
-    assert not any("*" in subject for subject in quoted), "no wildcard but the trailing > of its own subjects"
+    # no wildcard but the verb of its own requests and the trailing > of its own subjects
+    assert [subject for subject in quoted if "*" in subject] == ["devsched.host.bench-07.*"]
+    assert not any(verb in block for verb in HOST_ENDPOINT_VERBS), "a new host verb needs no block generated again"
     assert 'user: "host-bench-07"' in block
     other = host_user.render("bench-08")
     assert "bench-07" not in other
@@ -237,7 +243,7 @@ def test_rendered_block_names_only_its_own_host() -> None:
 
 def test_another_prefix_changes_every_name() -> None:
     block = host_user.render("bench-07", prefix="lab-2")
-    assert '"lab-2.host.bench-07.register"' in block
+    assert '"lab-2.host.bench-07.*"' in block
     assert '"lab-2.js.API.CONSUMER.MSG.NEXT.LAB_2_ASSIGNMENTS.host-bench-07"' in block
     assert "LAB_2_HOST_bench-07: {" in block
     assert 'user: "lab-2-host-bench-07"' in block
@@ -293,9 +299,13 @@ def _subject_matches(pattern: str, subject: str) -> bool:
 def test_every_host_import_is_exported_by_the_service_account_and_nothing_more() -> None:
     devsched = _service_account((DEPLOY / "nats" / "accounts.conf").read_text())
     exports = set(re.findall(r'\{ (service|stream): "([^"]+)"', devsched))
-    assert len(exports) == len(HOST_ENDPOINT_VERBS) + 6, exports  # the requests, 3 of JetStream, logs, uploads, nudges
+    assert len(exports) == 7, exports  # the requests (any verb), 3 of JetStream, logs, uploads, nudges
+    assert ("service", "devsched.host.*.*") in exports
     for kind, subject, _ in host_user.host_imports("bench-07"):
         assert any(k == kind and _subject_matches(p, subject) for k, p in exports), (kind, subject)
+    # blocks generated before, which import each verb by name, are still served
+    for verb in HOST_ENDPOINT_VERBS:
+        assert _subject_matches("devsched.host.*.*", Subjects("devsched").host("bench-07", verb))
     # a pull is answered by many messages, so its export must say so
     assert '{ service: "$JS.API.CONSUMER.MSG.NEXT.DEVSCHED_ASSIGNMENTS.*", response_type: stream }' in devsched
     # and nothing that would reach the streams or the operator API is exported
@@ -308,9 +318,7 @@ def test_a_host_account_is_limited_and_imports_only_its_own_subjects() -> None:
     assert "HOST_bench-07: {" in block
     assert "limits: { max_connections: 2, max_subscriptions: 64, max_payload: 1048576 }" in block
     imported = re.findall(r'subject: "([^"]+)"', block) + re.findall(r'to: "([^"]+)"', block)
-    assert (
-        len(imported) == len(HOST_ENDPOINT_VERBS) + 8
-    )  # the requests, 3 of JetStream (2 mapped), logs, uploads, nudges
+    assert len(imported) == 9  # the requests (any verb), 3 of JetStream (2 mapped), logs, uploads, nudges
     assert all("bench-07" in subject for subject in imported)
     assert "jetstream" not in block, "a host account holds no stream"
 
