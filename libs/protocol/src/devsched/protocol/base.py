@@ -257,6 +257,7 @@ class WireModel(BaseModel):
         use_attribute_docstrings=True,
         allow_inf_nan=False,
         extra="forbid",
+        defer_build=True,
     )
 
     @classmethod
