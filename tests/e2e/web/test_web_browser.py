@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -266,3 +268,140 @@ async def test_the_queue_says_why_a_task_waits_for_a_missing_device_and_a_quaran
             if reply is not None:
                 await client.cancel(reply.task_id)
         await client.drain(device, drained=False)  # lifts the quarantine: the device serves the next tests
+
+
+NEVER_PLAN = {"steps": [{"name": "never", "action": "noop"}]}
+NOWHERE = {"platform": "no-device-is-this"}
+
+
+async def test_queue_filters_come_from_the_form_and_stay_in_the_links(page: Page, client: Client) -> None:
+    """Filters in the query string, set with the form; the next page's link and live stream keep them."""
+    p = page
+    done = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="filter-done")
+    await client.wait(done.task_id, timeout=60)
+    gate = asyncio.Semaphore(8)
+
+    async def submit(i: int) -> str:
+        async with gate:
+            return str((await client.submit(NEVER_PLAN, name=f"filter-q-{i}", selector=NOWHERE)).task_id)
+
+    queued = await asyncio.gather(*(submit(i) for i in range(105)))
+    try:
+        # one task by its short id, with the form
+        await p.goto("/queue")
+        await p.get_by_label("Status").select_option("done")
+        await p.get_by_label("Kind").select_option("user")
+        await p.get_by_label("Task id").fill(str(done.task_id)[:8])
+        await p.get_by_role("button", name="Filter").click()
+        await p.wait_for_url(re.compile(rf"/queue\?status=done&kind=user&device=&id={str(done.task_id)[:8]}$"))
+        await p.locator(f'tr[data-task="{done.task_id}"]').wait_for()
+        assert await p.locator("table.tasks tbody tr[data-task]").count() == 1
+        assert await p.get_by_label("Status").input_value() == "done"  # the form shows the filters in force
+        assert await p.get_by_label("Task id").input_value() == str(done.task_id)[:8]
+        # every queued task, a page at a time: the next page keeps the filters and adds the cursor
+        await p.goto("/queue?status=queued&kind=user")
+        rows = p.locator("table.tasks tbody tr[data-task]")
+        await rows.first.wait_for()
+        assert await rows.count() == 100
+        first_page = set(await rows.evaluate_all("rows => rows.map(r => r.dataset.task)"))
+        assert await p.locator(f'tr[data-task="{done.task_id}"]').count() == 0
+        assert set(await p.locator("table.tasks [data-status]").all_inner_texts()) == {"queued"}
+        await p.locator("#filter-next").click()
+        await p.wait_for_url(re.compile(r"/queue\?status=queued&kind=user&after=[^&]+$"))
+        await rows.first.wait_for()
+        second_page = set(await rows.evaluate_all("rows => rows.map(r => r.dataset.task)"))
+        assert second_page
+        assert not first_page & second_page
+        assert set(queued) <= first_page | second_page
+        live = await p.locator("#live").get_attribute("data-live")
+        assert live is not None
+        assert live.startswith("/queue/live?status=queued&kind=user&after=")
+        await p.locator("#live-status").filter(has_text="updated").wait_for()  # its live stream answers
+        await p.locator("#filter-first").click()
+        await p.wait_for_url(re.compile(r"/queue\?status=queued&kind=user$"))
+        # a bad value: said plainly, nothing listed
+        await p.goto("/queue?status=sleeping")
+        await p.locator("#filter-problems").filter(has_text="'sleeping' is not a task status").wait_for()
+        assert await p.locator("tr[data-task]").count() == 0
+        await p.locator("#filter-clear").click()
+        await p.wait_for_url(re.compile(r"/queue$"))
+        await p.get_by_role("table").filter(has_text="Queued (next first)").wait_for()
+    finally:
+        for task_id in queued:
+            await client.cancel(task_id)
+
+
+async def test_resubmit_from_the_task_page_submits_the_same_plan_again(page: Page, client: Client) -> None:
+    p = page
+    request = {
+        "plan": {"steps": [{"name": "hi", "action": "shell", "args": {"command": "echo again"}}]},
+        "selector": {"labels": {"platform": "sim"}},
+        "priority": 3,
+        "max_attempts": 2,
+        "metadata": {"team": "qa"},
+        "attempt_timeout_s": 60,
+    }
+    first = await client.submit(request, name="run-it-again", idempotency_key=f"once-{uuid.uuid4()}")
+    await client.wait(first.task_id, timeout=60)
+    await p.goto(f"/tasks/{first.task_id}")
+    await p.locator("#resubmit").click()  # (the fixture accepts the confirmation)
+    await p.wait_for_url(lambda url: "/tasks/" in url and str(first.task_id) not in url)
+    new_id = p.url.rsplit("/", 1)[-1]
+    await p.get_by_role("heading", level=1).filter(has_text=new_id).wait_for()
+    await p.locator('#task-status[data-status="done"]').wait_for(timeout=30000)  # and it ran, live
+    old, new = await client.get(first.task_id), await client.get(new_id)
+    assert (new.plan, new.selector, new.name, new.priority, new.max_attempts) == (
+        old.plan, old.selector, old.name, old.priority, old.max_attempts,
+    )  # fmt: skip
+    assert (new.metadata, new.attempt_timeout_s) == (old.metadata, old.attempt_timeout_s)
+    assert new.idempotency_key != old.idempotency_key
+
+
+async def test_the_task_page_shows_how_long_each_step_took_and_the_running_one_so_far(
+    page: Page, client: Client
+) -> None:
+    p = page
+    plan = {
+        "steps": [
+            {"name": "quick", "action": "shell", "args": {"command": "sleep 1.5"}},
+            {"name": "long", "action": "shell", "args": {"command": "sleep 60"}, "interruptible": True},
+        ]
+    }
+    reply = await client.submit(plan, name="timed")
+    try:
+        await p.goto(f"/tasks/{reply.task_id}")
+        running = p.locator('#steps-1 tr[data-step="long"][data-running="true"] td.duration')
+        await running.filter(has_text="running").wait_for(timeout=30000)
+        quick = p.locator('#steps-1 tr[data-step="quick"] td.duration')
+        seconds = float(await quick.get_attribute("data-seconds") or "nan")
+        assert 1.0 <= seconds <= 15.0, seconds  # sleep 1.5, timed by the events' commit times
+        assert (await quick.inner_text()).endswith(" s")
+        before = float(await running.get_attribute("data-seconds") or "nan")
+
+        async def grew() -> bool:
+            now = await running.get_attribute("data-seconds")
+            return now is not None and float(now) > before
+
+        await eventually(grew, timeout=15, message="the running step's elapsed time goes up, live")
+        await client.cancel(reply.task_id)
+        await p.locator('#task-status[data-status="cancelled"]').wait_for(timeout=30000)
+        ended = p.locator('#steps-1 tr[data-step="long"] td.duration')
+        assert await p.locator('#steps-1 tr[data-running="true"]').count() == 0
+        assert "running" not in await ended.inner_text()
+    finally:
+        await client.cancel(reply.task_id)
+
+
+async def test_the_charts_have_labelled_axes(page: Page) -> None:
+    p = page
+    await p.goto("/charts")
+    for chart, title in (("#chart-finished", "tasks finished / minute"), ("#chart-depth", "tasks queued")):
+        svg = p.locator(chart)
+        await svg.wait_for()
+        texts = await svg.locator("text").all_text_contents()
+        assert title in texts, texts
+        assert any(t.startswith("time (UTC") for t in texts), texts
+        assert "0" in texts  # the count axis starts at zero
+        x_labels = await svg.locator("[data-axis=x] text").all_text_contents()
+        assert len(x_labels) == 4, x_labels  # a quarter-hour mark each 15 of the 60 minutes
+        assert all(len(t) == 5 and t[2] == ":" for t in x_labels), x_labels

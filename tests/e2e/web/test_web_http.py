@@ -120,12 +120,20 @@ async def test_read_only_renders_no_action_and_refuses_every_post(read_only: Web
             assert '<form method="post"' not in page.text
             assert "read-only" in page.text
         csrf = http.cookies["devsched_csrf"]
-        for path in (f"/tasks/{reply.task_id}/cancel", f"/devices/{stack.device_ids[0]}/drain", "/login", "/logout"):
+        posts = (
+            f"/tasks/{reply.task_id}/cancel",
+            f"/tasks/{reply.task_id}/resubmit",
+            f"/devices/{stack.device_ids[0]}/drain",
+            "/login",
+            "/logout",
+        )
+        for path in posts:
             refused = await http.post(path, data={"csrf": csrf})
             assert refused.status_code == 403, path
         assert (await http.get("/login")).status_code == 404
     assert (await client.get(reply.task_id)).status not in ("cancelled",)
     assert not any(d.drained for h in await client.hosts() for d in h.devices)
+    assert [t.task_id async for t in client.list(limit=1)] == [reply.task_id]  # nothing resubmitted
     await client.cancel(reply.task_id)
 
 
@@ -153,6 +161,11 @@ async def test_actions_need_csrf_same_origin_and_the_token(with_actions: Web, cl
         assert evil.status_code == 403
         assert not (await client.get(reply.task_id)).cancel_requested
         assert (await client.get(reply.task_id)).status != "cancelled"
+        resubmit = f"/tasks/{reply.task_id}/resubmit"
+        assert (await http.post(resubmit, data={})).status_code == 403
+        evil_resubmit = await http.post(resubmit, data={"csrf": csrf}, headers={"origin": "https://evil.example"})
+        assert evil_resubmit.status_code == 403
+        assert [t.task_id async for t in client.list(limit=1)] == [reply.task_id]  # nothing resubmitted
         # a forged session cookie is no session
         cookies = {"devsched_csrf": csrf, "devsched_session": "9999999999.abc"}
         forged = httpx.AsyncClient(base_url=with_actions.url, cookies=cookies)
@@ -198,6 +211,9 @@ async def test_no_lease_id_is_ever_rendered(with_actions: Web, client: Client, s
                         break
             assert "lease=" in seen
             assert lease_id not in seen
+            text = (await http.get(f"{task_path}/log.txt")).text  # the plain text too
+            assert "lease=" in text
+            assert lease_id not in text
             async with http.stream("GET", f"{task_path}/live") as stream:
                 async for chunk in stream.aiter_text():
                     seen = chunk
@@ -311,3 +327,92 @@ async def test_the_task_page_offers_each_artifact_as_a_checked_attachment(
         missing = await http.get(f"/tasks/{reply.task_id}/artifacts/1/nope.txt")
         assert missing.status_code == 404
         assert (await http.get(f"/tasks/{reply.task_id}/artifacts/2/out%20put.txt")).status_code == 404
+
+
+#: Output no terminal or browser should act on: NUL, a screen clear, a title change, a CR, markup, a byte
+#: that is not UTF-8, a right-to-left override.
+HOSTILE_OUTPUT = b"\x00\x1b[2J\x1b]0;pwned\x07\rfake <script>alert(1)</script> \xff\xe2\x80\xaeevil\n"
+
+
+def octal(data: bytes) -> str:
+    return "".join(f"\\{b:03o}" for b in data)
+
+
+async def test_the_plain_text_log_is_what_devsched_logs_raw_prints(
+    read_only: Web, client: Client, stack: Stack
+) -> None:
+    plan = {
+        "steps": [
+            {"name": "noisy", "action": "shell", "args": {"command": f"printf '{octal(HOSTILE_OUTPUT)}'"}},
+            {"name": "second", "action": "shell", "args": {"command": "echo out; echo err >&2; echo again"}},
+        ]
+    }
+    reply = await client.submit(plan, name="log-text")
+    view = await client.wait(reply.task_id, timeout=60)
+    assert view.status == "done", view
+
+    def raw(*args: str) -> bytes:
+        result = subprocess.run(
+            [sys.executable, "-m", "devsched.client", "logs", "--raw", *args, str(reply.task_id)],
+            env=stack.cli_env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    whole = raw()
+    assert whole.startswith(HOSTILE_OUTPUT)
+    assert b"out\n" in whole
+    assert b"err\n" in whole
+    path = f"/tasks/{reply.task_id}/log.txt"
+    async with httpx.AsyncClient(base_url=read_only.url, timeout=10) as http:
+        text = await http.get(path)
+        assert text.status_code == 200, text.text[:300]
+        assert text.content == whole
+        assert text.headers["content-type"].startswith("text/plain")
+        assert text.headers["content-disposition"].startswith("inline")
+        assert text.headers["x-content-type-options"] == "nosniff"
+        assert "content-length" not in text.headers  # streamed as it is read
+        assert "frame-ancestors 'none'" in text.headers["content-security-policy"]
+        second = (await http.get(f"{path}?step=second")).content
+        assert second == raw("--step", "second")
+        assert sorted(second.splitlines()) == [b"again", b"err", b"out"]  # (stdout and stderr as the agent read them)
+        assert (await http.get(f"{path}?attempt=1")).content == raw("--attempt", "1")
+        assert (await http.get(f"{path}?step=no-such-step")).content == b""
+        for bad in ("attempt=0", "attempt=x", "attempt=-1", "attempt=%C2%B2", f"step={'s' * 201}"):
+            refused = await http.get(f"{path}?{bad}")
+            assert refused.status_code == 400, bad
+            assert refused.headers["content-type"].startswith("text/plain"), bad
+        missing = await http.get(f"{path}?attempt=2")
+        assert missing.status_code == 404
+        assert "no attempt 2" in missing.text
+        assert (await http.get(f"/tasks/{uuid.uuid4()}/log.txt")).status_code == 404
+        assert (await http.get("/tasks/not-a-task/log.txt")).status_code == 404
+        # the same gate as every page: a name the dashboard is not reached by gets 400 before any read
+        rebound = await http.get(path, headers={"host": "attacker.example"})
+        assert rebound.status_code == 400
+        assert HOSTILE_OUTPUT not in rebound.content
+        # and the task page links to it
+        assert f'href="{path}"' in (await http.get(f"/tasks/{reply.task_id}")).text
+
+
+async def test_queue_filters_that_cannot_be_applied_list_nothing_and_say_why(read_only: Web, client: Client) -> None:
+    reply = await client.submit({"steps": [{"name": "hi", "action": "noop"}]}, name="filter-me")
+    await client.wait(reply.task_id, timeout=60)
+    async with httpx.AsyncClient(base_url=read_only.url, timeout=10) as http:
+        for query, named in (
+            ("status=sleeping", "status: &#39;sleeping&#39; is not a task status"),
+            ("status=done&kind=robot", "kind: &#39;robot&#39; is not a task kind"),
+            ("id=12", "id: &#39;12&#39; is not a task id"),
+            ("device=%3Cb%3E", "device: &#39;&lt;b&gt;&#39; is not a device id"),
+        ):
+            page = await http.get(f"/queue?{query}")
+            assert page.status_code == 400, query
+            assert named in page.text, (query, page.text[:2000])
+            assert "<tr data-task=" not in page.text, query  # nothing listed
+            assert "<b>" not in page.text
+            assert (await http.get(f"/queue/live?{query}")).status_code == 400
+        bad_cursor = await http.get("/queue?status=done&after=not-a-cursor")
+        assert bad_cursor.status_code == 400
+        found = await http.get(f"/queue?status=done&id={str(reply.task_id)[:8]}")
+        assert found.status_code == 200
+        assert f'data-task="{reply.task_id}"' in found.text

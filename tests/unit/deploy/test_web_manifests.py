@@ -42,7 +42,7 @@ def _web_user(accounts: str) -> str:
     return accounts[start : accounts.index("\n      }\n", start)]
 
 
-def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
+def test_the_web_nats_user_may_read_cancel_resubmit_and_drain_and_nothing_else() -> None:
     block = _web_user((DEPLOY / "nats" / "accounts.conf").read_text())
     published = set(re.findall(r'^\s*"([^"]+)"\s*$', block.split("subscribe:")[0], flags=re.MULTILINE))
     s = Subjects("devsched")
@@ -51,11 +51,11 @@ def test_the_web_nats_user_may_read_cancel_and_drain_and_nothing_else() -> None:
         s.endpoint(endpoints.TASKS_GET),
         s.endpoint(endpoints.TASKS_LIST),
         s.endpoint(endpoints.TASKS_CANCEL),
+        s.endpoint(endpoints.TASKS_SUBMIT),  # resubmit from the Task page is a submit
         s.endpoint(endpoints.HOSTS_LIST),
         s.endpoint(endpoints.DEVICES_DRAIN),
         s.endpoint(endpoints.TASKS_ARTIFACTS),
     }
-    assert s.endpoint(endpoints.TASKS_SUBMIT) not in published
     assert s.endpoint(endpoints.HOSTS_DRAIN) not in published
     assert s.endpoint(endpoints.DEVICES_FORGET) not in published  # operators only
     assert s.endpoint(endpoints.DEVICES_LABEL) not in published

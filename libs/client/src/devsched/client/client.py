@@ -31,6 +31,7 @@ import io
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Generator, Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Generic, Self, TypeVar
@@ -43,6 +44,7 @@ from devsched.client import artifacts as artifacts_io
 from devsched.client.errors import NatsUnreachable, from_validation, invalid
 from devsched.client.logs import LogReader
 from devsched.client.plans import build_request, load_request
+from devsched.client.resubmit import resubmit as resubmit_task
 from devsched.client.task_ids import resolve_task_id
 from devsched.client.watch import DEFAULT_IDLE_CHECK_S, TaskWatch
 from devsched.core.errors import DevschedError
@@ -396,6 +398,15 @@ class Client:
         if generated and not reply.created:
             reply = reply.model_copy(update={"created": True})
         return reply
+
+    async def resubmit(self, task_id: TaskId) -> SubmitReply:
+        """Submit a new task with task `task_id`'s plan, selector and options (`devsched.client.resubmit`).
+
+        Raises:
+            NotFound: no such task.
+            InvalidRequest: `task_id` is not a UUID, or the task is a health check.
+        """
+        return await resubmit_task(self, task_uuid(task_id), datetime.now(UTC))
 
     async def get(self, task_id: TaskId, *, full: Sequence[TrimmedField | str] | None = None) -> TaskView:
         """The task with all its attempts (`P.api.tasks.get`).

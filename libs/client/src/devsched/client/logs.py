@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from types import TracebackType
 from typing import Self
 
@@ -276,14 +276,20 @@ class LogReader:
         return attempt is None or attempt.status is not AttemptStatus.ACTIVE or view.status in TERMINAL
 
 
-async def collect_output(reader: LogReader) -> bytes:
-    """The output bytes of every `output` record of a reader, concatenated (for scripts and tests)."""
-    chunks: list[bytes] = []
+async def output_bytes(reader: LogReader) -> AsyncGenerator[bytes, None]:
+    """The output bytes of every `output` record of a reader, as they come: what `devsched logs --raw` prints.
+
+    The reader is opened here and closed when the iteration ends (or is closed).
+    """
     async with reader:
         async for record in reader:
             if record.kind is LogKind.OUTPUT:
-                chunks.append(record.content())
-    return b"".join(chunks)
+                yield record.content()
 
 
-__all__ = ["LogReader", "collect_output", "latest_attempt"]
+async def collect_output(reader: LogReader) -> bytes:
+    """The output bytes of every `output` record of a reader, concatenated (for scripts and tests)."""
+    return b"".join([chunk async for chunk in output_bytes(reader)])
+
+
+__all__ = ["LogReader", "collect_output", "latest_attempt", "output_bytes"]

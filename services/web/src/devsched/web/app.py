@@ -2,8 +2,9 @@
 
 The pages and their live streams are in `devsched.web.pages`, the event streams' plumbing in
 `devsched.web.live`, the actions in `devsched.web.actions`, login and logout in `devsched.web.login`,
-artifact downloads in `devsched.web.downloads`; what they share (settings, client, sampler, templates,
-sessions, render caches) is `devsched.web.dashboard.Web`, made by the lifespan here.
+artifact downloads in `devsched.web.downloads`, the plain-text log in `devsched.web.logtext`; what they
+share (settings, client, sampler, templates, sessions, render caches) is `devsched.web.dashboard.Web`,
+made by the lifespan here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 
 from devsched.client import Client
 from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
-from devsched.web import actions, downloads, hosts, login, revocations, security
+from devsched.web import actions, downloads, hosts, login, logtext, revocations, security
 from devsched.web.dashboard import HERE, Web, web_of
 from devsched.web.pages import charts, device, lab, queue, task
 from devsched.web.settings import WebSettings
@@ -83,7 +84,7 @@ async def root(request: Request) -> Response:
 async def _error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     web = web_of(request)
-    if request.url.path.endswith(("/live", "/log")):
+    if request.url.path.endswith(("/live", "/log", "/log.txt")):
         return PlainTextResponse(str(exc.detail), status_code=exc.status_code, headers=exc.headers)
     response = web.page(request, "error.html", status_code=exc.status_code, code=exc.status_code, message=exc.detail)
     response.headers.update(exc.headers or {})
@@ -149,7 +150,9 @@ def create_app(
         Route("/tasks/{task_id}", task.task_page),
         Route("/tasks/{task_id}/live", task.task_live),
         Route("/tasks/{task_id}/log", task.task_log),
+        Route("/tasks/{task_id}/log.txt", logtext.task_log_text),
         Route("/tasks/{task_id}/cancel", actions.cancel, methods=["POST"]),
+        Route("/tasks/{task_id}/resubmit", actions.resubmit, methods=["POST"]),
         Route("/tasks/{task_id}/artifacts/{attempt:int}/{name:path}", downloads.artifact_download),
         Route("/devices/{device_id}", device.device_page),
         Route("/devices/{device_id}/live", device.device_live),

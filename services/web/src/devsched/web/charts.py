@@ -3,7 +3,8 @@
 No stats endpoint exists: the dashboard counts the terminal task events it sees (tasks finished per minute
 by outcome) and samples the queue depth at each refresh (the largest depth of each minute). Both start
 empty when the process starts and keep `window_min` minutes; several replicas each keep their own.
-`bars` turns a series into SVG rectangles (server-rendered, no JavaScript).
+`stacked_bars` and `depth_bars` turn a series into SVG rectangles, `x_ticks` and `y_ticks` label the axes
+(time in UTC, and the count plotted); all server-rendered, no JavaScript.
 """
 
 from __future__ import annotations
@@ -74,6 +75,31 @@ class Bar:
     height: float
     css: str
     title: str
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """One labelled mark on an axis: its position along the axis in the plot box, and its text."""
+
+    at: float
+    label: str
+
+
+#: The plot box of each chart inside its SVG: the bars' width and height, and the margins left for the axes.
+PLOT_WIDTH, PLOT_HEIGHT = 600.0, 160.0
+MARGIN_LEFT, MARGIN_TOP, MARGIN_BOTTOM = 56.0, 10.0, 44.0
+
+
+def y_ticks(top: int, height: float = PLOT_HEIGHT, count: int = 4) -> list[Tick]:
+    """Whole-number marks from 0 to `top` (at most `count + 1`), measured down from the top of the box."""
+    values = sorted({round(top * i / count) for i in range(count + 1)})
+    return [Tick(height - height * v / top, str(v)) for v in values]
+
+
+def x_ticks(minutes: list[int], width: float = PLOT_WIDTH, every: int = 15) -> list[Tick]:
+    """A mark at each quarter hour (`every` minutes, UTC) among `minutes`, at the middle of its bar."""
+    step = width / max(1, len(minutes))
+    return [Tick(i * step + step / 2, _label(m)) for i, m in enumerate(minutes) if m % every == 0]
 
 
 def _label(minute: int) -> str:

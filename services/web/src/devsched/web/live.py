@@ -50,19 +50,33 @@ def admit(web: Web, request: Request) -> Callable[[], None]:
     return release
 
 
-class LiveResponse(StreamingResponse):
-    """An event stream holding a stream slot until it ends, however it ends."""
+class HeldResponse(StreamingResponse):
+    """A streamed response holding a stream slot (`admit`) until it ends, however it ends."""
 
-    def __init__(self, content: AsyncGenerator[str, None], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
+    def __init__(
+        self,
+        content: AsyncGenerator[str, None] | AsyncGenerator[bytes, None],
+        release: Callable[[], None],
+        *,
+        media_type: str,
+        headers: dict[str, str],
+    ) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
         self._release = release
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        """Stream the events, then give the slot back."""
+        """Stream the body, then give the slot back."""
         try:
             await super().__call__(scope, receive, send)
         finally:
             self._release()
+
+
+class LiveResponse(HeldResponse):
+    """An event stream holding a stream slot until it ends, however it ends."""
+
+    def __init__(self, content: AsyncGenerator[str, None], release: Callable[[], None]) -> None:
+        super().__init__(content, release, media_type="text/event-stream", headers={"x-accel-buffering": "no"})
 
 
 async def bounded(events: AsyncGenerator[str, None], lifetime_s: float, last: str = "") -> AsyncGenerator[str, None]:

@@ -12,10 +12,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+from devsched.client.errors import InvalidRequest
+from devsched.client.task_ids import task_ref
 from devsched.core import actions as core_actions
-from devsched.core.status import IN_FLIGHT, TERMINAL, TaskStatus
+from devsched.core.ids import is_token
+from devsched.core.status import IN_FLIGHT, TERMINAL, TaskKind, TaskStatus
 from devsched.protocol.messages import (
     AttemptView,
     DeviceView,
@@ -104,6 +107,36 @@ def hide_lease_ids(text: str, lease_ids: Iterable[str]) -> str:
         if lease_id:
             text = text.replace(lease_id, HIDDEN)
     return text
+
+
+class LeaseMask:
+    """`hide_lease_ids` over a stream of bytes: a lease id cut between two chunks is masked too.
+
+    What may be the start of a lease id is held back until the next chunk (or `flush`) says otherwise.
+    """
+
+    def __init__(self, lease_ids: Iterable[str]) -> None:
+        self._ids = [i.encode() for i in lease_ids if i]
+        self._keep = max((len(i) for i in self._ids), default=1) - 1
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of `chunk` (after what was held) can be sent now, lease ids masked."""
+        data = self._mask(self._held + chunk)
+        cut = len(data) - self._keep if self._keep else len(data)
+        cut = max(0, cut)
+        self._held = data[cut:]
+        return data[:cut]
+
+    def flush(self) -> bytes:
+        """The rest held back."""
+        rest, self._held = self._held, b""
+        return rest
+
+    def _mask(self, data: bytes) -> bytes:
+        for lease_id in self._ids:
+            data = data.replace(lease_id, HIDDEN.encode())
+        return data
 
 
 def progress_text(progress: Progress | None) -> str:
@@ -316,6 +349,81 @@ def page_number(raw: str | None) -> int:
     return max(1, int(raw))
 
 
+@dataclass(frozen=True, slots=True)
+class QueueFilters:
+    """The Queue's filters from its query string (`?status=queued&kind=user&device=d1&id=3af5939c`).
+
+    With any of them set the Queue lists the matching tasks of every status, newest first, from
+    `P.api.tasks.list` a page at a time (`after`, the listing's cursor), instead of the sampled queue.
+    """
+
+    status: str | None = None
+    kind: str | None = None
+    device: str | None = None
+    id_prefix: str | None = None
+    after: str | None = None
+    """The cursor of the page shown (`next` of the one before); None for the first page."""
+
+    @property
+    def active(self) -> bool:
+        """Whether any filter is set (a cursor alone is none)."""
+        return any((self.status, self.kind, self.device, self.id_prefix))
+
+    def query(self, *, after: str | None = None) -> str:
+        """The query string of these filters and the cursor `after` (`?status=queued&after=...`), or empty."""
+        pairs = [
+            (name, value)
+            for name, value in (
+                ("status", self.status),
+                ("kind", self.kind),
+                ("device", self.device),
+                ("id", self.id_prefix),
+                ("after", after),
+            )
+            if value
+        ]
+        return "?" + urlencode(pairs) if pairs else ""
+
+
+#: The values the Queue's status and kind filters offer.
+FILTER_STATUSES = tuple(s.value for s in TaskStatus)
+FILTER_KINDS = tuple(k.value for k in TaskKind)
+
+
+def queue_filters(params: Mapping[str, str]) -> tuple[QueueFilters, list[str]]:
+    """The Queue's filters from the query string, and what is wrong with them (empty when nothing).
+
+    Empty values are unset (the form sends them). A bad value is named in the problems and left out of
+    the filters, and the caller lists nothing: a filter it could not apply never widens the list.
+    """
+    problems: list[str] = []
+
+    def given(name: str) -> str | None:
+        value = params.get(name, "").strip()
+        return value or None
+
+    status, kind, device, id_text, after = (given(n) for n in ("status", "kind", "device", "id", "after"))
+    if status is not None and status not in FILTER_STATUSES:
+        problems.append(f"status: {status[:40]!r} is not a task status ({', '.join(FILTER_STATUSES)})")
+        status = None
+    if kind is not None and kind not in FILTER_KINDS:
+        problems.append(f"kind: {kind[:40]!r} is not a task kind ({', '.join(FILTER_KINDS)})")
+        kind = None
+    if device is not None and not is_token(device):
+        problems.append(f"device: {device[:80]!r} is not a device id")
+        device = None
+    id_prefix = None
+    if id_text is not None:
+        try:
+            id_prefix = str(task_ref(id_text, path="id"))
+        except InvalidRequest:
+            problems.append(f"id: {id_text[:80]!r} is not a task id or its first 8 or more hex digits")
+    if after is not None and len(after) > 4096:
+        problems.append("after: not a cursor of this listing")
+        after = None
+    return QueueFilters(status, kind, device, id_prefix, after), problems
+
+
 def queue_order(tasks: Iterable[TaskSummary]) -> list[TaskSummary]:
     """Queued tasks in the order the scheduler takes them: higher priority first, then oldest first."""
     return sorted(tasks, key=lambda t: (-t.priority, t.created_at))
@@ -346,6 +454,8 @@ class AttemptRow:
     cancel_requested: bool
     timeline: list[Mark]
     results: list[tuple[str, ResultsSummary]] = field(default_factory=list)
+    steps: list[StepTime] = field(default_factory=list)
+    """How long each step the attempt reached took (or, running, has taken so far)."""
 
     @property
     def css(self) -> str:
@@ -354,8 +464,73 @@ class AttemptRow:
         return state_class(palette.get(self.status, self.status))
 
 
-def attempt_row(attempt: AttemptView, events: Sequence[TaskEvent]) -> AttemptRow:
-    """An attempt's row: assigned, dispatched, the steps its events show, its end (with the reason)."""
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """One step of an attempt as its events time it: from its `progress` event to the next one (or the end)."""
+
+    index: int
+    """1-based position in the plan."""
+    name: str
+    started: datetime
+    seconds: float | None
+    """Its duration; for the running step the time since it started; None when unknown (no clock given)."""
+    running: bool
+
+    @property
+    def text(self) -> str:
+        """`1.2 s`, `45 s`, `3m05s`, `1h02m` (`running 12 s` while it runs); empty when unknown."""
+        if self.seconds is None:
+            return ""
+        shown = duration_text(self.seconds)
+        return f"running {shown}" if self.running else shown
+
+
+def duration_text(seconds: float) -> str:
+    """A duration for people: `0.4 s`, `12.3 s`, `45 s`, `3m05s`, `1h02m` (never negative)."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    if seconds < 60:
+        return f"{int(seconds)} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes}m{int(seconds % 60):02d}s"
+    return f"{minutes // 60}h{minutes % 60:02d}m"
+
+
+def step_times(attempt: AttemptView, events: Sequence[TaskEvent], now: datetime | None) -> list[StepTime]:
+    """The steps an attempt reached, timed by its `progress` events' commit times.
+
+    A step ends when the next one starts, or when the attempt ends; the last step of an attempt still
+    running is timed up to `now`. The times are those of the events, so a step shorter than the host's
+    progress reports may be missing or merged into its neighbour.
+    """
+    starts: dict[int, tuple[datetime, str]] = {}
+    for event in events:
+        if event.attempt == attempt.attempt and event.event == "progress" and event.progress is not None:
+            index = event.progress.index
+            if index not in starts or event.at < starts[index][0]:
+                starts[index] = (event.at, event.progress.step)
+    ordered = sorted(starts.items(), key=lambda item: (item[1][0], item[0]))
+    rows: list[StepTime] = []
+    for i, (index, (started, name)) in enumerate(ordered):
+        running = False
+        if i + 1 < len(ordered):
+            until: datetime | None = ordered[i + 1][1][0]
+        elif attempt.ended_at is not None:
+            until = attempt.ended_at
+        else:
+            until, running = now, True
+        seconds = (until - started).total_seconds() if until is not None else None
+        rows.append(StepTime(index + 1, name, started, seconds, running))
+    return rows
+
+
+def attempt_row(attempt: AttemptView, events: Sequence[TaskEvent], now: datetime | None = None) -> AttemptRow:
+    """An attempt's row: assigned, dispatched, the steps its events show, its end (with the reason).
+
+    `now` times the running step (see `step_times`).
+    """
     marks = [Mark("assigned", attempt.assigned_at, f"{attempt.host_id} / {attempt.device_id}")]
     if attempt.dispatched_at is not None:
         marks.append(Mark("dispatched", attempt.dispatched_at))
@@ -376,6 +551,7 @@ def attempt_row(attempt: AttemptView, events: Sequence[TaskEvent]) -> AttemptRow
         report_reason=attempt.report_reason or "",
         cancel_requested=attempt.cancel_requested,
         timeline=marks,
+        steps=step_times(attempt, events, now),
     )
 
 
@@ -491,6 +667,11 @@ def policy_rows(task: TaskSummary) -> list[tuple[str, str]]:
 def cancellable(status: str) -> bool:
     """Whether cancel means anything for a task in `status`."""
     return status not in {s.value for s in TERMINAL}
+
+
+def resubmittable(task: TaskSummary) -> bool:
+    """Whether a task may be resubmitted: a user's task (health checks are the scheduler's)."""
+    return str(task.kind) != TaskKind.HEALTH.value
 
 
 def in_flight(status: str) -> bool:

@@ -12,6 +12,7 @@ from devsched.client.cli import commands
 from devsched.client.cli import devices as device_commands
 from devsched.client.cli import health as health_commands
 from devsched.client.cli import logs as log_commands
+from devsched.client.cli import resubmit as resubmit_commands
 from devsched.client.cli.common import Settings
 from devsched.client.cli.plugins import PluginGroup
 from devsched.client.cli.version import version_line
@@ -118,6 +119,7 @@ app.command()(commands.submit)
 app.command()(commands.get)
 app.command("ls")(commands.ls)
 app.command()(commands.cancel)
+app.command()(resubmit_commands.resubmit)
 app.command()(commands.watch)
 app.command()(log_commands.logs)
 app.command()(artifact_commands.artifacts)

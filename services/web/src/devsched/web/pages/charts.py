@@ -20,10 +20,21 @@ def _values(web: Web, snap: Snapshot) -> dict[str, Any]:
     now = datetime.now(UTC)
     finished = web.sampler.series.finished_per_minute(now, CHART_MINUTES)
     depth = web.sampler.series.depth_per_minute(now, CHART_MINUTES)
-    finished_bars, finished_top = charts.stacked_bars(finished, 600, 160)
-    depth_bars, depth_top = charts.depth_bars(depth, 600, 160)
+    finished_bars, finished_top = charts.stacked_bars(finished, charts.PLOT_WIDTH, charts.PLOT_HEIGHT)
+    depth_bars, depth_top = charts.depth_bars(depth, charts.PLOT_WIDTH, charts.PLOT_HEIGHT)
     totals = {o: sum(c.get(o, 0) for _, c in finished) for o in charts.OUTCOMES}
     return {
+        "plot": {
+            "width": charts.PLOT_WIDTH,
+            "height": charts.PLOT_HEIGHT,
+            "left": charts.MARGIN_LEFT,
+            "top": charts.MARGIN_TOP,
+            "box_width": charts.MARGIN_LEFT + charts.PLOT_WIDTH + 10,
+            "box_height": charts.MARGIN_TOP + charts.PLOT_HEIGHT + charts.MARGIN_BOTTOM,
+        },
+        "x_ticks": charts.x_ticks([m for m, _ in finished]),
+        "finished_ticks": charts.y_ticks(finished_top),
+        "depth_ticks": charts.y_ticks(depth_top),
         "finished_bars": finished_bars,
         "finished_top": finished_top,
         "depth_bars": depth_bars,

@@ -29,10 +29,11 @@ async def _values(web: Web, task_id: uuid.UUID) -> dict[str, Any]:
         raise HTTPException(404, f"no task {task_id}") from None
     if "artifacts" in view.truncated:  # cut to fit one reply: the listing pages them
         view = view.model_copy(update={"artifacts": (await web.client.artifacts(task_id)).artifacts})
+    now = datetime.now(UTC)
     return {
         "task": view,
         "status": str(view.status),
-        "attempts": [views.attempt_row(a, events) for a in reversed(view.attempts)],
+        "attempts": [views.attempt_row(a, events, now) for a in reversed(view.attempts)],
         "events": events,
         "steps": views.step_rows(view),
         "results": views.result_summaries(view),
@@ -40,7 +41,8 @@ async def _values(web: Web, task_id: uuid.UUID) -> dict[str, Any]:
         "policy": views.policy_rows(view),
         "metadata": views.redact(view.metadata),
         "cancellable": views.cancellable(str(view.status)),
-        "now": datetime.now(UTC),
+        "resubmittable": views.resubmittable(view),
+        "now": now,
     }
 
 

@@ -1,0 +1,61 @@
+"""Resubmit: a new task with an ended (or running) task's plan, selector and options.
+
+One definition for `devsched resubmit` and the dashboard's Resubmit button: the task is read with
+`P.api.tasks.get` and a new one is sent with `P.api.tasks.submit`, so whoever may submit may resubmit, and
+nobody else. The new task gets its own idempotency key (the client makes one): the old key would return the
+old task. A deadline is a point in time: it is carried over only while it is still ahead.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from devsched.client.errors import invalid
+from devsched.core.status import TaskKind
+from devsched.protocol.tasks import SubmitRequest, TaskView
+
+if TYPE_CHECKING:
+    from devsched.client.client import Client, TaskId
+    from devsched.protocol.tasks import SubmitReply
+
+
+def resubmit_request(view: TaskView, now: datetime) -> SubmitRequest:
+    """The submit request that repeats `view`: same plan, selector, name, priority, limits and metadata.
+
+    Raises:
+        InvalidRequest: the task is a health check (the scheduler runs those, nobody submits them), or its
+            metadata was cut from the view (read it with `full=["metadata"]` first).
+    """
+    if view.kind == TaskKind.HEALTH:
+        raise invalid("task_id", "a health check is run by the scheduler: it cannot be resubmitted")
+    if "metadata" in view.truncated:
+        raise invalid("task_id", "the task's metadata was cut from the view: read it whole first")
+    fields = {
+        "name": view.name,
+        "selector": view.selector,
+        "plan": view.plan,
+        "priority": view.priority,
+        "max_attempts": view.max_attempts,
+        "metadata": view.metadata,
+        "retry": view.retry,
+        "queue_timeout_s": view.queue_timeout_s,
+        "attempt_timeout_s": view.attempt_timeout_s,
+        "deadline": view.deadline if view.deadline is not None and view.deadline > now else None,
+    }
+    if view.lease_ttl_s is not None:
+        fields["lease_ttl_s"] = view.lease_ttl_s
+    return SubmitRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+
+
+async def resubmit(client: Client, task_id: TaskId, now: datetime) -> SubmitReply:
+    """Submit a new task repeating task `task_id` (a whole id); the new task's reply.
+
+    Raises:
+        NotFound: no such task.
+        InvalidRequest: a health check, or a request the scheduler refuses today (a limit tightened since).
+    """
+    view = await client.get(task_id)
+    if "metadata" in view.truncated:
+        view = await client.get(task_id, full=["metadata"])
+    return await client.submit(resubmit_request(view, now))
