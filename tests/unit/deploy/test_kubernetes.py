@@ -480,7 +480,8 @@ def test_environment_names_are_the_ones_the_services_read(name: str) -> None:
     docs = render(name)
     for workload in workloads(docs):
         settings_type = SETTINGS_OF[component(workload)]
-        known = settings_env(settings_type) | (SHARED_ENV & settings_env(ServiceSettings))
+        # the shared environment is every service's: each reads its own settings in it and ignores the others
+        known = settings_env(settings_type) | (SHARED_ENV & set().union(*map(settings_env, SETTINGS_OF.values())))
         for container in containers(pod_spec(workload)):
             where = f"{name}: {workload['metadata']['name']}/{container['name']}"
             names = environment(docs, workload, container)
