@@ -49,7 +49,7 @@ def passed(name: str, found: str) -> Check:
 
 
 async def reach_nats(settings: NatsSettings, *, name: str, host_id: str | None = None) -> str:
-    """Connect as the program would (`devsched.protocol.connection.connect`), round-trip, and close.
+    """Read the credentials and TLS files, connect as the program would (`protocol.connection`), round-trip.
 
     Raises:
         CheckFailed: a file is unusable, or no server accepted the connection within `CHECK_TIMEOUT_S`
@@ -60,6 +60,10 @@ async def reach_nats(settings: NatsSettings, *, name: str, host_id: str | None =
     async def on_error(exc: Exception) -> None:
         errors.append(f"{type(exc).__name__}: {exc}".rstrip(": "))
 
+    try:
+        settings.check()  # every credentials and TLS file, read before anything is sent
+    except TlsConfigError as exc:
+        raise CheckFailed(str(exc)) from None
     nc = Client()
     servers = ", ".join(settings.servers)
     try:
@@ -96,9 +100,10 @@ def run_checks(prog: str, checks: Sequence[Check], *, out: TextIO | None = None,
     async def run_all() -> int:
         failed = 0
         for check in checks:
+            failures: tuple[type[Exception], ...] = (CheckFailed, *check.failures)
             try:
                 found = await _bounded(check)
-            except (CheckFailed, *check.failures) as exc:
+            except failures as exc:
                 failed += 1
                 print(f"{prog}: {check.name}: {exc}", file=err, flush=True)
             else:
