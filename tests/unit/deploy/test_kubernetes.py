@@ -35,6 +35,7 @@ from .manifests import (
     SHARED_ENV,
     _group,
     _kustomize,
+    agent_shutdown_s,
     component,
     config_map,
     containers,
@@ -366,20 +367,6 @@ def test_grace_periods_outlast_the_services_own_shutdown(name: str) -> None:
 
 #: Seconds uvicorn gives open requests at shutdown (`timeout_graceful_shutdown` in devsched.web.main).
 WEB_SHUTDOWN_S = 2
-
-
-def agent_shutdown_s(agent: AgentConfig, drain_wait_s: float) -> float:
-    """The longest an agent pod takes to go, preStop hook included (the phases of the agent's shutdown.py).
-
-    The hook drains for up to `drain_wait_s`; SIGTERM then finds the shutdown grace (counted from the drain)
-    spent or gives what is left of it; then withdrawing the devices (one request), the stop at the step
-    boundary (two stop graces and a request), the kill (a stop grace and a request), the last deliveries
-    (a request and a second), the last look at the consumer, and the NATS drain.
-    """
-    stop, request = agent.stop_grace_s, agent.request_timeout_s
-    phases = request + (2 * stop + request) + (stop + request) + (request + 1)
-    last_look = 1 + request  # SWEEP_WAIT_S, bounded by a request timeout more
-    return max(drain_wait_s, agent.shutdown_grace_s) + phases + last_look + agent.drain_timeout_s
 
 
 @pytest.mark.parametrize("name", [*OVERLAYS, "base/agent"])
