@@ -24,7 +24,8 @@ from devsched.agent.config import URL_CREDENTIALS_REFUSED
 from devsched.client import Client
 from devsched.client.errors import NatsUnreachable
 from devsched.protocol.tls import NatsAccess, TlsConfigError, url_has_credentials
-from devsched.service.settings import ServiceSettings, SettingsError, build_parser, settings_from
+from devsched.service.flags import CommandLine
+from devsched.service.settings import ServiceSettings, SettingsError
 from support.scheduler_harness import ServiceProcess, service_env
 from support.secured_nats import configured_nats
 
@@ -247,10 +248,10 @@ def test_the_password_file_is_read_again_at_each_connection(tmp_path: Path) -> N
     ],
 )
 def test_service_settings_that_do_not_fit_together_exit_with_one_line(fields: dict[str, str], message: str) -> None:
-    parser = build_parser(ServiceSettings, "svc", "test")
+    command = CommandLine(ServiceSettings, prog="svc", description="test")
     argv = [arg for name, value in fields.items() for arg in ("--" + name.replace("_", "-"), value)]
     with pytest.raises(SettingsError, match=message) as info:
-        settings_from(ServiceSettings, parser.parse_args(argv))
+        command.settings(command.parser.parse_args(argv))
     assert len(str(info.value).splitlines()) == 2  # "invalid configuration:" and the one reason
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service.settings import parse_settings
+from devsched.service.flags import parse_settings
 from devsched.sweeper.app import SweeperSettings
 from support.databases import create_test_database, drop_database, ensure_test_roles
 from support.servers import PostgresHandle
@@ -22,20 +22,16 @@ pytestmark = pytest.mark.integration
 
 def test_flags_override_environment_which_overrides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEVSCHED_NATS_URL", "nats://from-env:4222")
-    monkeypatch.setenv("DEVSCHED_SWEEP_INTERVAL_S", "0.5")
+    monkeypatch.setenv("DEVSCHED_HEARTBEAT_INTERVAL_S", "0.5")
     monkeypatch.setenv("DEVSCHED_CREATE_STREAMS", "false")
     settings, _ = parse_settings(
         SchedulerSettings, ["--nats-url", "nats://from-flag:4222", "--device-grace-s", "2.5"], prog="x", description=""
     )
     assert settings.nats_url == "nats://from-flag:4222"
-    assert settings.sweep_interval_s == 0.5
+    assert settings.heartbeat_interval_s == 0.5
     assert settings.device_grace_s == 2.5
     assert settings.create_streams is False
-    assert (settings.subject_prefix, settings.max_payload_bytes, settings.heartbeat_interval_s) == (
-        "devsched",
-        524288,
-        5,
-    )
+    assert (settings.subject_prefix, settings.max_payload_bytes, settings.drain_timeout_s) == ("devsched", 524288, 5)
     flagged, _ = parse_settings(SchedulerSettings, ["--create-streams"], prog="x", description="")
     assert flagged.create_streams is True
 
@@ -55,9 +51,9 @@ def test_sweeper_reads_the_same_names(monkeypatch: pytest.MonkeyPatch) -> None:
     ("settings_type", "args", "named"),
     [
         (SchedulerSettings, ["--subject-prefix", "a.b"], "DEVSCHED_SUBJECT_PREFIX / --subject-prefix"),
-        (SchedulerSettings, ["--sweep-interval-s", "0"], "DEVSCHED_SWEEP_INTERVAL_S / --sweep-interval-s"),
+        (SweeperSettings, ["--sweep-interval-s", "0"], "DEVSCHED_SWEEP_INTERVAL_S / --sweep-interval-s"),
         (SchedulerSettings, ["--duplicate-window-s", "999999999"], "duplicate_window_s"),
-        (SweeperSettings, ["--max-payload-bytes", "lots"], "DEVSCHED_MAX_PAYLOAD_BYTES / --max-payload-bytes"),
+        (SchedulerSettings, ["--max-payload-bytes", "lots"], "DEVSCHED_MAX_PAYLOAD_BYTES / --max-payload-bytes"),
     ],
 )
 def test_invalid_configuration_exits_2_naming_the_setting(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devsched.agent.config import EnvOverrides
+from devsched.agent.config import AgentConfig, EnvOverrides
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service.settings import ENV_PREFIX
 from devsched.sweeper.app import SweeperSettings
@@ -191,3 +191,17 @@ SETTINGS_OF = {
 #: The components that serve HTTP over the pod network, by the name of the container port that does: the
 #: only ones whose NetworkPolicy admits ingress, and only to that port (the others serve nothing but probes).
 HTTP_FACING = {"web": "http"}
+
+
+def agent_shutdown_s(agent: AgentConfig, drain_wait_s: float) -> float:
+    """The longest an agent pod takes to go, preStop hook included (the phases of the agent's shutdown.py).
+
+    The hook drains for up to `drain_wait_s`; SIGTERM then finds the shutdown grace (counted from the drain)
+    spent or gives what is left of it; then withdrawing the devices (one request), the stop at the step
+    boundary (two stop graces and a request), the kill (a stop grace and a request), the last deliveries
+    (a request and a second), the last look at the consumer, and the NATS drain.
+    """
+    stop, request = agent.stop_grace_s, agent.request_timeout_s
+    phases = request + (2 * stop + request) + (stop + request) + (request + 1)
+    last_look = 1 + request  # SWEEP_WAIT_S, bounded by a request timeout more
+    return max(drain_wait_s, agent.shutdown_grace_s) + phases + last_look + agent.drain_timeout_s

@@ -35,6 +35,7 @@ from .manifests import (
     SHARED_ENV,
     _group,
     _kustomize,
+    agent_shutdown_s,
     component,
     config_map,
     containers,
@@ -368,20 +369,6 @@ def test_grace_periods_outlast_the_services_own_shutdown(name: str) -> None:
 WEB_SHUTDOWN_S = 2
 
 
-def agent_shutdown_s(agent: AgentConfig, drain_wait_s: float) -> float:
-    """The longest an agent pod takes to go, preStop hook included (the phases of the agent's shutdown.py).
-
-    The hook drains for up to `drain_wait_s`; SIGTERM then finds the shutdown grace (counted from the drain)
-    spent or gives what is left of it; then withdrawing the devices (one request), the stop at the step
-    boundary (two stop graces and a request), the kill (a stop grace and a request), the last deliveries
-    (a request and a second), the last look at the consumer, and the NATS drain.
-    """
-    stop, request = agent.stop_grace_s, agent.request_timeout_s
-    phases = request + (2 * stop + request) + (stop + request) + (request + 1)
-    last_look = 1 + request  # SWEEP_WAIT_S, bounded by a request timeout more
-    return max(drain_wait_s, agent.shutdown_grace_s) + phases + last_look + agent.drain_timeout_s
-
-
 @pytest.mark.parametrize("name", [*OVERLAYS, "base/agent"])
 def test_the_agent_is_drained_before_it_is_stopped(name: str) -> None:
     agent = find(render(name), "DaemonSet", "devsched-agent")
@@ -480,7 +467,8 @@ def test_environment_names_are_the_ones_the_services_read(name: str) -> None:
     docs = render(name)
     for workload in workloads(docs):
         settings_type = SETTINGS_OF[component(workload)]
-        known = settings_env(settings_type) | (SHARED_ENV & settings_env(ServiceSettings))
+        # the shared environment is every service's: each reads its own settings in it and ignores the others
+        known = settings_env(settings_type) | (SHARED_ENV & set().union(*map(settings_env, SETTINGS_OF.values())))
         for container in containers(pod_spec(workload)):
             where = f"{name}: {workload['metadata']['name']}/{container['name']}"
             names = environment(docs, workload, container)

@@ -22,7 +22,6 @@ from devsched.protocol.endpoints import HOST_ENDPOINT_VERBS
 from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.scheduler.budget import Budget, problem
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service.settings import ServiceSettings
 from support.secured_nats import host_user_module
 
 from .manifests import (
@@ -58,7 +57,7 @@ def test_the_nats_chart_values() -> None:
     assert config["merge"]["max_payload"] == 1024 * 1024
     assert config.get("monitor", {}).get("enabled", True) is True  # the exporter reads the monitoring port
     assert values["promExporter"] == {"enabled": True, "port": 7777, "podMonitor": {"enabled": True}}
-    assert ServiceSettings.model_fields["max_payload_bytes"].default < config["merge"]["max_payload"]
+    assert SchedulerSettings.model_fields["max_payload_bytes"].default < config["merge"]["max_payload"]
     # The include names the file of the ConfigMap mounted into the server's config directory.
     include = config["merge"]["devsched$include"]
     (mount,) = [patch["value"] for patch in values["container"]["patch"] if patch["path"] == "/volumeMounts/-"]

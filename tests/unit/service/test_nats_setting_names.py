@@ -14,7 +14,8 @@ import typer
 from devsched.agent.config import load_config
 from devsched.client.cli.main import app
 from devsched.scheduler.settings import SchedulerSettings
-from devsched.service.settings import ServiceSettings, build_parser
+from devsched.service.flags import CommandLine
+from devsched.service.settings import ServiceSettings
 from devsched.sweeper.app import SweeperSettings
 from devsched.web.settings import WebSettings
 
@@ -70,7 +71,7 @@ def test_variable_names_are_read_whatever_their_case(monkeypatch: pytest.MonkeyP
 
 @pytest.mark.parametrize("settings_type", SERVICES, ids=lambda t: t.__name__)
 def test_every_service_has_a_flag_per_nats_setting(settings_type: type[ServiceSettings]) -> None:
-    parser = build_parser(settings_type, "svc", "test")
+    parser = CommandLine(settings_type, prog="svc", description="test").parser
     flags = {flag for action in parser._actions for flag in action.option_strings}
     for _, flag, _ in NAMES.values():
         assert flag in flags

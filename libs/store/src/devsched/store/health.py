@@ -15,6 +15,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from devsched.store.engine import DatabaseTimeouts, DatabaseTlsError, make_engine
+
 #: Postgres's "undefined_table": a database that was never migrated.
 _UNDEFINED_TABLE = "42P01"
 
@@ -127,3 +129,25 @@ async def check_schema(engine: AsyncEngine) -> None:
     problem = schema_problem(await schema_revision(engine), expected_revision(), known_revisions())
     if problem is not None:
         raise DatabaseNotReady(problem)
+
+
+async def reach_database(dsn: str, *, connect_s: float = 5.0) -> str:
+    """Connect to `dsn` once as the service would, check its schema, and close (`--check-config`).
+
+    Returns:
+        What was found, in one line.
+
+    Raises:
+        DatabaseNotReady: no answer within `connect_s`, a refused login, a schema behind this release, or
+            unusable TLS parameters in the URL.
+    """
+    try:
+        engine = make_engine(dsn, timeouts=DatabaseTimeouts(connect_s=connect_s), pool_size=1, max_overflow=0)
+    except DatabaseTlsError as exc:
+        raise DatabaseNotReady(str(exc)) from None
+    try:
+        await ping(engine)
+        await check_schema(engine)
+        return f"answers, schema at {expected_revision()} or later"
+    finally:
+        await engine.dispose()

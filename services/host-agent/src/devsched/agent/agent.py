@@ -28,7 +28,6 @@ import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from importlib import metadata
 
 from nats.aio.client import Client
 
@@ -64,6 +63,7 @@ from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
 from devsched.service import HealthServer, Stopped, bind, close_nats, connect_nats, serving_health
 from devsched.service.metrics import serve_metrics
+from devsched.service.version import installed_version
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +74,8 @@ SWEEP_WAIT_S = 1.0
 
 
 def agent_version() -> str:
-    """The installed version of devsched-agent."""
-    try:
-        return metadata.version("devsched-agent")
-    except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
-        return "unknown"
+    """The installed version of devsched-agent (what it registers with and `--version` prints)."""
+    return installed_version("devsched-agent")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,7 @@ from devsched.service import (
 )
 from devsched.service.health import plainly
 from devsched.service.metrics import serve_metrics
+from devsched.service.settings import Seconds
 from devsched.store import ExpiredLease, Store
 from devsched.store.health import DatabaseNotReady, check_schema, ping
 from devsched.sweeper.metrics import PRUNED, READY, REGISTRY, count_expired, observe_store
@@ -57,6 +58,9 @@ _TRACER = trace.get_tracer("devsched.sweeper")
 
 class SweeperSettings(ServiceSettings):
     """Everything `devsched-sweeper` reads (`DEVSCHED_<NAME>` or `--<name>`)."""
+
+    sweep_interval_s: Seconds = 1.0
+    """Seconds between two sweeps of expired leases."""
 
     sweep_batch: int = Field(default=500, ge=1, le=10000)
     """Expired leases ended per transaction."""

@@ -2,6 +2,7 @@
 
     devsched-scheduler --database-url postgresql+asyncpg://... --nats-url nats://...
     devsched-scheduler --migrate        # apply the migrations and exit (until `devsched migrate` exists)
+    devsched-scheduler --check-config   # check the settings, their files, NATS and the database; exit
 
 Every setting is an environment variable `DEVSCHED_<NAME>` and a flag `--<name>` (see `--help`).
 """
@@ -26,6 +27,8 @@ from devsched.service import (
     setup_tracing,
     shutdown_tracing,
 )
+from devsched.service.preflight import Check, check_config
+from devsched.store.health import DatabaseNotReady, reach_database
 
 log = logging.getLogger("devsched.scheduler")
 
@@ -60,6 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="devsched scheduler: the NATS service, outbox relay and assignment loop.",
         extend=_extra_flags,
     )
+    if options.check_config:
+        database = Check("database", lambda: reach_database(settings.database_dsn), (DatabaseNotReady,))
+        return check_config("devsched-scheduler", settings, database)
     configure_logging(settings.log_level, service="devsched-scheduler")
     setup_tracing("devsched-scheduler")
     if options.migrate:

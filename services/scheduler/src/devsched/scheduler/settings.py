@@ -30,6 +30,9 @@ Prefixes = Annotated[tuple[str, ...], NoDecode]
 class SchedulerSettings(ServiceSettings):
     """Everything `devsched-scheduler` reads (`DEVSCHED_<NAME>` or `--<name>`)."""
 
+    max_payload_bytes: int = Field(default=524288, ge=1024)
+    """Largest request body accepted (413 above it); keep it below the NATS server's max_payload."""
+
     create_streams: bool = True
     """Create or update the JetStream streams at start; off when an operator manages them."""
     stream_replicas: int = Field(default=1, ge=1, le=5)

@@ -1,6 +1,7 @@
 """`devsched-web`: serve the dashboard.
 
     devsched-web --nats-url nats://... --web-host 0.0.0.0 --web-port 8080
+    devsched-web --check-config     # check the settings, their files and NATS; exit
 
 Every setting is an environment variable `DEVSCHED_<NAME>` and a flag `--<name>` (see `--help`); the
 dashboard's own are `DEVSCHED_WEB_*` (`devsched.web.settings`). It logs `serving` with its URL once it
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from devsched.service import EventLoopError, configure_logging, parse_settings, run_loop
+from devsched.service.preflight import check_config
 from devsched.web.app import allowed_hosts, create_app
 from devsched.web.settings import WebSettings
 
@@ -25,12 +27,14 @@ log = logging.getLogger("devsched.web")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit code."""
-    settings, _ = parse_settings(
+    settings, options = parse_settings(
         WebSettings,
         argv,
         prog="devsched-web",
         description="devsched-web: the dashboard, an operator client over NATS.",
     )
+    if options.check_config:
+        return check_config("devsched-web", settings)
     configure_logging(settings.log_level, service="devsched-web")
     family = socket.AF_INET6 if ":" in settings.web_host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
