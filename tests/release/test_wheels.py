@@ -6,8 +6,6 @@ One `uv build --all-packages` (a few seconds: uv_build is the backend) into a te
 from __future__ import annotations
 
 import email.parser
-import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 
-from support.workspace import ROOT, members
+from support.workspace import ROOT, members, uv_binary
 
 pytestmark = pytest.mark.release
 
@@ -27,19 +25,12 @@ NAMES = {member.name for member in MEMBERS}
 VERSION = MEMBERS[0].project["version"]
 
 
-def _uv() -> str:
-    # `uv run` (which `./dev test` is) names its own binary in UV; PATH is the fallback.
-    uv = os.environ.get("UV") or shutil.which("uv")
-    assert uv, "uv not found: run the tests through ./dev test"
-    return uv
-
-
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every member's wheel and sdist, built from this checkout."""
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
-        [_uv(), "build", "--all-packages", "--quiet", "--out-dir", str(out)],
+        [uv_binary(), "build", "--all-packages", "--quiet", "--out-dir", str(out)],
         cwd=ROOT,
         check=True,
         timeout=240,

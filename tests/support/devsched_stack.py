@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,9 @@ FAST_ENV = {
     # Small storage budgets: each stream reserves its cap from the shared test server's store.
     **{f"DEVSCHED_{name.upper()}": str(value) for name, value in BUDGETS.items()},
 }
+
+#: The agent of this workspace's environment.
+AGENT_COMMAND = (sys.executable, "-m", "devsched.agent.main")
 
 
 def service(name: str, argv: list[str], env: Mapping[str, str], log_path: Path) -> ChildProcess:
@@ -94,9 +97,18 @@ def _agent_config(path: Path, host_id: str, device_ids: list[str], nats_url: str
 
 @contextlib.contextmanager
 def running_stack(
-    nats_url: str, database_url: str, prefix: str, work_dir: Path, *, devices: int = 2
+    nats_url: str,
+    database_url: str,
+    prefix: str,
+    work_dir: Path,
+    *,
+    devices: int = 2,
+    agent_command: Sequence[str] = AGENT_COMMAND,
 ) -> Iterator[Stack]:
-    """Scheduler, sweeper and one agent (with `devices` devices) as processes, until the block ends."""
+    """Scheduler, sweeper and one agent (with `devices` devices) as processes, until the block ends.
+
+    The agent runs as `agent_command --config FILE` (another installation's `devsched-agent`, say).
+    """
     host_id = f"{prefix}-h1"
     device_ids = [f"{prefix}-d{i}" for i in range(1, devices + 1)]
     stack = Stack(nats_url, database_url, prefix, work_dir, host_id, device_ids)
@@ -121,7 +133,7 @@ def running_stack(
         _wait([(scheduler, "serving"), (sweeper, "sweeping")], timeout=60)
         agent_env = {k: v for k, v in env.items() if k != "DEVSCHED_DATABASE_URL"}
         agent = service(
-            "agent", [sys.executable, "-m", "devsched.agent.main", "--config", str(config)], agent_env,
+            "agent", [*agent_command, "--config", str(config)], agent_env,
             work_dir / "agent.log",
         )  # fmt: skip
         stack.procs.append(agent)
@@ -147,13 +159,20 @@ def delete_streams(nats_url: str, prefix: str) -> None:
 
 @contextlib.contextmanager
 def stack_for_tests(
-    nats_server: NatsHandle, postgres_server: PostgresHandle, template: str, work_dir: Path
+    nats_server: NatsHandle,
+    postgres_server: PostgresHandle,
+    template: str,
+    work_dir: Path,
+    *,
+    agent_command: Sequence[str] = AGENT_COMMAND,
 ) -> Iterator[Stack]:
     """`running_stack` on a fresh database cloned from `template` and a fresh prefix; both removed after."""
     name = create_test_database(postgres_server.dsn(), template)
     prefix = f"c{uuid.uuid4().hex[:10]}"
     try:
-        with running_stack(nats_server.url, postgres_server.url(name), prefix, work_dir) as stack:
+        with running_stack(
+            nats_server.url, postgres_server.url(name), prefix, work_dir, agent_command=agent_command
+        ) as stack:
             yield stack
     finally:
         in_thread(lambda: delete_streams(nats_server.url, prefix))

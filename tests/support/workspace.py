@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,3 +39,10 @@ def members() -> list[Member]:
         for pyproject in ROOT.glob(f"{pattern}/pyproject.toml")
     ]
     return sorted(found, key=lambda member: member.name)
+
+
+def uv_binary() -> str:
+    """The uv running these tests: `uv run` (which `./dev test` is) names its own binary in UV; PATH is the fallback."""
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv, "uv not found: run the tests through ./dev test"
+    return uv
