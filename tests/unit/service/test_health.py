@@ -198,6 +198,22 @@ async def test_a_client_that_never_reads_its_answer_is_cut_off() -> None:
         await health.close()
 
 
+async def test_an_answer_slower_than_the_read_deadline_is_not_cut_short() -> None:
+    health = HealthServer("127.0.0.1", 0, service="test", read_timeout_s=0.3, write_timeout_s=2.0)
+
+    async def slow(request: Request) -> Response:
+        await asyncio.sleep(0.8)  # past the deadline for the request head, which came in time
+        return Response(b"done\n", media_type="text/plain")
+
+    health.route("/slow", slow)
+    await health.start()
+    try:
+        status, _, body = await http(health.port, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (status, body) == (200, b"done\n")
+    finally:
+        await health.close()
+
+
 async def test_a_slow_readiness_check_holds_only_its_own_probe() -> None:
     readiness = Readiness(cache_s=0, check_timeout_s=1.0)
     health = HealthServer("127.0.0.1", 0, service="test", probes=Probes("test", readiness))
