@@ -48,7 +48,6 @@ __all__ = [
     "Probes",
     "Readiness",
     "check_nats",
-    "json_response",
     "plainly",
     "serving_health",
 ]
@@ -146,7 +145,10 @@ class HealthServer:
         self.probes.check(name, check)
 
     def route(self, path: str, endpoint: Endpoint) -> None:
-        """Serve GET `path` with `endpoint` (`/metrics` is registered this way, also once listening)."""
+        """Serve GET (and HEAD) `path` with `endpoint`, a Starlette endpoint or an ASGI app (`/metrics`).
+
+        Registering once listening works too: the routes are read per request.
+        """
         if not path.startswith("/"):
             raise ValueError(f"a route is an absolute path, not {path!r}")
         self._app.router.routes.append(Route(path, endpoint, methods=["GET"]))
