@@ -450,10 +450,13 @@ async def test_a_logout_holds_on_every_replica_across_restarts_and_a_partition(
             async with httpx.AsyncClient(base_url=b.url, timeout=10) as http:
 
                 async def unready() -> dict[str, object] | None:
+                    # not ready for its sessions (the `nats` check may fail first: it is not enough here)
                     readyz = await http.get("/readyz")
-                    return readyz.json() if readyz.status_code == 503 else None
+                    verdict = readyz.json()
+                    sessions_ok = verdict["checks"]["sessions"]["ok"]
+                    return verdict if readyz.status_code == 503 and not sessions_ok else None
 
-                verdict = await eventually(unready, timeout=15, message="B is not ready")
+                verdict = await eventually(unready, timeout=15, message="B is not ready for its sessions")
             print(f"B cut off: not ready after {time.monotonic() - started:.2f} s: {verdict}")
             assert await session_on(b, other) == 503, "B fails closed"
             async with httpx.AsyncClient(base_url=a.url, timeout=10, cookies=third) as http:

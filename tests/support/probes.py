@@ -6,9 +6,12 @@ import asyncio
 import json
 from typing import Any
 
+import httpx
 
-async def http(port: int, raw: bytes, *, timeout: float = 5.0) -> tuple[int, dict[str, str], bytes]:  # noqa: ASYNC109
-    """Send `raw` to 127.0.0.1:`port` as is; the status, headers and body of the answer (read to the close)."""
+
+async def http(port: int, raw: bytes, *, timeout: float = 5.0) -> tuple[int, httpx.Headers, bytes]:  # noqa: ASYNC109
+    """Send `raw` to 127.0.0.1:`port` as is; the status, headers (any case) and body of the answer (read to the
+    close)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         writer.write(raw)
@@ -19,7 +22,7 @@ async def http(port: int, raw: bytes, *, timeout: float = 5.0) -> tuple[int, dic
         writer.close()
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode().split("\r\n")
-    headers = dict(line.split(": ", 1) for line in lines[1:])
+    headers = httpx.Headers([tuple(line.split(": ", 1)) for line in lines[1:]])
     return int(lines[0].split(" ")[1]), headers, body
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gzip
 from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client import Counter, Histogram
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 
 from devsched.service.health import HealthServer, NotReady
 from devsched.service.metrics import (
@@ -17,7 +19,8 @@ from devsched.service.metrics import (
     ready_gauge,
     serve_metrics,
 )
-from support.scrape import scrape
+from support.probes import http
+from support.scrape import parse, scrape
 
 pytestmark = pytest.mark.unit
 
@@ -49,6 +52,75 @@ async def test_metrics_serves_the_registry_and_the_readiness(server: HealthServe
     failing = True
     server.readiness.cache_s = 0
     assert (await scrape(server.port)).value("devsched_ready", component="test") == 0
+
+
+#: What Prometheus sends: 3.x with UTF-8 names allowed, 2.49+ by default (`scrape_protocols`), and older 2.x.
+PROMETHEUS_3 = (
+    "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,"
+    "application/openmetrics-text;version=0.0.1;q=0.4,text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,"
+    "text/plain;version=0.0.4;q=0.2,*/*;q=0.1"
+)
+PROMETHEUS_2 = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+PROMETHEUS_OLD = "application/openmetrics-text; version=0.0.1,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+TEXT = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+@pytest.mark.parametrize(
+    ("accept", "content_type"),
+    [("", TEXT), ("*/*", TEXT), ("application/openmetrics-text", OPENMETRICS), (PROMETHEUS_3, OPENMETRICS),
+     (PROMETHEUS_2, OPENMETRICS), (PROMETHEUS_OLD, TEXT)],
+    ids=["none", "any (curl, promtool)", "openmetrics", "prometheus 3", "prometheus 2.49+", "older prometheus"],
+)  # fmt: skip
+async def test_metrics_answers_the_format_the_scraper_asks_for(
+    server: HealthServer, accept: str, content_type: str
+) -> None:
+    registry = new_registry()
+    Counter("devsched_test_hits", "Hits.", registry=registry).inc()
+    serve_metrics(server, registry, ready=ready_gauge(registry), component="test")
+    head = (
+        f"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: {accept}\r\n\r\n"
+        if accept
+        else "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    status, headers, body = await http(server.port, head.encode())
+    assert status == 200
+    assert headers["Content-Type"].startswith(content_type)
+    text = body.decode()
+    if content_type.startswith("application/openmetrics-text"):
+        families = {f.name: f for f in openmetrics_families(text)}  # raises unless it is valid OpenMetrics
+        assert text.endswith("# EOF\n")
+        assert families["devsched_test_hits"].samples[0].value == 1
+    else:
+        assert parse(text).value("devsched_test_hits_total") == 1
+
+
+async def test_metrics_can_be_restricted_to_the_series_named(server: HealthServer) -> None:
+    registry = new_registry()
+    Counter("devsched_test_hits", "Hits.", registry=registry).inc()
+    serve_metrics(server, registry, ready=ready_gauge(registry), component="test")
+    status, _, body = await http(server.port, b"GET /metrics?name[]=devsched_ready HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status == 200
+    assert parse(body.decode()).names() == {"devsched_ready"}
+
+
+async def test_metrics_is_gzipped_when_asked_and_always_sized(server: HealthServer) -> None:
+    registry = new_registry()
+    Counter("devsched_test_hits", "Hits.", registry=registry).inc()
+    serve_metrics(server, registry, ready=ready_gauge(registry), component="test")
+    get = b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept-Encoding: gzip\r\n\r\n"
+    status, headers, body = await http(server.port, get)
+    assert (status, headers["Content-Encoding"], int(headers["Content-Length"])) == (200, "gzip", len(body))
+    assert "Transfer-Encoding" not in headers
+    assert parse(gzip.decompress(body).decode()).value("devsched_test_hits_total") == 1
+    status, headers, body = await http(server.port, b"HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert (status, body) == (200, b"")
+    assert int(headers["Content-Length"]) > 0
+    status, headers, _ = await http(server.port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert status == 405
 
 
 def test_exported_names_list_every_series_even_without_samples() -> None:

@@ -1,10 +1,11 @@
-"""The services' HTTP port: `/healthz` (liveness), `/readyz` (readiness), and room for `/metrics`.
+"""The services' HTTP port: `/healthz` (liveness), `/readyz` (readiness), and `/metrics` (`service.metrics`).
 
-A tiny HTTP/1.1 server on asyncio's `start_server`, because probes need nothing more and a web framework
-would be one more dependency in every service. It answers GET only, one request per connection
-(`Connection: close`), and bounds everything a client controls: the request head's size
-(`MAX_REQUEST_BYTES`, else 431), how long it may take to send it (`READ_TIMEOUT_S`, else 408), and how many
-connections are open at once (`MAX_CONNECTIONS`, else 503 at once). Nothing here blocks the event loop.
+A small Starlette app served by uvicorn in the service's own event loop (`HealthServer`): uvicorn parses
+HTTP, Starlette routes, and this module only says what each probe answers. The listener bounds what a client
+controls: the request head's size (`MAX_REQUEST_BYTES`, h11's limit, else 400), how long the head may take
+(`READ_TIMEOUT_S`, else 408) and taking the answer (`WRITE_TIMEOUT_S`, else the connection is cut), and how
+many connections are open at once (`MAX_CONNECTIONS`, else 503 at once). Every answer closes its connection
+(`Connection: close`, one request per connection, as the kubelet probes) and is never cached.
 
 - `/healthz`: 200 whenever the event loop runs this handler, which is all liveness asks (a process whose
   loop is stuck never answers, and the kubelet restarts it). The body carries the uptime.
@@ -12,8 +13,7 @@ connections are open at once (`MAX_CONNECTIONS`, else 503 at once). Nothing here
   failing check and why. Checks run concurrently, each bounded by `check_timeout_s`, and their verdict is
   reused for `cache_s` (probes in a storm share one evaluation): a probe never hammers the database.
 
-A route is one registration (`HealthServer.route(path, handler)`): a Prometheus `/metrics` is added the
-same way as the two probes.
+The two probes are one definition (`Probes`), served by the listener and, in the dashboard, by its own app.
 """
 
 from __future__ import annotations
@@ -22,13 +22,35 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from http import HTTPStatus
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from nats.aio.client import Client
+import h11
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from devsched.service.readiness import Check, NotReady, Readiness, check_nats, plainly
+
+# The readiness names are imported from here too (`devsched.service.readiness` defines them).
+__all__ = [
+    "MAX_REQUEST_BYTES",
+    "Check",
+    "HealthServer",
+    "NotReady",
+    "Probes",
+    "Readiness",
+    "check_nats",
+    "plainly",
+    "serving_health",
+]
 
 log = logging.getLogger("devsched.service.health")
 
@@ -36,127 +58,57 @@ log = logging.getLogger("devsched.service.health")
 MAX_REQUEST_BYTES = 8192
 #: How long a client may take to send its request head.
 READ_TIMEOUT_S = 5.0
-#: How long writing the response may take (a client that stops reading is dropped).
+#: After that, how long it may take to read the answer (a client that stops reading is cut off).
 WRITE_TIMEOUT_S = 5.0
 #: Connections served at once; more are answered 503 and closed.
 MAX_CONNECTIONS = 64
-#: After answering, how long and how much of what a client still sends is read before closing.
-LINGER_S = 0.5
-LINGER_BYTES = 64 * 1024
-#: Longest reason kept from a failing check.
-MAX_REASON_CHARS = 300
+#: How long `HealthServer.close` lets answers in progress finish.
+CLOSE_TIMEOUT_S = 2
+
+#: A route's handler: a Starlette endpoint or an ASGI app (`/metrics`); it runs on the event loop, so it must
+#: not block.
+Endpoint = Callable[[Request], Awaitable[Response]] | ASGIApp
 
 
-class NotReady(Exception):
-    """A readiness check failed; the message says why (shown in `/readyz`'s body)."""
+def json_body(data: Mapping[str, Any]) -> bytes:
+    """The bytes of every JSON answer here: compact, one line."""
+    return json.dumps(data, separators=(",", ":")).encode() + b"\n"
 
 
-#: A readiness check: returns when it passes, raises (`NotReady` with a reason, or any error) when not.
-Check = Callable[[], Awaitable[None]]
+def json_response(status: int, data: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON answer (`json_body`)."""
+    return Response(json_body(data), status, headers, media_type="application/json")
 
 
-@dataclass(frozen=True, slots=True)
-class Response:
-    """What a route answers."""
+class Probes:
+    """`/healthz` and `/readyz` of one service: its name, its readiness checks and when it started."""
 
-    status: int
-    body: bytes
-    content_type: str = "application/json"
+    def __init__(self, service: str, readiness: Readiness | None = None) -> None:
+        self.service = service
+        self.readiness = readiness or Readiness()
+        self.started = time.monotonic()
 
-    @classmethod
-    def json(cls, status: int, data: Mapping[str, Any]) -> Response:
-        """A JSON response."""
-        return cls(status, json.dumps(data, separators=(",", ":")).encode() + b"\n")
+    def check(self, name: str, check: Check) -> None:
+        """Register a readiness check (`Readiness.add`)."""
+        self.readiness.add(name, check)
 
+    async def healthz(self, request: Request) -> Response:
+        """Alive: 200 with the service's name and uptime."""
+        uptime = round(time.monotonic() - self.started, 3)
+        return json_response(200, {"status": "ok", "service": self.service, "uptime_s": uptime})
 
-#: A route's handler; it runs on the event loop, so it must not block.
-Route = Callable[[], Awaitable[Response]]
+    async def readyz(self, request: Request) -> Response:
+        """Ready: 200 when every check passes, else 503; the body names each check and why it failed."""
+        verdict = await self.readiness.verdict()
+        return json_response(200 if verdict.ready else 503, {"service": self.service, **verdict.to_json()})
 
-
-def reason_of(exc: BaseException) -> str:
-    """One bounded line saying why a check failed: its message, or the error's type and message."""
-    if isinstance(exc, NotReady):
-        text = str(exc)
-    else:
-        message = str(exc).strip()
-        text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-    line = " ".join(text.split())
-    return line if len(line) <= MAX_REASON_CHARS else line[: MAX_REASON_CHARS - 3] + "..."
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The outcome of one evaluation of every check: the reason of each failing one."""
-
-    failing: Mapping[str, str]
-    passing: tuple[str, ...]
-    at: float = field(default_factory=time.monotonic)
-
-    @property
-    def ready(self) -> bool:
-        """Whether every check passed."""
-        return not self.failing
-
-    def to_json(self) -> dict[str, Any]:
-        """`{"ready": ..., "checks": {name: {"ok": true} | {"ok": false, "error": why}}}`."""
-        checks: dict[str, dict[str, Any]] = {name: {"ok": True} for name in self.passing}
-        checks.update({name: {"ok": False, "error": why} for name, why in self.failing.items()})
-        return {"ready": self.ready, "checks": dict(sorted(checks.items()))}
-
-
-class Readiness:
-    """The named checks of one service, evaluated together and cached briefly."""
-
-    def __init__(self, *, cache_s: float = 1.0, check_timeout_s: float = 3.0) -> None:
-        self.cache_s = cache_s
-        self.check_timeout_s = check_timeout_s
-        self._checks: dict[str, Check] = {}
-        self._last: Verdict | None = None
-        self._running: asyncio.Future[Verdict] | None = None
-
-    def add(self, name: str, check: Check) -> None:
-        """Register `check` under `name` (a name used once)."""
-        if name in self._checks:
-            raise ValueError(f"readiness check {name!r} is registered already")
-        self._checks[name] = check
-        self._last = None
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The registered checks, in registration order."""
-        return tuple(self._checks)
-
-    async def verdict(self) -> Verdict:
-        """Every check's outcome, evaluated at most once per `cache_s` (concurrent callers share one run)."""
-        last = self._last
-        if last is not None and time.monotonic() - last.at < self.cache_s:
-            return last
-        if self._running is None or self._running.done():
-            self._running = asyncio.ensure_future(self._evaluate())
-        # shielded: a probe that hangs up must not cancel the evaluation other probes wait for
-        return await asyncio.shield(self._running)
-
-    async def _evaluate(self) -> Verdict:
-        names = list(self._checks)
-        outcomes = await asyncio.gather(*(self._run(self._checks[name]) for name in names))
-        failing = {name: why for name, why in zip(names, outcomes, strict=True) if why is not None}
-        verdict = Verdict(failing=failing, passing=tuple(n for n in names if n not in failing))
-        self._last = verdict
-        return verdict
-
-    async def _run(self, check: Check) -> str | None:
-        try:
-            async with asyncio.timeout(self.check_timeout_s):
-                await check()
-        except TimeoutError:
-            return f"no answer within {self.check_timeout_s:g} s"
-        except Exception as exc:  # a check's failure is its verdict, whatever it raised
-            return reason_of(exc)
-        return None
+    def routes(self) -> list[BaseRoute]:
+        """The two probes as routes (GET, and HEAD as Starlette answers it)."""
+        return [Route("/healthz", self.healthz, methods=["GET"]), Route("/readyz", self.readyz, methods=["GET"])]
 
 
 class HealthServer:
-    """The HTTP listener of one service: `/healthz`, `/readyz` and whatever else is registered."""
+    """The HTTP listener of one service: its `Probes`, and whatever else is registered (`/metrics`)."""
 
     def __init__(
         self,
@@ -164,185 +116,194 @@ class HealthServer:
         port: int,
         *,
         service: str,
-        readiness: Readiness | None = None,
+        probes: Probes | None = None,
         max_connections: int = MAX_CONNECTIONS,
         read_timeout_s: float = READ_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
     ) -> None:
+        """`probes`: the ones to serve (the dashboard shares its own); new ones for `service` by default."""
         self.host = host
         self.requested_port = port
-        self.service = service
-        self.readiness = readiness or Readiness()
+        self.probes = probes or Probes(service)
         self.max_connections = max_connections
         self.read_timeout_s = read_timeout_s
-        self._routes: dict[str, Route] = {}
-        self._server: asyncio.Server | None = None
-        self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
-        self._started = time.monotonic()
-        self.route("/healthz", self._healthz)
-        self.route("/readyz", self._readyz)
+        self.write_timeout_s = write_timeout_s
+        self._app = Starlette(
+            routes=self.probes.routes(), exception_handlers={HTTPException: self._refused, Exception: _failed}
+        )
+        self._server: _Server | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._port: int | None = None
 
-    def route(self, path: str, handler: Route) -> None:
-        """Serve GET `path` with `handler` (`/metrics` is registered this way)."""
-        if not path.startswith("/"):
-            raise ValueError(f"a route is an absolute path, not {path!r}")
-        self._routes[path] = handler
+    @property
+    def readiness(self) -> Readiness:
+        """The service's readiness checks."""
+        return self.probes.readiness
 
     def check(self, name: str, check: Check) -> None:
         """Register a readiness check (`Readiness.add`)."""
-        self.readiness.add(name, check)
+        self.probes.check(name, check)
+
+    def route(self, path: str, endpoint: Endpoint) -> None:
+        """Serve GET (and HEAD) `path` with `endpoint`, a Starlette endpoint or an ASGI app (`/metrics`).
+
+        Registering once listening works too: the routes are read per request.
+        """
+        if not path.startswith("/"):
+            raise ValueError(f"a route is an absolute path, not {path!r}")
+        self._app.router.routes.append(Route(path, endpoint, methods=["GET"]))
+
+    @property
+    def paths(self) -> list[str]:
+        """The paths served."""
+        return sorted(route.path for route in self._app.router.routes if isinstance(route, Route))
 
     @property
     def port(self) -> int:
         """The port listened on (the one chosen by the system when 0 was asked for)."""
-        if self._server is None or not self._server.sockets:
-            return self.requested_port
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.requested_port if self._port is None else self._port
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return 0 if self._server is None else len(self._server.server_state.connections)
 
     async def start(self) -> None:
         """Listen; raises `OSError` when the address is unusable (taken, not local)."""
-        self._started = time.monotonic()
-        self._server = await asyncio.start_server(
-            self._accept, self.host, self.requested_port, limit=MAX_REQUEST_BYTES, reuse_address=True
+        sock = await _listen(self.host, self.requested_port)
+        config = uvicorn.Config(
+            self._app,
+            http=_deadlines(self.read_timeout_s, self.write_timeout_s),
+            ws="none",
+            lifespan="off",
+            interface="asgi3",
+            log_config=None,
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            headers=[("Cache-Control", "no-store"), ("Connection", "close")],
+            limit_concurrency=self.max_connections + 1,  # uvicorn refuses at the limit, we above it
+            h11_max_incomplete_event_size=MAX_REQUEST_BYTES,
+            timeout_graceful_shutdown=CLOSE_TIMEOUT_S,
         )
+        server = _Server(config)
+        serving = asyncio.create_task(server.serve(sockets=[sock]), name=f"{self.probes.service} health listener")
+        listening = asyncio.create_task(server.listening.wait())
+        await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+        if not listening.done():
+            listening.cancel()
+            sock.close()
+            serving.result()  # its error, if it raised one
+            raise RuntimeError("the health listener stopped before it listened")
+        self._server, self._serving, self._port = server, serving, int(sock.getsockname()[1])
         log.info("health endpoints listening", extra={"host": self.host, "port": self.port})
 
     async def close(self) -> None:
-        """Stop listening and end the connections still open."""
-        if self._server is None:
+        """Stop listening and end the connections still open (within `CLOSE_TIMEOUT_S`, and a little more)."""
+        server, serving = self._server, self._serving
+        if server is None or serving is None:
             return
-        self._server.close()
-        # Closing their sockets ends the connections' reads (cancelling them would make Python 3.11's
-        # stream protocol log the cancellation as an error).
-        for writer in self._connections.values():
-            writer.close()
-        if self._connections:
-            _, late = await asyncio.wait(set(self._connections), timeout=2.0)
-            for task in late:
-                task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._server.wait_closed(), timeout=2.0)
-        self._server = None
+        self._server = self._serving = None
+        server.should_exit = True
+        _, late = await asyncio.wait({serving}, timeout=CLOSE_TIMEOUT_S + 1.0)
+        if late:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections[task] = writer
-        try:
-            if len(self._connections) > self.max_connections:
-                response = Response.json(503, {"error": "too many connections"})
-            else:
-                response = await self._respond(reader)
-            await self._send(writer, response)
-            await _linger(reader, writer)
-        except (ConnectionError, TimeoutError, asyncio.IncompleteReadError):
-            pass  # the client went away or stalled: nothing to answer
-        finally:
-            self._connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), timeout=1.0)
-
-    async def _respond(self, reader: asyncio.StreamReader) -> Response:
-        try:
-            async with asyncio.timeout(self.read_timeout_s):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except TimeoutError:
-            return Response.json(408, {"error": "request not received in time"})
-        except asyncio.LimitOverrunError:
-            return Response.json(431, {"error": f"request head above {MAX_REQUEST_BYTES} bytes"})
-        except asyncio.IncompleteReadError as exc:
-            if not exc.partial:
-                raise  # connected and closed without a word (a TCP probe)
-            return Response.json(400, {"error": "incomplete request"})
-        parts = head.split(b"\r\n", 1)[0].split(b" ")
-        if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-            return Response.json(400, {"error": "not an HTTP/1.x request"})
-        method, target = parts[0], parts[1].decode("ascii", "replace").split("?", 1)[0]
-        handler = self._routes.get(target)
-        if handler is None:
-            return Response.json(404, {"error": "not found", "paths": sorted(self._routes)})
-        if method != b"GET":
-            return Response.json(405, {"error": "only GET is served"})
-        try:
-            return await handler()
-        except Exception:
-            log.exception("health route %s failed", target)
-            return Response.json(500, {"error": "internal error"})
-
-    async def _send(self, writer: asyncio.StreamWriter, response: Response) -> None:
-        reason = HTTPStatus(response.status).phrase
-        allow = "Allow: GET\r\n" if response.status == 405 else ""
-        head = (
-            f"HTTP/1.1 {response.status} {reason}\r\n"
-            f"Content-Type: {response.content_type}\r\n"
-            f"Content-Length: {len(response.body)}\r\n"
-            f"Cache-Control: no-store\r\n{allow}"
-            "Connection: close\r\n\r\n"
-        )
-        writer.write(head.encode("ascii") + response.body)
-        async with asyncio.timeout(WRITE_TIMEOUT_S):
-            await writer.drain()
-
-    async def _healthz(self) -> Response:
-        uptime = round(time.monotonic() - self._started, 3)
-        return Response.json(200, {"status": "ok", "service": self.service, "uptime_s": uptime})
-
-    async def _readyz(self) -> Response:
-        verdict = await self.readiness.verdict()
-        return Response.json(200 if verdict.ready else 503, {"service": self.service, **verdict.to_json()})
+    async def _refused(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        data: dict[str, Any] = {"error": str(exc.detail).lower()}
+        if exc.status_code == 404:
+            data["paths"] = self.paths
+        return json_response(exc.status_code, data, exc.headers)
 
 
-async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Half-close, then read what the client still sends (bounded) before the close.
+async def _failed(request: Request, exc: Exception) -> Response:
+    # uvicorn logs the error and its traceback
+    return json_response(500, {"error": "internal error"})
 
-    A socket closed with unread input sends RST, which can destroy a response the client has not read yet.
+
+async def _listen(host: str, port: int) -> socket.socket:
+    """A listening socket on `host`:`port` (its first address), made here so that an unusable one raises."""
+    loop = asyncio.get_running_loop()
+    family, kind, proto, _, address = (
+        await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(MAX_CONNECTIONS)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server inside the service's loop: the service owns its signals; says when it listens."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # SIGTERM is the service's (`devsched.service.lifecycle`), never the listener's
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        self.listening.set()
+
+
+class _Deadlines(H11Protocol):
+    """uvicorn's h11 protocol with the deadlines uvicorn lacks (its issue 157, "timeout-request-start").
+
+    A client has `read_timeout_s` to send its request head, else it is answered 408; one that has not taken
+    its answer `write_timeout_s` later (every answer closes the connection) is cut off.
     """
-    if writer.can_write_eof():
-        writer.write_eof()
-    left = LINGER_BYTES
-    with contextlib.suppress(TimeoutError, ConnectionError):
-        async with asyncio.timeout(LINGER_S):
-            while left > 0 and (chunk := await reader.read(min(left, 4096))):
-                left -= len(chunk)
+
+    read_timeout_s = READ_TIMEOUT_S
+    write_timeout_s = WRITE_TIMEOUT_S
+    _timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[arg-type]  # uvicorn narrows it to Transport
+        self._timer = self.loop.call_later(self.read_timeout_s, self._expire)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        super().connection_lost(exc)
+
+    def _expire(self) -> None:
+        if self.transport.is_closing() or self.conn.our_state is not h11.IDLE:
+            self._timer = self.loop.call_later(self.write_timeout_s, self.transport.abort)
+            return
+        body = json_body({"error": "request not received in time"})
+        headers = [("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("Connection", "close")]
+        with contextlib.suppress(h11.LocalProtocolError):  # h11 lets a server answer before any request
+            for event in (h11.Response(status_code=408, headers=headers), h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
+
+
+def _deadlines(read_timeout_s: float, write_timeout_s: float) -> type[_Deadlines]:
+    return type("Deadlines", (_Deadlines,), {"read_timeout_s": read_timeout_s, "write_timeout_s": write_timeout_s})
 
 
 @contextlib.asynccontextmanager
-async def serving_health(host: str, port: int | None, *, service: str) -> AsyncIterator[HealthServer | None]:
+async def serving_health(
+    host: str, port: int | None, *, service: str, probes: Probes | None = None
+) -> AsyncIterator[HealthServer | None]:
     """A started `HealthServer` for the block (closed after it), or None when `port` is None (off)."""
     if port is None:
         yield None
         return
-    server = HealthServer(host, port, service=service)
+    server = HealthServer(host, port, service=service, probes=probes)
     await server.start()
     try:
         yield server
     finally:
         await server.close()
-
-
-async def check_nats(nc: Client | None, timeout: float = 2.0) -> None:  # noqa: ASYNC109
-    """Pass when `nc` is connected and the server answers a PING (a flag alone can hide a dead socket).
-
-    Raises:
-        NotReady: not connected (yet, or any more), or no PONG within `timeout`.
-    """
-    if nc is None:
-        raise NotReady("not connected yet")
-    if not nc.is_connected:
-        state = "closed" if nc.is_closed else "draining" if nc.is_draining else "reconnecting"
-        raise NotReady(f"not connected ({state})")
-    try:
-        await nc.flush(timeout=timeout)  # type: ignore[arg-type]  # nats-py annotates it int
-    except Exception as exc:
-        raise NotReady(f"no answer from the server: {type(exc).__name__}") from None
-
-
-async def plainly(work: Awaitable[None], *errors: type[Exception]) -> None:
-    """Await `work`; an error of the types given fails the check with its message alone.
-
-    For errors whose message is a whole sentence (the store's `DatabaseNotReady`): their type name adds nothing.
-    """
-    try:
-        await work
-    except errors as exc:
-        raise NotReady(str(exc)) from None

@@ -8,19 +8,24 @@ bounded label values (endpoint, code, outcome, status, state, priority band, act
 task, attempt, lease, host or device id.
 
 `serve_metrics` adds `/metrics` to a `HealthServer`; a scrape also sets `devsched_ready{component}` from the
-readiness verdict (cached as `/readyz`'s is), so that alerts can see readiness without the kubelet.
+readiness verdict (cached as `/readyz`'s is), so that alerts can see readiness without the kubelet. The answer
+is prometheus_client's own ASGI app (`make_asgi_app`): the text format 0.0.4 unless the scraper's `Accept`
+asks for OpenMetrics (or text 1.0.0), gzip when `Accept-Encoding` allows it, and `?name[]=` restricts it to
+the series named.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client import CollectorRegistry, Gauge, Histogram, make_asgi_app
 from prometheus_client.metrics_core import Metric
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from starlette.datastructures import MutableHeaders
+from starlette.types import Message, Receive, Scope, Send
 
-from devsched.service.health import HealthServer, Response
+from devsched.service.health import HealthServer
 
 #: Requests and database operations: 0.5 ms to 10 s.
 FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -28,9 +33,6 @@ FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 #: Steps of a plan: 100 ms to 4 hours.
 STEP_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0)
-
-#: The text format 0.0.4, which every Prometheus reads (our names need nothing of 1.0.0's UTF-8 quoting).
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 
 #: The series suffixes each metric type exposes (for `exported_names`).
 _SUFFIXES = {
@@ -83,19 +85,43 @@ def ready_gauge(registry: CollectorRegistry) -> Gauge:
 
 
 def serve_metrics(health: HealthServer, registry: CollectorRegistry, *, ready: Gauge, component: str) -> None:
-    """Serve `registry` on `health`'s `/metrics` in the text exposition format.
+    """Serve `registry` on `health`'s `/metrics`, in the exposition format the scraper asks for.
 
     Each scrape first reads the readiness verdict (at most one evaluation a second, shared with `/readyz`)
     into `ready` (`ready_gauge`) for `component`.
     """
-    child = ready.labels(component)
+    health.route("/metrics", _Scrape(health, registry, ready.labels(component)))
 
-    async def metrics() -> Response:
-        verdict = await health.readiness.verdict()
-        child.set(1 if verdict.ready else 0)
-        return Response(200, generate_latest(registry), CONTENT_TYPE)
 
-    health.route("/metrics", metrics)
+class _Scrape:
+    """`make_asgi_app(registry)` after setting the readiness gauge, its answer sent with its length.
+
+    prometheus_client's app sends no `Content-Length` (uvicorn would chunk it): with it, a probe reading to the
+    close and a HEAD see the size, as the other answers of the listener give it.
+    """
+
+    def __init__(self, health: HealthServer, registry: Collector, ready: Gauge) -> None:
+        self.health = health
+        self.ready = ready
+        self.app = make_asgi_app(registry)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        verdict = await self.health.readiness.verdict()
+        self.ready.set(1 if verdict.ready else 0)
+        start: Message = {}
+
+        async def send_sized(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                start.update(message)  # sent with the body, once its length is known
+                return
+            if start:
+                headers = MutableHeaders(scope={"headers": list(start.get("headers", []))})
+                headers["content-length"] = str(len(message.get("body", b"")))
+                await send({**start, "headers": headers.raw})
+                start.clear()
+            await send(message)
+
+        await self.app(scope, receive, send_sized)
 
 
 def exported_names(registry: CollectorRegistry) -> frozenset[str]:

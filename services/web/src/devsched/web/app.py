@@ -1,5 +1,8 @@
 """The dashboard's application: its routes, middleware and lifespan, and its health and readiness.
 
+`/healthz` and `/readyz` are the services' probes (`devsched.service.health.Probes`), one definition served on
+the dashboard's port and, with `metrics_port`, on the health listener the kubelet probes.
+
 The pages and their live streams are in `devsched.web.pages`, the event streams' plumbing in
 `devsched.web.live`, the actions in `devsched.web.actions`, login and logout in `devsched.web.login`,
 artifact downloads in `devsched.web.downloads`, the plain-text log in `devsched.web.logtext`; what they
@@ -17,25 +20,20 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from devsched.client import Client
-from devsched.service.health import HealthServer, NotReady, check_nats, serving_health
+from devsched.service.health import NotReady, Probes, check_nats, serving_health
 from devsched.web import actions, downloads, hosts, login, logtext, revocations, security
 from devsched.web.dashboard import HERE, Web, web_of
 from devsched.web.pages import charts, device, lab, queue, task
 from devsched.web.settings import WebSettings
 
 
-async def healthz(request: Request) -> Response:
-    """Alive."""
-    return PlainTextResponse("ok")
-
-
-def add_checks(health: HealthServer, app: Starlette) -> None:
-    """Readiness on the health listener (`metrics_port`): NATS answers, and the first snapshot is loaded.
+def add_checks(probes: Probes, app: Starlette) -> None:
+    """Readiness: NATS answers, the first snapshot is loaded, and (with a token) every logout is known.
 
     A later sample that fails keeps the last snapshot on screen (with its error shown), so it is not a
     condition: pages still render, and the sampler tries again.
@@ -59,21 +57,9 @@ def add_checks(health: HealthServer, app: Starlette) -> None:
         if revoked is not None and (problem := revoked.problem()) is not None:
             raise NotReady(problem)
 
-    health.check("nats", nats)
-    health.check("snapshot", snapshot)
-    health.check("sessions", sessions)
-
-
-async def readyz(request: Request) -> Response:
-    """Ready once a sample succeeded and NATS is connected.
-
-    For a port-forward; the kubelet probes the health listener's `/readyz` (`add_checks`).
-    """
-    web = web_of(request)
-    snap = web.sampler.snapshot
-    problem = web.revocations.problem() if web.revocations is not None else None
-    ready = snap.ready and snap.error is None and web.client.nc.is_connected and problem is None
-    return JSONResponse({"ready": ready, "error": snap.error or problem}, status_code=200 if ready else 503)
+    probes.check("nats", nats)
+    probes.check("snapshot", snapshot)
+    probes.check("sessions", sessions)
 
 
 async def root(request: Request) -> Response:
@@ -115,12 +101,14 @@ def create_app(
             name="devsched-web",
         )
 
+    probes = Probes("devsched-web")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The health listener first: alive (and not ready) while NATS is still being reached.
-        async with serving_health(settings.metrics_host, settings.metrics_port, service="devsched-web") as health:
-            if health is not None:
-                add_checks(health, app)
+        async with serving_health(
+            settings.metrics_host, settings.metrics_port, service=probes.service, probes=probes
+        ) as health:
             app.state.health = health
             client = await (connect or default_connect)()
             web = Web(settings, client)
@@ -160,11 +148,10 @@ def create_app(
         Route("/login", login.login_page),
         Route("/login", login.login, methods=["POST"]),
         Route("/logout", login.logout, methods=["POST"]),
-        Route("/healthz", healthz),
-        Route("/readyz", readyz),
+        *probes.routes(),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[
@@ -173,3 +160,6 @@ def create_app(
         ],
         exception_handlers={HTTPException: _error},
     )
+    add_checks(probes, app)
+    app.state.probes = probes
+    return app
