@@ -162,12 +162,12 @@ def test_only_a_root_marked_idle_drops_a_trace() -> None:
 
 def test_a_trace_continued_from_elsewhere_is_passed_on_at_once() -> None:
     tracer, exporter = _skipping()
-    with use_context(extract({"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"})):
-        with tracer.start_as_current_span("process x") as span:
-            with tracer.start_as_current_span("claim"):
-                pass
-            assert [s.name for s in exporter.get_finished_spans()] == ["claim"]
-            mark_idle(span)  # a span with a remote parent is no root of this process: not honoured
+    remote = extract({"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"})
+    with use_context(remote), tracer.start_as_current_span("process x") as span:
+        with tracer.start_as_current_span("claim"):
+            pass
+        assert [s.name for s in exporter.get_finished_spans()] == ["claim"]
+        mark_idle(span)  # a span with a remote parent is no root of this process: not honoured
     assert [s.name for s in exporter.get_finished_spans()] == ["claim", "process x"]
 
 
@@ -186,13 +186,12 @@ def test_idle_and_busy_passes_interleaved_keep_their_own_traces() -> None:
 
 def test_an_unsampled_block_records_no_span_and_says_so_downstream() -> None:
     tracer, exporter = _skipping()
-    with unsampled():
-        with tracer.start_as_current_span("send heartbeat") as span:
-            assert not span.is_recording()
-            trace_id, _, flags = _parts(inject({})["traceparent"])
+    with unsampled(), tracer.start_as_current_span("send heartbeat") as span:
+        assert not span.is_recording()
+        trace_id, _, flags = _parts(inject({})["traceparent"])
     assert flags == "00", "the scheduler's parent-based sampler records nothing of it either"
     assert trace_id != "0" * 32
     assert exporter.get_finished_spans() == ()
-    with use_context(extract({"traceparent": f"00-{trace_id}-{PARENT_SPAN}-00"})):
-        with tracer.start_as_current_span("process heartbeat") as served:
-            assert not served.is_recording()
+    downstream = extract({"traceparent": f"00-{trace_id}-{PARENT_SPAN}-00"})
+    with use_context(downstream), tracer.start_as_current_span("process heartbeat") as served:
+        assert not served.is_recording()
