@@ -7,11 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from devsched.core.errors import LeaseExpired, NotFound, TaskTerminal
+from devsched.core.errors import LeaseExpired, NotFound, TaskTerminal, TooManyRequests
 from devsched.core.events import TaskEvent
 from devsched.core.status import EventKind, TaskStatus
+from devsched.protocol.transport import EndpointTally
 from devsched.scheduler.api import observed
-from devsched.scheduler.metrics import REGISTRY, DatabaseGauges, Latencies
+from devsched.scheduler.metrics import REGISTRY, DatabaseGauges, Latencies, reply_counter
 from devsched.store import Committed, OutboxMessage
 from devsched.store.stats import Gauges
 
@@ -103,6 +104,20 @@ async def test_observed_counts_renewals_reports_and_conflicts_by_code() -> None:
     assert value("devsched_reports_total", code="task_terminal") - before["report"] == 1
     assert value("devsched_conflicts_total", code="task_terminal") - before["report_conflict"] == 1
     assert value("devsched_conflicts_total", code="not_found") == before["not_found"]  # 404 is no conflict
+
+
+def test_every_reply_is_counted_by_endpoint_and_status_a_refusal_outside_the_handler_too() -> None:
+    endpoint = "host-heartbeat"
+    before = {code: value("devsched_requests_total", endpoint=endpoint, code=code) for code in ("200", "404", "429")}
+    tally = EndpointTally(times=True)
+    tally.count = reply_counter(endpoint)
+    assert REGISTRY.get_sample_value("devsched_requests_total", {"endpoint": endpoint, "code": "200"}) is not None
+    tally.record(1000, None)
+    tally.record(1000, None)
+    tally.record(1000, "404:not_found no such host", NotFound.status)
+    tally.error(TooManyRequests("too many requests from this host"))  # the dispatcher's 429, sent before the handler
+    after = {code: value("devsched_requests_total", endpoint=endpoint, code=code) for code in before}
+    assert {code: after[code] - before[code] for code in before} == {"200": 2, "404": 1, "429": 1}
 
 
 def test_database_gauges_export_the_last_reading() -> None:

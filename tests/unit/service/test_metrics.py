@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import platform
 from collections.abc import AsyncIterator
+from importlib.metadata import version
 
 import pytest
 from prometheus_client import Counter, Histogram
@@ -49,6 +51,14 @@ async def test_metrics_serves_the_registry_and_the_readiness(server: HealthServe
     failing = True
     server.readiness.cache_s = 0
     assert (await scrape(server.port)).value("devsched_ready", component="test") == 0
+
+
+@pytest.mark.parametrize("distribution", ["devsched-scheduler", "devsched-sweeper", "devsched-agent"])
+def test_every_registry_says_which_build_runs(distribution: str) -> None:
+    registry = new_registry(distribution)
+    labels = {"version": version(distribution), "python": platform.python_version()}
+    assert registry.get_sample_value("devsched_build_info", labels) == 1
+    assert [s.labels for f in registry.collect() for s in f.samples if s.name == "devsched_build_info"] == [labels]
 
 
 def test_exported_names_list_every_series_even_without_samples() -> None:

@@ -3,8 +3,9 @@
 Three kinds, each as cheap as its place asks:
 
 - Counted where it happens: request duration by endpoint (`request_timer`, from the typed handler's start
-  to its reply), reply codes of renewals and reports and every 409 by code (`Replies`), database operations by operation
-  (`Store.on_operation`). One histogram observation or counter increment is about a microsecond.
+  to its reply), every reply by endpoint and status code (`reply_counter`), reply codes of renewals and
+  reports and every 409 by code (`Replies`), database operations by operation (`Store.on_operation`). One
+  histogram observation or counter increment is about a microsecond.
 - Read from the database every `metrics_interval_s` by one loop (`Stats.refresh`, a few aggregate statements):
   queue depth and oldest age by priority band, tasks by status, hosts, devices by state, the outbox's lag.
   A scrape reads the last values, so a scrape storm costs no query. Every replica exports the same values:
@@ -31,6 +32,7 @@ from prometheus_client.registry import Collector
 from devsched.core.errors import DevschedError
 from devsched.core.events import TaskEvent
 from devsched.core.status import TERMINAL, EventKind
+from devsched.protocol.transport import OK_STATUS
 from devsched.service.metrics import (
     FAST_BUCKETS,
     WAIT_BUCKETS,
@@ -44,7 +46,7 @@ from devsched.store.stats import Gauges
 
 _K = TypeVar("_K")
 
-REGISTRY = new_registry()
+REGISTRY = new_registry("devsched-scheduler")
 READY = ready_gauge(REGISTRY)
 DATABASE_SECONDS = database_histogram(REGISTRY)
 REQUEST_SECONDS = Histogram(
@@ -52,6 +54,12 @@ REQUEST_SECONDS = Histogram(
     "Time from a request's arrival at its handler to its reply, by endpoint.",
     ["endpoint"],
     buckets=FAST_BUCKETS,
+    registry=REGISTRY,
+)
+REQUESTS = Counter(
+    "devsched_requests",
+    "Requests answered, by endpoint and reply code (200, or the error's status: 400, 404, 409, 429, 500, ...).",
+    ["endpoint", "code"],
     registry=REGISTRY,
 )
 CONFLICTS = Counter("devsched_conflicts", "409 replies, by error code.", ["code"], registry=REGISTRY)
@@ -120,6 +128,22 @@ class Replies:
 def request_timer(name: str) -> Callable[[float], None]:
     """What observes a request's duration (seconds) as endpoint `name`'s (`EndpointTally.observe`)."""
     return REQUEST_SECONDS.labels(name).observe
+
+
+def reply_counter(name: str) -> Callable[[int], None]:
+    """What counts endpoint `name`'s replies by status code (`EndpointTally.count`); its 200s exported from 0.
+
+    The codes are the protocol errors' statuses, a fixed set, and `name` one of the endpoint table's.
+    """
+    children = {OK_STATUS: REQUESTS.labels(name, str(OK_STATUS)).inc}
+
+    def count(status: int) -> None:
+        inc = children.get(status)
+        if inc is None:
+            inc = children[status] = REQUESTS.labels(name, str(status)).inc
+        inc()
+
+    return count
 
 
 class Latencies:
