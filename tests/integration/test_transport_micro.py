@@ -261,6 +261,8 @@ async def test_micro_stats_count_error_replies_and_time_the_whole_handler(
             hand_off=hand_off,
         )
         assert tally.attached, "nats-py's micro Endpoint changed: see transport._micro_endpoint"
+        codes: list[int] = []
+        tally.count = codes.append
         await request(
             nc, subjects.endpoint(endpoints.TASKS_GET), m.GetTaskRequest(task_id=TASK_ID), m.CancelReply, timeout=2
         )
@@ -288,6 +290,7 @@ async def test_micro_stats_count_error_replies_and_time_the_whole_handler(
         assert stats["processing_time"] >= 2 * HANDLER_S * 1e9
         assert stats["average_processing_time"] >= (2 * HANDLER_S / 3) * 1e9
         assert stats["average_processing_time"] == stats["processing_time"] // 3
+        assert sorted(codes) == [200, 400, 404], "every reply counted by its status"
     finally:
         await svc.stop()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -150,10 +151,15 @@ async def test_one_trace_runs_from_submit_through_claim_renewal_steps_and_report
     assert _one(spans, f"process {p}.api.tasks.submit", scheduler).parent_span_id == root_span_id
     assert {s.service for s in spans} >= {scheduler, agent_service, "devsched-test-client"}
 
-    # Every process exports (the sweeper's batches are traces of their own), with the resource attributes.
+    # Every process exports with the resource attributes, its version among them; nothing of a pass that found
+    # no work (the sweeper swept five times a second and expired nothing) and nothing of the heartbeats (the
+    # agent sent one every half second).
     every = receiver.spans()
-    assert any(s.service == "devsched-sweeper" and s.name == "sweep batch" for s in every)
     assert all(
         s.resource.get("deployment.environment.name") == "test" for s in every if s.service != "devsched-test-client"
     )
-    assert any(s.service == scheduler and s.name == "assign batch" for s in every)
+    assert {s.resource.get("service.version") for s in every if s.service == agent_service} == {
+        version("devsched-agent")
+    }
+    assert not [s for s in every if s.name == "sweep batch" or "heartbeat" in s.name]
+    assert all(s.attributes["devsched.batch.count"] > 0 for s in every if s.name == "assign batch")

@@ -10,8 +10,10 @@ what the workload did; and no id of a task, host or device appears anywhere in a
 
 from __future__ import annotations
 
+import platform
 import uuid
 from collections.abc import AsyncIterator
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -171,6 +173,13 @@ async def test_every_named_metric_is_scraped_with_the_workloads_values(
     handed = len(agent.lines("attempt taken from a report's reply"))
     assert sched.value("devsched_request_duration_seconds_count", endpoint="host-claim") == DONE + 1 - handed
     assert sched.value("devsched_request_duration_seconds_count", endpoint="tasks-cancel") == 1
+    # every reply by endpoint and code: those of the protocol-only host too, its late renewal's 409 among them
+    assert sched.value("devsched_requests_total", endpoint="tasks-submit", code="200") == tasks
+    assert sched.value("devsched_requests_total", endpoint="tasks-cancel", code="200") == 1
+    assert sched.value("devsched_requests_total", endpoint="host-renew", code="409") == 1
+    assert sched.value("devsched_requests_total", endpoint="host-report", code="200") == DONE
+    codes = {dict(labels)["code"] for name, labels in sched.samples if name == "devsched_requests_total"}
+    assert codes <= {"200", "409"}, codes
     assert sched.total("devsched_database_operation_seconds_count", operation="submit") == tasks
     assert sched.total("devsched_database_operation_seconds_count", operation="gauges") >= 2
     published = sched.value("devsched_outbox_published_total") or 0
@@ -195,6 +204,11 @@ async def test_every_named_metric_is_scraped_with_the_workloads_values(
     assert agent_metrics.value("devsched_agent_spool_reports") == 0
     assert (agent_metrics.value("devsched_agent_renewal_round_trip_seconds_count") or 0) >= 1
     assert agent_metrics.value("devsched_ready", component="agent") == 1
+
+    # -- which build runs, in every process
+    build = {"version": version("devsched-service"), "python": platform.python_version()}
+    for exposition in (sched, sweeper, agent_metrics):
+        assert exposition.value("devsched_build_info", **build) == 1
 
     # -- no ids as label values
     ids = [*done, cancelled, queued, expired, host.host_id, silent_device, agent.host_id, lab.device("d1")]

@@ -28,7 +28,11 @@ MONITORING = K8S / "components" / "monitoring"
 #: A metric name in PromQL: ours, or the process collector's.
 NAME = re.compile(r"\b((?:devsched|process)_[a-z0-9_]+)\b")
 #: Exported families the dashboard may leave out (bookkeeping, not operations).
-NOT_ON_THE_DASHBOARD = {"devsched_gauges_refreshed_timestamp_seconds", "devsched_pruned_tasks_total"}
+NOT_ON_THE_DASHBOARD = {
+    "devsched_gauges_refreshed_timestamp_seconds",
+    "devsched_pruned_tasks_total",
+    "devsched_build_info",
+}
 #: Where the alerts' runbooks are: docs/runbooks.md, served under this base (replaced in an overlay).
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
 RUNBOOK_BASE = "https://devsched.example.com/docs/runbooks.md"

@@ -6,14 +6,17 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
-from devsched.core.errors import LeaseExpired, NotFound, TaskTerminal
+from devsched.core.errors import LeaseExpired, NotFound, TaskTerminal, TooManyRequests
 from devsched.core.events import TaskEvent
 from devsched.core.status import EventKind, TaskStatus
+from devsched.protocol.transport import EndpointTally
 from devsched.scheduler.api import observed
-from devsched.scheduler.metrics import REGISTRY, DatabaseGauges, Latencies
+from devsched.scheduler.metrics import REGISTRY, DatabaseGauges, Latencies, reply_counter
+from devsched.scheduler.settings import SchedulerSettings
 from devsched.store import Committed, OutboxMessage
-from devsched.store.stats import Gauges
+from devsched.store.stats import Gauges, Grouped, Grouping
 
 pytestmark = pytest.mark.unit
 
@@ -105,6 +108,20 @@ async def test_observed_counts_renewals_reports_and_conflicts_by_code() -> None:
     assert value("devsched_conflicts_total", code="not_found") == before["not_found"]  # 404 is no conflict
 
 
+def test_every_reply_is_counted_by_endpoint_and_status_a_refusal_outside_the_handler_too() -> None:
+    endpoint = "host-heartbeat"
+    before = {code: value("devsched_requests_total", endpoint=endpoint, code=code) for code in ("200", "404", "429")}
+    tally = EndpointTally(times=True)
+    tally.count = reply_counter(endpoint)
+    assert REGISTRY.get_sample_value("devsched_requests_total", {"endpoint": endpoint, "code": "200"}) is not None
+    tally.record(1000, None)
+    tally.record(1000, None)
+    tally.record(1000, "404:not_found no such host", NotFound.status)
+    tally.error(TooManyRequests("too many requests from this host"))  # the dispatcher's 429, sent before the handler
+    after = {code: value("devsched_requests_total", endpoint=endpoint, code=code) for code in before}
+    assert {code: after[code] - before[code] for code in before} == {"200": 2, "404": 1, "429": 1}
+
+
 def test_database_gauges_export_the_last_reading() -> None:
     gauges = DatabaseGauges()
     assert all(not family.samples or family.name == "devsched_outbox_published" for family in gauges.collect())
@@ -124,3 +141,58 @@ def test_database_gauges_export_the_last_reading() -> None:
     assert samples[("devsched_outbox_lag_seconds", ())] == 1.5
     assert samples[("devsched_outbox_published_total", ())] == 42
     assert samples[("devsched_gauges_refreshed_timestamp_seconds", ())] == T0.timestamp()
+
+
+def test_database_gauges_by_group_carry_a_group_label_on_the_queue_and_devices_only() -> None:
+    gauges = DatabaseGauges()
+    grouped = Grouped(
+        queued={("normal", "android"): 2, ("normal", "other"): 1, ("normal", ""): 0},
+        oldest_queued_s={("normal", "android"): 5.0, ("normal", "other"): 1.0, ("normal", ""): 0.0},
+        devices={("available", "android"): 3, ("available", "other"): 1, ("available", ""): 0},
+    )
+    gauges.gauges = Gauges(
+        at=T0, queued={"normal": 3}, oldest_queued_s={"normal": 5.0}, tasks={"queued": 3}, hosts_online=2,
+        hosts_offline=0, devices={"available": 4}, outbox_unsent=0, outbox_oldest_unsent_s=0.0, grouped=grouped,
+    )  # fmt: skip
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in gauges.collect() for s in f.samples}
+    assert samples[("devsched_queued_tasks", (("group", "android"), ("priority", "normal")))] == 2
+    assert samples[("devsched_queued_tasks", (("group", "other"), ("priority", "normal")))] == 1
+    assert samples[("devsched_queue_oldest_age_seconds", (("group", "android"), ("priority", "normal")))] == 5.0
+    assert samples[("devsched_devices", (("group", "android"), ("state", "available")))] == 3
+    assert samples[("devsched_devices", (("group", ""), ("state", "available")))] == 0
+    assert ("devsched_queued_tasks", (("priority", "normal"),)) not in samples, "one set of series, not both"
+    assert samples[("devsched_tasks", (("status", "queued"),))] == 3
+    assert samples[("devsched_hosts", (("state", "online"),))] == 2
+
+
+def test_the_exposition_by_group_has_one_series_per_group_and_state() -> None:
+    gauges = DatabaseGauges()
+    groups = ("android", "ios", "other", "")
+    grouped = Grouped(
+        queued={(band, g): 1 for g in groups for band in ("low", "normal", "high")},
+        oldest_queued_s={(band, g): 0.0 for g in groups for band in ("low", "normal", "high")},
+        devices={("available", g): 2 for g in groups},
+    )
+    gauges.gauges = Gauges(
+        at=T0, queued={"low": 4, "normal": 4, "high": 4}, oldest_queued_s={"low": 0.0, "normal": 0.0, "high": 0.0},
+        tasks={}, hosts_online=1, hosts_offline=0, devices={"available": 8}, outbox_unsent=0,
+        outbox_oldest_unsent_s=0.0, grouped=grouped,
+    )  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(gauges)
+    lines = generate_latest(registry).decode().splitlines()
+    queued = [line for line in lines if line.startswith("devsched_queued_tasks{")]
+    assert len(queued) == 3 * len(groups)
+    assert 'devsched_queued_tasks{group="ios",priority="high"} 1.0' in queued
+    assert 'devsched_devices{group="other",state="available"} 2.0' in lines
+    assert 'devsched_devices{group="",state="available"} 2.0' in lines
+
+
+def test_grouping_is_off_by_default_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert SchedulerSettings().metrics_grouping is None
+    monkeypatch.setenv("DEVSCHED_METRICS_GROUP_BY", "platform")
+    monkeypatch.setenv("DEVSCHED_METRICS_GROUP_LIMIT", "5")
+    assert SchedulerSettings().metrics_grouping == Grouping("platform", 5)
+    for name, bad in (("metrics_group_limit", 0), ("metrics_group_limit", 101), ("metrics_group_by", "")):
+        with pytest.raises(ValueError, match=name):
+            SchedulerSettings(**{name: bad})

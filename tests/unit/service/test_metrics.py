@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import platform
 from collections.abc import AsyncIterator
+from importlib.metadata import version
 
 import pytest
 from prometheus_client import Counter, Histogram
@@ -121,6 +123,14 @@ async def test_metrics_is_gzipped_when_asked_and_always_sized(server: HealthServ
     assert int(headers["Content-Length"]) > 0
     status, headers, _ = await http(server.port, b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
     assert status == 405
+
+
+@pytest.mark.parametrize("distribution", ["devsched-scheduler", "devsched-sweeper", "devsched-agent"])
+def test_every_registry_says_which_build_runs(distribution: str) -> None:
+    registry = new_registry(distribution)
+    labels = {"version": version(distribution), "python": platform.python_version()}
+    assert registry.get_sample_value("devsched_build_info", labels) == 1
+    assert [s.labels for f in registry.collect() for s in f.samples if s.name == "devsched_build_info"] == [labels]
 
 
 def test_exported_names_list_every_series_even_without_samples() -> None:

@@ -2,10 +2,23 @@
 
 from __future__ import annotations
 
-import pytest
+from importlib.metadata import version
 
-from devsched.protocol.tracing import extract, inject, use_context
-from devsched.service.tracing import PropagatingTracerProvider, _span_exporters, service_resource
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Tracer
+
+from devsched.protocol.tracing import extract, inject, unsampled, use_context
+from devsched.service.tracing import (
+    PropagatingTracerProvider,
+    SkipIdle,
+    _span_exporters,
+    mark_idle,
+    service_resource,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +118,80 @@ def test_the_resource_is_named_for_the_service_unless_otel_service_name_says(ote
     otel_env.delenv("OTEL_SERVICE_NAME")
     otel_env.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-attributes")
     assert service_resource("devsched-agent").attributes["service.name"] == "from-attributes"
+
+
+def test_the_resource_carries_the_services_version_unless_the_variables_set_it(otel_env: pytest.MonkeyPatch) -> None:
+    assert service_resource("devsched-scheduler").attributes["service.version"] == version("devsched-scheduler")
+    otel_env.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.version=9.9.9-lab")
+    assert service_resource("devsched-scheduler").attributes["service.version"] == "9.9.9-lab"
+
+
+# -- idle passes are not exported ----------------------------------------------------------------------
+
+
+def _skipping() -> tuple[Tracer, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SkipIdle(SimpleSpanProcessor(exporter)))
+    return provider.get_tracer("test"), exporter
+
+
+def test_a_trace_whose_root_is_marked_idle_is_dropped_whole() -> None:
+    tracer, exporter = _skipping()
+    with tracer.start_as_current_span("sweep batch") as root:
+        with tracer.start_as_current_span("sweep_expired"):
+            pass
+        assert exporter.get_finished_spans() == (), "held until the root ends"
+        mark_idle(root)
+    assert exporter.get_finished_spans() == ()
+
+
+def test_a_pass_that_did_work_is_exported_whole_children_first() -> None:
+    tracer, exporter = _skipping()
+    with tracer.start_as_current_span("sweep batch"), tracer.start_as_current_span("sweep_expired"):
+        pass
+    assert [s.name for s in exporter.get_finished_spans()] == ["sweep_expired", "sweep batch"]
+
+
+def test_only_a_root_marked_idle_drops_a_trace() -> None:
+    tracer, exporter = _skipping()
+    with tracer.start_as_current_span("process x"), tracer.start_as_current_span("child") as child:
+        mark_idle(child)
+    assert [s.name for s in exporter.get_finished_spans()] == ["child", "process x"]
+
+
+def test_a_trace_continued_from_elsewhere_is_passed_on_at_once() -> None:
+    tracer, exporter = _skipping()
+    remote = extract({"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"})
+    with use_context(remote), tracer.start_as_current_span("process x") as span:
+        with tracer.start_as_current_span("claim"):
+            pass
+        assert [s.name for s in exporter.get_finished_spans()] == ["claim"]
+        mark_idle(span)  # a span with a remote parent is no root of this process: not honoured
+    assert [s.name for s in exporter.get_finished_spans()] == ["claim", "process x"]
+
+
+def test_idle_and_busy_passes_interleaved_keep_their_own_traces() -> None:
+    tracer, exporter = _skipping()
+    idle = tracer.start_span("assign batch")
+    busy = tracer.start_span("sweep batch")
+    for name, parent in (("assign batch", idle), ("sweep batch", busy)):
+        with use_context(trace.set_span_in_context(parent)):
+            tracer.start_span(f"op of {name}").end()
+    mark_idle(idle)
+    idle.end()
+    busy.end()
+    assert sorted(s.name for s in exporter.get_finished_spans()) == ["op of sweep batch", "sweep batch"]
+
+
+def test_an_unsampled_block_records_no_span_and_says_so_downstream() -> None:
+    tracer, exporter = _skipping()
+    with unsampled(), tracer.start_as_current_span("send heartbeat") as span:
+        assert not span.is_recording()
+        trace_id, _, flags = _parts(inject({})["traceparent"])
+    assert flags == "00", "the scheduler's parent-based sampler records nothing of it either"
+    assert trace_id != "0" * 32
+    assert exporter.get_finished_spans() == ()
+    downstream = extract({"traceparent": f"00-{trace_id}-{PARENT_SPAN}-00"})
+    with use_context(downstream), tracer.start_as_current_span("process heartbeat") as served:
+        assert not served.is_recording()

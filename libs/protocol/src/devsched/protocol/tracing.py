@@ -7,6 +7,7 @@ is used explicitly rather than the global one, because the protocol fixes the he
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import AbstractContextManager, contextmanager
 from functools import lru_cache
@@ -14,7 +15,7 @@ from functools import lru_cache
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 #: Header names of the W3C trace context.
@@ -56,6 +57,20 @@ def use_context(context: Context) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+@contextmanager
+def unsampled() -> Iterator[None]:
+    """Run the block in a new trace that is not sampled: no span of it is recorded, here or where it is sent.
+
+    For routine traffic with nothing to follow, such as a host's heartbeats: the `traceparent` its requests
+    carry says "not sampled" (flags 00), which the services' samplers follow (parent-based by default).
+    """
+    ids = random.SystemRandom()
+    parent = SpanContext(ids.getrandbits(128) or 1, ids.getrandbits(64) or 1, is_remote=False,
+                         trace_flags=TraceFlags(TraceFlags.DEFAULT))  # fmt: skip
+    with use_context(trace.set_span_in_context(NonRecordingSpan(parent), Context())):
+        yield
 
 
 def tracer() -> trace.Tracer:

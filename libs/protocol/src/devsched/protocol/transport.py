@@ -38,6 +38,8 @@ TypedHandler = Callable[[Req, str], Awaitable[BaseModel]]
 
 #: Default payload limit (`DEVSCHED_MAX_PAYLOAD_BYTES`): below NATS's 1 MiB so the 413 reply is ours.
 DEFAULT_MAX_PAYLOAD_BYTES = 512 * 1024
+#: The status of a success reply, as `EndpointTally.count` is told it (an error reply's is its error's `status`).
+OK_STATUS = 200
 #: Bytes of a reply's `max_payload` kept for its headers (trace context, error headers): a reply body is
 #: at most `max_payload - REPLY_HEADROOM_BYTES`.
 REPLY_HEADROOM_BYTES = 8 * 1024
@@ -153,6 +155,7 @@ def typed_handler(
             span.set_attributes(messaging_attributes(subject, "process", len(data)))
         token = otel_context.attach(trace.set_span_in_context(span, context))
         error: str | None = None
+        status = OK_STATUS
         try:
             try:
                 if len(data) > max_payload_bytes:
@@ -168,7 +171,7 @@ def typed_handler(
                 _record(span, err)
                 headers, body = encode_error(err)
                 await req.respond(body, headers=headers)
-                error = stats_error(err, headers)
+                error, status = stats_error(err, headers), err.status
                 return
             except Exception as exc:
                 log.exception("unhandled error serving %s", subject)
@@ -177,7 +180,7 @@ def typed_handler(
                 _record(span, internal)
                 headers, body = encode_error(internal)
                 await req.respond(body, headers=headers)
-                error = stats_error(internal, headers)
+                error, status = stats_error(internal, headers), internal.status
                 return
             try:
                 await req.respond(reply)
@@ -187,7 +190,7 @@ def typed_handler(
                 _record(span, too_large)
                 headers, body = encode_error(too_large)
                 await req.respond(body, headers=headers)
-                error = stats_error(too_large, headers)
+                error, status = stats_error(too_large, headers), too_large.status
         except Exception as exc:  # the reply could not be sent: recorded as `use_span` would (not a cancellation)
             if recording:
                 span.record_exception(exc)
@@ -197,7 +200,7 @@ def typed_handler(
             otel_context.detach(token)
             span.end()
             if tally is not None:
-                tally.record(time.perf_counter_ns() - started, error)
+                tally.record(time.perf_counter_ns() - started, error, status)
 
     return handle
 
@@ -300,6 +303,9 @@ class EndpointTally:
         self._endpoint: Any = None
         #: Told of every request's time from the typed handler's start to its reply, in seconds (a metric).
         self.observe: Callable[[float], None] | None = None
+        #: Told of every reply's status (`OK_STATUS`, or the error's), those sent outside the typed handler
+        #: (a 429) too: the one place every reply of the endpoint is counted by code (a metric).
+        self.count: Callable[[int], None] | None = None
 
     @property
     def attached(self) -> bool:
@@ -312,15 +318,19 @@ class EndpointTally:
         if self._endpoint is None:
             log.warning("nats micro stats of endpoint %s: counters not found; error replies count as successes", name)
 
-    def record(self, elapsed_ns: int, error: str | None) -> None:
-        """One request answered after `elapsed_ns`; `error` is its `stats_error` text for an error reply."""
+    def record(self, elapsed_ns: int, error: str | None, status: int = OK_STATUS) -> None:
+        """A request answered after `elapsed_ns` with `status`; `error`: its `stats_error` text, for an error reply."""
         if self.observe is not None:
             self.observe(elapsed_ns / 1e9)
+        if self.count is not None:
+            self.count(status)
         if self._endpoint is not None:
             _add_to_micro_stats(self._endpoint, elapsed_ns if self.times else 0, error)
 
     def error(self, err: DevschedError, headers: Mapping[str, str] | None = None) -> None:
         """Count an error reply sent outside the typed handler (micro timed its callback already)."""
+        if self.count is not None:
+            self.count(err.status)
         if self._endpoint is not None:
             _add_to_micro_stats(self._endpoint, 0, stats_error(err, headers))
 

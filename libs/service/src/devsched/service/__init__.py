@@ -7,7 +7,7 @@ from devsched.service.heap import settle_heap
 from devsched.service.lifecycle import EVENT_LOOP_ENV, Backoff, EventLoopError, event_loop, run, run_loop, sleep_or_stop
 from devsched.service.logs import bind, configure_logging
 from devsched.service.settings import ServiceSettings, SettingsError
-from devsched.service.tracing import exporting_spans, setup_tracing, shutdown_tracing
+from devsched.service.tracing import exporting_spans, mark_idle, setup_tracing, shutdown_tracing
 
 __all__ = [
     "EVENT_LOOP_ENV",
@@ -27,6 +27,7 @@ __all__ = [
     "event_loop",
     "exporting_spans",
     "flush_subscriptions",
+    "mark_idle",
     "parse_settings",
     "run",
     "run_loop",

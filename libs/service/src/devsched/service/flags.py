@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from pydantic_settings import CliSettingsSource
 
 from devsched.service.settings import ENV_PREFIX, ProcessSettings, SettingsError
-from devsched.service.version import installed_version
+from devsched.service.version import service_version
 
 S = TypeVar("S", bound=ProcessSettings)
 
@@ -37,7 +37,7 @@ def flag_of(name: str) -> str:
 def add_program_flags(parser: argparse.ArgumentParser, distribution: str) -> None:
     """`--version` (the installed `distribution`'s) and `--check-config`: what every devsched program has."""
     parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {installed_version(distribution)}", help="print the version"
+        "--version", action="version", version=f"%(prog)s {service_version(distribution)}", help="print the version"
     )
     parser.add_argument("--check-config", action="store_true", help=CHECK_CONFIG_HELP)
 

@@ -26,6 +26,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import Message, Receive, Scope, Send
 
 from devsched.service.health import HealthServer
+from devsched.service.version import RUNTIME, python_version, service_version
 
 #: Requests and database operations: 0.5 ms to 10 s.
 FAST_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -44,11 +45,26 @@ _SUFFIXES = {
 }
 
 
-def new_registry() -> CollectorRegistry:
-    """A service's registry, with the process's CPU, memory and file descriptors (`process_*`)."""
+def new_registry(distribution: str = RUNTIME) -> CollectorRegistry:
+    """A service's registry: the process's CPU, memory and file descriptors (`process_*`), and `build_info`.
+
+    `distribution` is the service's (`devsched-scheduler`), whose version `devsched_build_info` reports.
+    """
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry)
+    build_info(registry, distribution)
     return registry
+
+
+def build_info(registry: CollectorRegistry, distribution: str) -> Gauge:
+    """`devsched_build_info{version,python}`, always 1: which release runs where, on which Python.
+
+    `count by (version) (devsched_build_info)` shows a rollout's progress.
+    """
+    gauge = Gauge("devsched_build_info", "Always 1: the version of the service and of the Python it runs on.",
+                  ["version", "python"], registry=registry)  # fmt: skip
+    gauge.labels(service_version(distribution), python_version()).set(1)
+    return gauge
 
 
 def database_histogram(registry: CollectorRegistry) -> Histogram:

@@ -4,6 +4,10 @@ Without a tracer provider every span is a no-op and nothing is propagated. With 
 `traceparent` is continued by the scheduler, stored on the outbox rows it causes, published with the
 assignment, and continued again by the agent that runs it. Spans are exported as the standard `OTEL_*`
 variables say (`setup_tracing`); without an exporter they only carry the trace context.
+
+A periodic pass that found nothing to do (a sweep, an assignment pass) marks its span idle (`mark_idle`) and
+its trace is not exported (`SkipIdle`): an idle control plane exports no spans, a pass that did work is
+exported whole.
 """
 
 from __future__ import annotations
@@ -11,17 +15,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.resources import SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 from opentelemetry.util.types import Attributes
+
+from devsched.service.version import service_version
 
 log = logging.getLogger("devsched.tracing")
 
@@ -96,6 +103,70 @@ class PropagatingTracerProvider(trace.TracerProvider):
         return self._tracer
 
 
+#: The attribute `mark_idle` sets: on the root span of a trace, the trace is not exported (`SkipIdle`).
+IDLE = "devsched.idle"
+
+
+def mark_idle(span: trace.Span) -> None:
+    """Say that the pass whose root span is `span` found no work: its trace is then not exported (`SkipIdle`).
+
+    Only a root span (one that started a trace in this process) is honoured; a no-op when spans are not recorded.
+    """
+    span.set_attribute(IDLE, True)
+
+
+class SkipIdle(SpanProcessor):
+    """Passes on the spans of every trace but those whose root span is marked idle (`mark_idle`).
+
+    A trace started in this process (a span without a parent: a periodic pass, a request that carried no
+    trace context) is held here until its root span ends, then passed on whole or, when the root is marked
+    idle, dropped whole: the pass's own database operations go with it. Spans of traces that came from
+    elsewhere, or that end after their root, are passed on at once.
+    """
+
+    def __init__(self, *processors: SpanProcessor) -> None:
+        self._processors = processors
+        self._lock = threading.Lock()
+        #: The ended spans of each trace whose root span is still open, by trace id.
+        self._held: dict[int, list[ReadableSpan]] = {}
+
+    def on_start(self, span: Span, parent_context: Context | None = None) -> None:
+        """Hold the trace a root span starts; tell the processors of the span."""
+        if span.parent is None:
+            with self._lock:
+                self._held[span.context.trace_id] = []
+        for processor in self._processors:
+            processor.on_start(span, parent_context)
+
+    def on_end(self, span: ReadableSpan) -> None:
+        """Hold a span of a trace whose root is open; at its root's end, pass the trace on unless idle."""
+        trace_id = span.context.trace_id if span.context is not None else 0
+        with self._lock:
+            held = self._held.get(trace_id)
+            if held is None:
+                ended = [span]
+            elif span.parent is not None:
+                held.append(span)
+                return
+            else:
+                del self._held[trace_id]
+                if span.attributes is not None and span.attributes.get(IDLE):
+                    return
+                ended = [*held, span]
+        for done in ended:
+            for processor in self._processors:
+                processor.on_end(done)
+
+    def shutdown(self) -> None:
+        """Shut the processors down (a trace still open is not exported: its root never ended)."""
+        for processor in self._processors:
+            processor.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Flush the processors."""
+        return all(processor.force_flush(timeout_millis) for processor in self._processors)
+
+
 #: What `OTEL_TRACES_EXPORTER` may name (a comma-separated list); `none` alone exports nothing.
 EXPORTERS = ("otlp", "console", "none")
 
@@ -121,8 +192,7 @@ def setup_tracing(service_name: str) -> TracerProvider | None:
         trace.set_tracer_provider(PropagatingTracerProvider())
         return None
     provider = TracerProvider(resource=service_resource(service_name))
-    for exporter in exporters:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(SkipIdle(*(BatchSpanProcessor(exporter) for exporter in exporters)))
     trace.set_tracer_provider(provider)
     log.info(
         "exporting spans",
@@ -144,11 +214,14 @@ def exporting_spans() -> bool:
 
 
 def service_resource(service_name: str) -> Resource:
-    """`OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` (the SDK's detector), `service_name` if neither names it."""
+    """`OTEL_RESOURCE_ATTRIBUTES` and `OTEL_SERVICE_NAME` (the SDK's detector), `service_name` if neither names it.
+
+    `service.version` is the installed version of the distribution `service_name` unless those variables set it.
+    """
     detected = Resource.create()
     if str(detected.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         detected = detected.merge(Resource({SERVICE_NAME: service_name}))
-    return detected
+    return Resource({SERVICE_VERSION: service_version(service_name)}).merge(detected)
 
 
 def _span_exporters() -> list[SpanExporter]:

@@ -725,14 +725,15 @@ class Store:
 
     # -- metrics -----------------------------------------------------------------------------
 
-    async def gauges(self) -> stats.Gauges:
+    async def gauges(self, grouping: stats.Grouping | None = None) -> stats.Gauges:
         """Queue depth and age by priority band, tasks by status, hosts, devices by state, the outbox's lag.
 
-        A few aggregate statements (`devsched.store.stats`): for a periodic loop, not for every scrape.
+        A few aggregate statements (`devsched.store.stats`): for a periodic loop, not for every scrape. With
+        `grouping`, the queue and the devices by the value of one label too.
         """
 
         async def op(conn: AsyncConnection, now: datetime) -> stats.Gauges:
-            return await stats.gauges(conn, now)
+            return await stats.gauges(conn, now, grouping)
 
         return await self._tx.run(op, name="gauges")
 

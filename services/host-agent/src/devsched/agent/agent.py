@@ -63,7 +63,7 @@ from devsched.protocol.subjects import HostVerb, Subjects
 from devsched.protocol.tls import TlsConfigError
 from devsched.service import HealthServer, Stopped, bind, close_nats, connect_nats, serving_health
 from devsched.service.metrics import serve_metrics
-from devsched.service.version import installed_version
+from devsched.service.version import service_version
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ SWEEP_WAIT_S = 1.0
 
 def agent_version() -> str:
     """The installed version of devsched-agent (what it registers with and `--version` prints)."""
-    return installed_version("devsched-agent")
+    return service_version("devsched-agent")
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,7 +42,7 @@ from devsched.protocol.messages import (
     ReportReply,
 )
 from devsched.protocol.subjects import Subjects
-from devsched.protocol.tracing import inject, send_span
+from devsched.protocol.tracing import inject, send_span, unsampled
 from devsched.protocol.transport import NoReply, request
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,12 @@ class HostClient:
         return reply
 
     async def heartbeat(self) -> RegisterReply:
-        """A sign of life; the reply gives the heartbeat interval."""
-        reply = await self._call(HOST_HEARTBEAT, HeartbeatRequest(), self.timeout_s)
+        """A sign of life; the reply gives the heartbeat interval.
+
+        Not traced (`unsampled`), here or in the scheduler: an idle host would export a trace every interval.
+        """
+        with unsampled():
+            reply = await self._call(HOST_HEARTBEAT, HeartbeatRequest(), self.timeout_s)
         self.claim_progress = reply.claim_progress
         self.take_next = reply.take_next
         return reply

@@ -17,7 +17,7 @@ from prometheus_client.registry import Collector
 
 from devsched.service.metrics import FAST_BUCKETS, STEP_BUCKETS, new_registry, ready_gauge
 
-REGISTRY = new_registry()
+REGISTRY = new_registry("devsched-agent")
 READY = ready_gauge(REGISTRY)
 STEP_SECONDS = Histogram(
     "devsched_agent_step_duration_seconds",

@@ -40,6 +40,7 @@ from devsched.service import (
     Stopped,
     close_nats,
     connect_nats,
+    mark_idle,
     serving_health,
     sleep_or_stop,
 )
@@ -182,6 +183,8 @@ class Sweeper:
                 with _TRACER.start_as_current_span("sweep batch", attributes={"devsched.batch.limit": limit}) as span:
                     expired = await store.sweep_expired(limit=limit)
                     span.set_attribute("devsched.batch.count", len(expired))
+                    if not expired:
+                        mark_idle(span)  # not exported: an idle sweeper would export a trace every interval
                 _log_batch(expired)
                 count_expired(expired)
                 ended += len(expired)

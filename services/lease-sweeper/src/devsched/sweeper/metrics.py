@@ -11,7 +11,7 @@ from devsched.core.status import TaskStatus
 from devsched.service.metrics import database_histogram, new_registry, operation_observer, ready_gauge
 from devsched.store import ExpiredLease, Store
 
-REGISTRY = new_registry()
+REGISTRY = new_registry("devsched-sweeper")
 READY = ready_gauge(REGISTRY)
 DATABASE_SECONDS = database_histogram(REGISTRY)
 EXPIRATIONS = Counter(

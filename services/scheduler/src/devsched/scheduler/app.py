@@ -209,7 +209,7 @@ class Scheduler:
 
                 loops.append(WorkLoop("health", health_pass, Wakeup(), tick=s.health_pass_interval_s))
             if latencies is not None:
-                stats = Stats(store, latencies)
+                stats = Stats(store, latencies, grouping=s.metrics_grouping)
                 loops.append(WorkLoop("metrics", stats.refresh, Wakeup(), tick=s.metrics_interval_s))
 
             def on_commit(committed: Committed) -> None:

@@ -21,7 +21,7 @@ from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.status import EventKind
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.spans import TRACER
-from devsched.service import bind
+from devsched.service import bind, mark_idle
 from devsched.store import Committed, Store
 
 log = logging.getLogger("devsched.scheduler.assigner")
@@ -73,6 +73,8 @@ class Assigner:
                 self._due = True
                 raise
             span.set_attribute("devsched.batch.count", len(messages))
+            if not messages:
+                mark_idle(span)  # not exported: an idle scheduler would export a trace every tick
         self.passes += 1
         if len(messages) >= self._batch:
             self._due = True

@@ -3,10 +3,12 @@
 Three kinds, each as cheap as its place asks:
 
 - Counted where it happens: request duration by endpoint (`request_timer`, from the typed handler's start
-  to its reply), reply codes of renewals and reports and every 409 by code (`Replies`), database operations by operation
-  (`Store.on_operation`). One histogram observation or counter increment is about a microsecond.
+  to its reply), every reply by endpoint and status code (`reply_counter`), reply codes of renewals and
+  reports and every 409 by code (`Replies`), database operations by operation (`Store.on_operation`). One
+  histogram observation or counter increment is about a microsecond.
 - Read from the database every `metrics_interval_s` by one loop (`Stats.refresh`, a few aggregate statements):
-  queue depth and oldest age by priority band, tasks by status, hosts, devices by state, the outbox's lag.
+  queue depth and oldest age by priority band, tasks by status, hosts, devices by state, the outbox's lag;
+  with `metrics_group_by`, the queue's and the devices' by the value of that label too (`GROUP`).
   A scrape reads the last values, so a scrape storm costs no query. Every replica exports the same values:
   dashboards and alerts take `max()` of these, never `sum()`.
 - Latencies that end in this process (`Latencies`): submit → assigned when an assignment commits here, and
@@ -31,6 +33,7 @@ from prometheus_client.registry import Collector
 from devsched.core.errors import DevschedError
 from devsched.core.events import TaskEvent
 from devsched.core.status import TERMINAL, EventKind
+from devsched.protocol.transport import OK_STATUS
 from devsched.service.metrics import (
     FAST_BUCKETS,
     WAIT_BUCKETS,
@@ -40,11 +43,11 @@ from devsched.service.metrics import (
     ready_gauge,
 )
 from devsched.store import Committed, Store
-from devsched.store.stats import Gauges
+from devsched.store.stats import Gauges, Grouping
 
 _K = TypeVar("_K")
 
-REGISTRY = new_registry()
+REGISTRY = new_registry("devsched-scheduler")
 READY = ready_gauge(REGISTRY)
 DATABASE_SECONDS = database_histogram(REGISTRY)
 REQUEST_SECONDS = Histogram(
@@ -52,6 +55,12 @@ REQUEST_SECONDS = Histogram(
     "Time from a request's arrival at its handler to its reply, by endpoint.",
     ["endpoint"],
     buckets=FAST_BUCKETS,
+    registry=REGISTRY,
+)
+REQUESTS = Counter(
+    "devsched_requests",
+    "Requests answered, by endpoint and reply code (200, or the error's status: 400, 404, 409, 429, 500, ...).",
+    ["endpoint", "code"],
     registry=REGISTRY,
 )
 CONFLICTS = Counter("devsched_conflicts", "409 replies, by error code.", ["code"], registry=REGISTRY)
@@ -120,6 +129,22 @@ class Replies:
 def request_timer(name: str) -> Callable[[float], None]:
     """What observes a request's duration (seconds) as endpoint `name`'s (`EndpointTally.observe`)."""
     return REQUEST_SECONDS.labels(name).observe
+
+
+def reply_counter(name: str) -> Callable[[int], None]:
+    """What counts endpoint `name`'s replies by status code (`EndpointTally.count`); its 200s exported from 0.
+
+    The codes are the protocol errors' statuses, a fixed set, and `name` one of the endpoint table's.
+    """
+    children = {OK_STATUS: REQUESTS.labels(name, str(OK_STATUS)).inc}
+
+    def count(status: int) -> None:
+        inc = children.get(status)
+        if inc is None:
+            inc = children[status] = REQUESTS.labels(name, str(status)).inc
+        inc()
+
+    return count
 
 
 class Latencies:
@@ -191,10 +216,16 @@ class Latencies:
                 ASSIGNED_TO_CLAIMED.observe(max(0.0, (at - made).total_seconds()))
 
 
+#: The label of the queue and device gauges that `metrics_group_by` adds: the value of that label.
+GROUP = "group"
+
+
 class DatabaseGauges(Collector):
     """The gauges read from the database (`Store.gauges`), exported as last read; and the relay's count.
 
-    Before the first reading the families are exported without samples (their names are still listed).
+    Before the first reading the families are exported without samples (their names are still listed). A
+    reading by group (`Gauges.grouped`) exports the queue and device gauges with a `GROUP` label: summed over
+    it, they are the totals (`sum by (priority) (max by (priority, group) (...))` over replicas).
     """
 
     def __init__(self) -> None:
@@ -205,19 +236,21 @@ class DatabaseGauges(Collector):
     def collect(self) -> Iterator[Metric]:
         """The families, from the last reading."""
         g = self.gauges
+        grouped = g.grouped if g is not None else None
+        by = [GROUP] if grouped is not None else []
         queued = GaugeMetricFamily(
             "devsched_queued_tasks", "Tasks waiting for a device, by priority band (max over replicas).",
-            labels=["priority"],
+            labels=["priority", *by],
         )  # fmt: skip
         oldest = GaugeMetricFamily(
             "devsched_queue_oldest_age_seconds", "Age of the oldest queued task, by priority band (0: none).",
-            labels=["priority"],
+            labels=["priority", *by],
         )  # fmt: skip
         tasks = GaugeMetricFamily("devsched_tasks", "Tasks kept, by status (max over replicas).", labels=["status"])
         hosts = GaugeMetricFamily(
             "devsched_hosts", "Hosts online, and offline hosts that still list devices.", labels=["state"]
         )
-        devices = GaugeMetricFamily("devsched_devices", "Devices, by state (max over replicas).", labels=["state"])
+        devices = GaugeMetricFamily("devsched_devices", "Devices, by state (max over replicas).", labels=["state", *by])
         unsent = GaugeMetricFamily("devsched_outbox_unsent", "Outbox messages not yet marked published.")
         lag = GaugeMetricFamily(
             "devsched_outbox_lag_seconds", "Age of the oldest outbox message not yet marked published (0: none)."
@@ -225,16 +258,23 @@ class DatabaseGauges(Collector):
         refreshed = GaugeMetricFamily(
             "devsched_gauges_refreshed_timestamp_seconds", "When the database gauges were read (database clock)."
         )
-        if g is not None:
+        if grouped is not None:
+            for (band, group), n in grouped.queued.items():
+                queued.add_metric([band, group], n)
+                oldest.add_metric([band, group], grouped.oldest_queued_s[band, group])
+            for (state, group), n in grouped.devices.items():
+                devices.add_metric([state, group], n)
+        elif g is not None:
             for band, n in g.queued.items():
                 queued.add_metric([band], n)
                 oldest.add_metric([band], g.oldest_queued_s[band])
+            for state, n in g.devices.items():
+                devices.add_metric([state], n)
+        if g is not None:
             for status, n in g.tasks.items():
                 tasks.add_metric([status], n)
             hosts.add_metric(["online"], g.hosts_online)
             hosts.add_metric(["offline"], g.hosts_offline)
-            for state, n in g.devices.items():
-                devices.add_metric([state], n)
             unsent.add_metric([], g.outbox_unsent)
             lag.add_metric([], g.outbox_oldest_unsent_s)
             refreshed.add_metric([], g.at.timestamp())
@@ -254,14 +294,23 @@ REGISTRY.register(DATABASE_GAUGES)
 class Stats:
     """The scheduler's periodic metrics pass: the database gauges, and the latencies waiting for a start."""
 
-    def __init__(self, store: Store, latencies: Latencies, gauges: DatabaseGauges = DATABASE_GAUGES) -> None:
+    def __init__(
+        self,
+        store: Store,
+        latencies: Latencies,
+        gauges: DatabaseGauges = DATABASE_GAUGES,
+        *,
+        grouping: Grouping | None = None,
+    ) -> None:
         self._store = store
         self.latencies = latencies
         self._gauges = gauges
+        #: The label the queue and device gauges are also counted by (`metrics_group_by`), if any.
+        self.grouping = grouping
 
     async def refresh(self) -> bool:
         """One pass (a `WorkLoop` step); never more at once."""
-        self._gauges.gauges = await self._store.gauges()
+        self._gauges.gauges = await self._store.gauges(self.grouping)
         await self.latencies.resolve(self._store)
         return False
 

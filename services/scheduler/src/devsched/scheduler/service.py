@@ -31,7 +31,7 @@ from devsched.protocol.subjects import Subjects
 from devsched.protocol.transport import EndpointTally, add_typed_endpoint, reply_limit
 from devsched.scheduler.admission import Admission
 from devsched.scheduler.api import Api, observed
-from devsched.scheduler.metrics import request_timer
+from devsched.scheduler.metrics import reply_counter, request_timer
 from devsched.service import flush_subscriptions
 
 log = logging.getLogger("devsched.scheduler.service")
@@ -263,6 +263,7 @@ def _dispatched(
     tally: EndpointTally,
 ) -> Handler:
     tally.observe = request_timer(name)  # the typed handler's own timing, from its start to its reply
+    tally.count = reply_counter(name)  # every reply, a 429 of the dispatcher's too
     return dispatcher.wrap(handler, host_of=host_of, tally=tally, lane=lane)
 
 

@@ -11,9 +11,11 @@ from devsched.core.limits import MAX_RELEASES_DEFAULT
 from devsched.core.outputrate import OutputShare
 from devsched.core.uploadrate import UploadShare
 from devsched.protocol.artifacts import CHUNK_BYTES, DEFAULT_MAX_ATTEMPT_BYTES, DEFAULT_MAX_FILE_BYTES, chunk_count
+from devsched.protocol.base import MAX_LABEL_CHARS
 from devsched.protocol.connection import INBOX_PREFIX, host_inbox_prefix
 from devsched.scheduler.admission import HOST_ID_PLACEHOLDER
 from devsched.service.settings import Seconds, ServiceSettings
+from devsched.store.stats import Grouping
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -152,6 +154,12 @@ class SchedulerSettings(ServiceSettings):
     metrics_interval_s: Seconds = 5.0
     """With `metrics_port` set: how often the gauges read from the database (queue, tasks, hosts, devices,
     outbox) are read again; a scrape serves the last reading."""
+    metrics_group_by: str | None = Field(default=None, min_length=1, max_length=MAX_LABEL_CHARS)
+    """A label key (`platform`, `pool`) that splits the queue and device gauges: each gets a `group` label, the
+    value of that label in a queued task's selector or on a device (`""` where there is none); unset: off."""
+    metrics_group_limit: int = Field(default=10, ge=1, le=100)
+    """Most values of `metrics_group_by` shown as groups (those of the most devices, then of the most queued
+    tasks); the others are counted together as `other`, so the series stay few whatever the labels."""
     publish_timeout_s: Seconds = 5.0
     """Bound on one JetStream publish acknowledgement."""
     max_concurrency: int = Field(default=64, ge=1, le=10000)
@@ -233,6 +241,11 @@ class SchedulerSettings(ServiceSettings):
     def logs_host_max_bytes(self) -> int:
         """Each host's share of the logs budget (`max_bytes` of its logs stream); -1 for no cap."""
         return -1 if self.logs_max_bytes < 0 else self.logs_max_bytes // self.max_hosts
+
+    @property
+    def metrics_grouping(self) -> Grouping | None:
+        """The label the queue and device gauges are also counted by, and its bound; None when off."""
+        return Grouping(self.metrics_group_by, self.metrics_group_limit) if self.metrics_group_by else None
 
     @property
     def output_share(self) -> OutputShare:
