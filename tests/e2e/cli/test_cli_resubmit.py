@@ -1,9 +1,11 @@
 """`devsched resubmit`, against the real services: a new task with the plan, selector and options of the one
-named (by its short id), a key of its own; an unknown id and a bad one are refused (a health check: tests/unit/web)."""
+named (by its short id), a key of its own, its metadata naming the old task (which `get` shows); an unknown
+id and a bad one are refused (a health check: tests/unit/web)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 from pathlib import Path
@@ -51,8 +53,13 @@ def test_resubmit_repeats_a_task_by_its_short_id(devsched: Devsched, tmp_path: P
         new_ids.append(str(again["task_id"]))
         assert len({old_id, *new_ids}) == 3  # a new task each time: not the old key
         old, new = doc(devsched("get", old_id, "--json")), doc(devsched("get", new_id, "--json"))
-        for field in ("plan", "selector", "name", "priority", "max_attempts", "lease_ttl_s", "metadata", "retry"):
+        for field in ("plan", "selector", "name", "priority", "max_attempts", "lease_ttl_s", "retry"):
             assert new[field] == old[field], field
+        assert new["metadata"] == {**old["metadata"], "resubmit_of": old_id}  # the link to the old task
+        shown_new = devsched("get", new_id[:8])
+        assert shown_new.returncode == 0, shown_new.stderr
+        assert re.search(rf"resubmit of\s+{old_id}", shown_new.stdout), shown_new.stdout
+        assert "resubmit of" not in devsched("get", old_id).stdout
         assert new["queue_timeout_s"] == old["queue_timeout_s"]
         assert new["idempotency_key"] != old["idempotency_key"]
         assert new["status"] == "queued"

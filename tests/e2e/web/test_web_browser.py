@@ -353,8 +353,20 @@ async def test_resubmit_from_the_task_page_submits_the_same_plan_again(page: Pag
     assert (new.plan, new.selector, new.name, new.priority, new.max_attempts) == (
         old.plan, old.selector, old.name, old.priority, old.max_attempts,
     )  # fmt: skip
-    assert (new.metadata, new.attempt_timeout_s) == (old.metadata, old.attempt_timeout_s)
+    assert new.attempt_timeout_s == old.attempt_timeout_s
+    assert new.metadata == {**old.metadata, "resubmit_of": str(first.task_id)}
     assert new.idempotency_key != old.idempotency_key
+    # the new task's page links the one it repeats, and that one names no original of its own
+    await p.locator("#resubmit-of").click()
+    await p.wait_for_url(re.compile(rf"/tasks/{first.task_id}$"))
+    await p.get_by_role("heading", level=1).filter(has_text=str(first.task_id)).wait_for()
+    assert await p.locator("#resubmit-of").count() == 0
+    # the new task's output as plain text, from the link on its page: shown as text, not a page
+    await p.goto(f"/tasks/{new_id}")
+    await p.locator("#log-txt").click()
+    await p.wait_for_url(re.compile(rf"/tasks/{new_id}/log.txt$"))
+    assert (await p.locator("body").inner_text()).strip() == "again"
+    assert await p.evaluate("document.contentType") == "text/plain"
 
 
 async def test_the_task_page_shows_how_long_each_step_took_and_the_running_one_so_far(

@@ -140,13 +140,16 @@ async def test_read_only_renders_no_action_and_refuses_every_post(read_only: Web
 async def test_actions_need_csrf_same_origin_and_the_token(with_actions: Web, client: Client, stack: Stack) -> None:
     reply = await client.submit({"steps": [{"name": "wait", "action": "sleep", "args": {"seconds": 30}}]})
     cancel = f"/tasks/{reply.task_id}/cancel"
+    resubmit = f"/tasks/{reply.task_id}/resubmit"
     async with httpx.AsyncClient(base_url=with_actions.url) as http:
         page = await http.get(f"/tasks/{reply.task_id}")
-        assert "Log in" in page.text
+        assert "Log in</a> to cancel or resubmit" in page.text
         assert 'id="cancel"' not in page.text
+        assert 'id="resubmit"' not in page.text
         csrf = csrf_of((await http.get("/login")).text)
         # not logged in (right CSRF token): refused
         assert (await http.post(cancel, data={"csrf": csrf})).status_code == 403
+        assert (await http.post(resubmit, data={"csrf": csrf})).status_code == 403
         # a wrong token: refused, no session
         wrong = await http.post("/login", data={"csrf": csrf, "token": "not-the-token-at-all", "next": "/"})
         assert wrong.status_code == 403
@@ -161,8 +164,8 @@ async def test_actions_need_csrf_same_origin_and_the_token(with_actions: Web, cl
         assert evil.status_code == 403
         assert not (await client.get(reply.task_id)).cancel_requested
         assert (await client.get(reply.task_id)).status != "cancelled"
-        resubmit = f"/tasks/{reply.task_id}/resubmit"
         assert (await http.post(resubmit, data={})).status_code == 403
+        assert (await http.post(resubmit, data={"csrf": "x" * 43})).status_code == 403
         evil_resubmit = await http.post(resubmit, data={"csrf": csrf}, headers={"origin": "https://evil.example"})
         assert evil_resubmit.status_code == 403
         assert [t.task_id async for t in client.list(limit=1)] == [reply.task_id]  # nothing resubmitted
@@ -171,11 +174,32 @@ async def test_actions_need_csrf_same_origin_and_the_token(with_actions: Web, cl
         forged = httpx.AsyncClient(base_url=with_actions.url, cookies=cookies)
         async with forged:
             assert (await forged.post(cancel, data={"csrf": csrf})).status_code == 403
-        # all in order: cancelled
+            assert (await forged.post(resubmit, data={"csrf": csrf})).status_code == 403
+        assert [t.task_id async for t in client.list(limit=1)] == [reply.task_id]  # nothing resubmitted
+        # an unknown task: 404, nothing submitted
+        unknown = await http.post(f"/tasks/{uuid.uuid4()}/resubmit", data={"csrf": csrf})
+        assert unknown.status_code == 404
+        assert [t.task_id async for t in client.list(limit=1)] == [reply.task_id]
+        # all in order: cancelled, then resubmitted (to the new task's page, which links the old one)
         page = await http.get(f"/tasks/{reply.task_id}")
         assert 'id="cancel"' in page.text
+        assert 'id="resubmit"' in page.text
         done = await http.post(cancel, data={"csrf": csrf})
         assert done.status_code == 303
+        again = await http.post(resubmit, data={"csrf": csrf})
+        assert again.status_code == 303
+        new_id = uuid.UUID(again.headers["location"].removeprefix("/tasks/"))
+        assert new_id != reply.task_id
+        try:
+            new_page = (await http.get(f"/tasks/{new_id}")).text
+            assert f'<a href="/tasks/{reply.task_id}" id="resubmit-of">' in new_page
+            new = await client.get(new_id)
+            assert (new.plan, new.metadata) == (
+                (await client.get(reply.task_id)).plan,
+                {"resubmit_of": str(reply.task_id)},
+            )
+        finally:
+            await client.cancel(new_id)
     view = await client.get(reply.task_id)
     assert view.status == "cancelled" or view.cancel_requested
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from devsched.client import InvalidRequest
-from devsched.client.resubmit import resubmit_request
+from devsched.client.resubmit import RESUBMIT_OF, resubmit_of, resubmit_request
+from devsched.protocol.base import MAX_METADATA_BYTES
 from devsched.protocol.messages import AttemptView, TaskEvent, TaskView
 from devsched.web import charts, views
 
@@ -138,7 +139,8 @@ def test_a_resubmit_repeats_the_plan_selector_and_options_but_not_the_key() -> N
     assert request.plan == old.plan
     assert request.selector == old.selector
     assert (request.name, request.priority, request.max_attempts, request.lease_ttl_s) == ("nightly", 7, 2, 45)
-    assert request.metadata == {"team": "qa"}
+    assert request.metadata == {"team": "qa", RESUBMIT_OF: str(old.task_id)}  # the link to the old task
+    assert resubmit_of(request.metadata) == old.task_id
     assert request.retry == old.retry
     assert (request.queue_timeout_s, request.attempt_timeout_s) == (600.0, 120.0)
     assert request.deadline == old.deadline
@@ -148,3 +150,23 @@ def test_a_resubmit_repeats_the_plan_selector_and_options_but_not_the_key() -> N
         resubmit_request(view(kind="health", health_device_id="d1"), NOW)
     with pytest.raises(InvalidRequest, match="metadata"):
         resubmit_request(view(metadata={}, truncated=["metadata"]), NOW)
+
+
+def test_a_resubmit_of_a_resubmit_names_its_own_original_and_a_full_metadata_goes_without_the_link() -> None:
+    first = view()
+    second = view(metadata=resubmit_request(first, NOW).metadata)
+    third = resubmit_request(second, NOW)
+    assert resubmit_of(third.metadata) == second.task_id
+    assert third.metadata["team"] == "qa"
+    filler = "x" * (MAX_METADATA_BYTES - len('{"pad":""}'))  # exactly the limit: no room for the link
+    full = view(metadata={"pad": filler})
+    assert resubmit_request(full, NOW).metadata == {"pad": filler}  # repeated all the same
+    assert resubmit_of({}) is None
+    assert resubmit_of({RESUBMIT_OF: "not-an-id"}) is None
+    assert resubmit_of({RESUBMIT_OF: 7}) is None
+
+
+def test_a_resubmit_that_breaks_a_limit_of_today_is_refused_naming_the_field() -> None:
+    stored = view().model_copy(update={"priority": 10**6})  # a task stored under looser limits
+    with pytest.raises(InvalidRequest, match="priority"):
+        resubmit_request(stored, NOW)

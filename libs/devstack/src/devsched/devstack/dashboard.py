@@ -48,7 +48,8 @@ def how_to_reach(e: Endpoints, web: tuple[str, str] | None = None) -> str:
     ]
     if web is not None:
         url, token = web
-        lines.append(f"  web       {url}  (log in with the token {token} to cancel, drain; also in {data}/web-token)")
+        actions = "to cancel, resubmit, drain"
+        lines.append(f"  web       {url}  (log in with the token {token} {actions}; also in {data}/web-token)")
     lines += [
         "",
         "In another shell:",

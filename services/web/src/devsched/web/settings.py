@@ -23,7 +23,7 @@ class WebSettings(ProcessSettings):
     web_port: int = Field(default=8080, ge=0, le=65535)
     """Port of the dashboard (0: any free port, logged)."""
     web_actions: bool = False
-    """Whether cancel, drain and undrain are offered; off, the dashboard is read-only and every POST is 403."""
+    """Whether cancel, resubmit, drain and undrain are offered; off, the dashboard is read-only (every POST is 403)."""
     web_token: SecretStr | None = None
     """The operator token that unlocks actions (typed once into the login form; a signed cookie follows)."""
     web_auth_proxy: bool = False

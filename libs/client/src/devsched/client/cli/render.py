@@ -18,6 +18,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from devsched.client.resubmit import resubmit_of
 from devsched.core.status import DeviceState, TaskKind, TaskStatus
 from devsched.protocol.artifacts import ArtifactView
 from devsched.protocol.health import HealthCheckView
@@ -281,6 +282,8 @@ def task_detail(view: TaskView) -> RenderableType:
     head.add_row("task", literal(view.task_id))
     head.add_row("name", literal(view.name or "-"))
     head.add_row("status", status_text(view.status))
+    if (original := resubmit_of(view.metadata)) is not None:
+        head.add_row("resubmit of", literal(original))
     if view.reason:
         head.add_row("reason", literal(view.reason))
     if view.pending_reason:

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from devsched.client import DevschedError, NotFound
+from devsched.client.resubmit import resubmit_of
 from devsched.client.watch import stored_events
 from devsched.core.status import TERMINAL
 from devsched.protocol.messages import LogKind
@@ -42,6 +43,7 @@ async def _values(web: Web, task_id: uuid.UUID) -> dict[str, Any]:
         "metadata": views.redact(view.metadata),
         "cancellable": views.cancellable(str(view.status)),
         "resubmittable": views.resubmittable(view),
+        "resubmit_of": resubmit_of(view.metadata),
         "now": now,
     }
 
