@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -136,6 +137,15 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def _answers(url: str) -> bool:
+    """Whether a GET of `url` (on loopback) answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return bool(reply.status == 200)
+    except (OSError, ValueError):
+        return False
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -416,9 +426,19 @@ class Up:
             self._link = (link, now)
         return WebAccess(url, link, self.web_token_path)
 
-    def _metrics_urls(self) -> dict[str, str]:
-        """Each child's `/metrics` URL, by child name (with `--metrics`)."""
-        return {name: f"http://127.0.0.1:{port}/metrics" for name, port in self.metrics_ports.items()}
+    async def _metrics_urls(self) -> dict[str, str]:
+        """The `/metrics` URL of each child that serves one, by child name (with `--metrics`).
+
+        Each is asked once: a service whose port serves only the probes is named as such, not listed.
+        """
+        urls: dict[str, str] = {}
+        for name, port in self.metrics_ports.items():
+            url = f"http://127.0.0.1:{port}/metrics"
+            if await asyncio.to_thread(_answers, url):
+                urls[name] = url
+            else:
+                self.say(f"{name} serves no /metrics (its probes: http://127.0.0.1:{port}/readyz)")
+        return urls
 
     def _agents(self) -> list[Child]:
         return [self.children[h.host_id] for h in self.hosts]
@@ -491,7 +511,7 @@ class Up:
                 raise UpError(f"cannot connect to NATS: {exc.message}", 5) from None
             async with client:
                 await self._wait_ready(client, stop)
-                banner = how_to_reach(e, web=self._web_access(), metrics=self._metrics_urls())
+                banner = how_to_reach(e, web=self._web_access(), metrics=await self._metrics_urls())
                 self.console.print(banner, highlight=False, markup=False, soft_wrap=True)
                 return await self._watch(client, stop)
         except Interrupted:
