@@ -66,7 +66,7 @@ def relocated_data(tmp_path: Path) -> Iterator[None]:
 def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tmp_path: Path) -> None:
     data = tmp_path / ".devsched"
     argv = ("up", "--exit-when-done", "--nats-port", "0", "--hosts", "2", "--devices-per-host", "2",
-            "--demo-timeout", "90", "--no-live")  # fmt: skip
+            "--demo-timeout", "90", "--no-live", "--web-port", "0")  # fmt: skip
 
     started = time.monotonic()
     env = clean_env(COLUMNS="200", XDG_STATE_HOME=str(tmp_path / "state"))
@@ -139,7 +139,8 @@ def test_a_second_up_on_a_running_data_dir_refuses(tmp_path: Path) -> None:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.write(f"{os.getpid()}\n")
         held.flush()
-        result = run_devsched("up", "--exit-when-done", "--nats-port", "0", cwd=tmp_path, timeout=60)
+        env = clean_env(COLUMNS="200", XDG_STATE_HOME=str(tmp_path / "state"))
+        result = run_devsched("up", "--exit-when-done", "--nats-port", "0", cwd=tmp_path, env=env, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"error: another `devsched up` (pid {os.getpid()}) is running on {data}"
@@ -153,9 +154,10 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
     prefix = f"u{uuid.uuid4().hex[:8]}"
     out_path = tmp_path / "up.out"
     argv = [sys.executable, "-m", "devsched.client", "--prefix", prefix, "up", "--no-demo", "--no-live",
-            "--nats-url", nats_server.url, "--database-url", postgres_server.url(database), "--hosts", "1"]  # fmt: skip
+            "--nats-url", nats_server.url, "--database-url", postgres_server.url(database), "--hosts", "1",
+            "--web-port", "0"]  # fmt: skip
     try:
-        up = up_process(argv, tmp_path, out_path, XDG_STATE_HOME=str(tmp_path / "state"))
+        up = up_process(argv, tmp_path, out_path)
         try:
             deadline = time.monotonic() + 60
             while "devsched is up." not in out_path.read_text():
