@@ -602,7 +602,7 @@ async def test_a_database_from_before_the_roles_is_adopted_by_the_owner(
 async def test_devsched_up_runs_each_service_as_its_own_role(tmp_path: Path) -> None:
     out_path = tmp_path / "up.out"
     argv = [sys.executable, "-m", "devsched.client", "up", "--no-demo", "--no-live", "--hosts", "1",
-            "--devices-per-host", "1", "--nats-port", "0"]  # fmt: skip
+            "--devices-per-host", "1", "--nats-port", "0", "--web-port", "0"]  # fmt: skip
     up = up_process(argv, tmp_path, out_path)
     try:
         await eventually(lambda: not up.running or "devsched is up." in out_path.read_text(), timeout=90, interval=0.2)

@@ -190,11 +190,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def up_process(argv: list[str], cwd: Path, out_path: Path) -> ChildProcess:
+def up_process(argv: list[str], cwd: Path, out_path: Path, **env: str) -> ChildProcess:
     """`devsched up` (the whole `argv`) as a started process, its output in `out_path`, without DEVSCHED_*
-    variables; if the test run dies, the kernel SIGTERMs it and it stops its children."""
+    variables (plus `env`); if the test run dies, the kernel SIGTERMs it and it stops its children.
+
+    Its XDG state dir (the dashboard token) is `cwd/state` unless `env` says otherwise: never the user's.
+    """
+    env.setdefault("XDG_STATE_HOME", str(cwd / "state"))
     return ChildProcess(
-        "devsched up", argv, clean_env(COLUMNS="200"), out_path, cwd=cwd, death_signal=signal.SIGTERM
+        "devsched up", argv, clean_env(COLUMNS="200", **env), out_path, cwd=cwd, death_signal=signal.SIGTERM
     ).start()
 
 

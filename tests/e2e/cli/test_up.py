@@ -66,10 +66,11 @@ def relocated_data(tmp_path: Path) -> Iterator[None]:
 def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tmp_path: Path) -> None:
     data = tmp_path / ".devsched"
     argv = ("up", "--exit-when-done", "--nats-port", "0", "--hosts", "2", "--devices-per-host", "2",
-            "--demo-timeout", "90", "--no-live")  # fmt: skip
+            "--demo-timeout", "90", "--no-live", "--web-port", "0")  # fmt: skip
 
     started = time.monotonic()
-    first = run_devsched(*argv, cwd=tmp_path, env=clean_env(COLUMNS="200"), timeout=150)
+    env = clean_env(COLUMNS="200", XDG_STATE_HOME=str(tmp_path / "state"))
+    first = run_devsched(*argv, cwd=tmp_path, env=env, timeout=150)
     took = time.monotonic() - started
 
     assert first.returncode == 0, f"stdout:\n{first.stdout}\nstderr:\n{first.stderr}\n{logs(data)}"
@@ -90,7 +91,7 @@ def test_up_runs_the_demo_to_its_expected_end_and_a_second_up_reuses_the_data(tm
     for port in re.findall(r"127\.0\.0\.1:(\d+)", first.stdout.split("devsched is up.")[1].split("In another")[0]):
         assert not accepts(int(port)), f"port {port} still open: an embedded server outlived `devsched up`"
 
-    second = run_devsched(*argv, "--no-demo", cwd=tmp_path, env=clean_env(COLUMNS="200"), timeout=150)
+    second = run_devsched(*argv, "--no-demo", cwd=tmp_path, env=env, timeout=150)
 
     assert second.returncode == 0, f"stdout:\n{second.stdout}\nstderr:\n{second.stderr}\n{logs(data)}"
     assert "first run: initdb" not in second.stdout  # the cluster was reused
@@ -113,7 +114,7 @@ def test_up_keeps_acknowledged_work_durable_unless_fast(tmp_path: Path) -> None:
     # An acknowledged task must survive a crash of the machine: every commit and every JetStream write is
     # synced before it is acknowledged. `--fast` is the throwaway mode that gives that up, and says so.
     data = tmp_path / ".devsched"
-    argv = ("up", "--exit-when-done", "--no-demo", "--nats-port", "0", "--hosts", "1", "--no-live")
+    argv = ("up", "--exit-when-done", "--no-demo", "--nats-port", "0", "--hosts", "1", "--no-live", "--no-web")
 
     durable = run_devsched(*argv, cwd=tmp_path, env=clean_env(COLUMNS="200"), timeout=150)
     assert durable.returncode == 0, f"stdout:\n{durable.stdout}\nstderr:\n{durable.stderr}\n{logs(data)}"
@@ -138,7 +139,8 @@ def test_a_second_up_on_a_running_data_dir_refuses(tmp_path: Path) -> None:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.write(f"{os.getpid()}\n")
         held.flush()
-        result = run_devsched("up", "--exit-when-done", "--nats-port", "0", cwd=tmp_path, timeout=60)
+        env = clean_env(COLUMNS="200", XDG_STATE_HOME=str(tmp_path / "state"))
+        result = run_devsched("up", "--exit-when-done", "--nats-port", "0", cwd=tmp_path, env=env, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         f"error: another `devsched up` (pid {os.getpid()}) is running on {data}"
@@ -152,7 +154,8 @@ def test_up_on_given_servers_serves_until_sigterm_then_stops_its_children(
     prefix = f"u{uuid.uuid4().hex[:8]}"
     out_path = tmp_path / "up.out"
     argv = [sys.executable, "-m", "devsched.client", "--prefix", prefix, "up", "--no-demo", "--no-live",
-            "--nats-url", nats_server.url, "--database-url", postgres_server.url(database), "--hosts", "1"]  # fmt: skip
+            "--nats-url", nats_server.url, "--database-url", postgres_server.url(database), "--hosts", "1",
+            "--web-port", "0"]  # fmt: skip
     try:
         up = up_process(argv, tmp_path, out_path)
         try:

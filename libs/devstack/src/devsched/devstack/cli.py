@@ -18,6 +18,8 @@ import typer
 from devsched.client.cli.common import ExitCode, fail, settings
 from devsched.protocol.tls import with_postgres_ssl
 
+#: The dashboard's port unless `--web-port` says otherwise: the same URL from one run to the next.
+DEFAULT_WEB_PORT = 8642
 #: `DEVSCHED_DATABASE_URL`'s default, as the services have it.
 DEFAULT_DATABASE_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/devsched"
 
@@ -68,11 +70,31 @@ def up(
         int, typer.Option(min=0, max=65535, help="Port of the embedded Postgres; 0 for any free port.")
     ] = 0,
     web: Annotated[
-        bool, typer.Option(help="Start the web dashboard (devsched-web) on loopback, actions on, token printed.")
+        bool,
+        typer.Option(help="Start the web dashboard (devsched-web) on loopback, actions on, a login link printed."),
     ] = True,
     web_port: Annotated[
-        int, typer.Option(min=0, max=65535, help="Port of the web dashboard on 127.0.0.1; 0 for any free port.")
-    ] = 0,
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            help="Port of the web dashboard on 127.0.0.1 (a free one when it is busy, said on screen); 0 for any.",
+        ),
+    ] = DEFAULT_WEB_PORT,
+    rotate_web_token: Annotated[
+        bool,
+        typer.Option(
+            "--rotate-web-token",
+            help="Make a new dashboard token (ending every login of the old one) instead of reusing the one "
+            "kept in $XDG_STATE_HOME/devsched/web-token (~/.local/state/devsched/web-token).",
+        ),
+    ] = False,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics", help="Serve each service's Prometheus /metrics on a free loopback port and list the URLs."
+        ),
+    ] = False,
     log_level: Annotated[
         str, typer.Option(help="Log level of the services (their logs go to <data-dir>/logs/).")
     ] = "INFO",
@@ -101,6 +123,8 @@ def up(
         postgres_port=postgres_port,
         web=web,
         web_port=web_port,
+        rotate_web_token=rotate_web_token,
+        metrics=metrics,
         prefix=global_options.prefix,
         creds=global_options.nats.nats_creds,
         demo_timeout_s=demo_timeout,

@@ -8,6 +8,11 @@ simulated host as child processes (logs under `<data>/logs/`); wait until the sc
 every agent has registered; print how to reach it; submit the demo; show live progress until
 Ctrl-C/SIGTERM (or, with `--exit-when-done`, until the demo has ended); then stop everything it
 started, in reverse order: agents, sweeper and scheduler (by pid, SIGTERM then SIGKILL), Postgres, NATS.
+
+The dashboard listens on 127.0.0.1:8642 (`--web-port`; a free port when that one is taken), behind an
+operator token kept across runs (`devsched.devstack.tokens`); the live view keeps its URL and a fresh
+one-click login link (`devsched.protocol.login_links`) on screen. With `--metrics` every service serves
+`/metrics` on a free loopback port, listed in the banner.
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ import asyncio
 import contextlib
 import importlib.util
 import os
-import secrets
 import signal
 import socket
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -34,10 +39,13 @@ from rich.live import Live
 from devsched.client.cli.render import literal
 from devsched.client.client import Client
 from devsched.core.errors import DevschedError
-from devsched.devstack.dashboard import Endpoints, dashboard, demo_table, how_to_reach
+from devsched.devstack.cli import DEFAULT_WEB_PORT
+from devsched.devstack.dashboard import Endpoints, WebAccess, dashboard, demo_table, how_to_reach
 from devsched.devstack.demo import Demo
 from devsched.devstack.layout import Layout, LockedError, SimHost, sim_hosts
 from devsched.devstack.processes import Child, python_module, stop_all
+from devsched.devstack.tokens import TokenStoreError, kept_token, state_dir
+from devsched.protocol import login_links
 from devsched.protocol.messages import HostView, TaskSummary
 from devsched.store.roles import ROLES_LOCK, DatabaseRoles, adopt_schema_sql, ensure_roles_sql, quote_ident, role_url
 
@@ -60,6 +68,8 @@ _PASSED = frozenset({"DEVSCHED_EVENT_LOOP"})
 WEB_MODULE = "devsched.web"
 #: Restarts of a child that died on its own before `up` gives up.
 MAX_RESTARTS = 3
+#: Seconds between two login links minted for the live view (each is good once, for `LINK_S`).
+LINK_RENEW_S = 60.0
 
 
 class UpError(Exception):
@@ -95,9 +105,14 @@ class UpOptions:
     #: Throwaway run: Postgres without fsync and JetStream with its default sync; an OS crash may lose
     #: acknowledged work. By default both sync every acknowledged write, as a deployment does.
     fast: bool = False
-    #: Start devsched-web on 127.0.0.1 (when installed), actions on behind a token made for this run.
+    #: Start devsched-web on 127.0.0.1 (when installed), actions on behind the kept operator token.
     web: bool = True
-    web_port: int = 0
+    #: Its port (0: any free one; a busy one: a free one instead, said on screen).
+    web_port: int = DEFAULT_WEB_PORT
+    #: Make a new operator token instead of reusing the kept one.
+    rotate_web_token: bool = False
+    #: Serve each service's `/metrics` on a free loopback port, listed in the banner.
+    metrics: bool = False
 
 
 def _installed(module: str) -> bool:
@@ -107,6 +122,14 @@ def _installed(module: str) -> bool:
         return False
 
 
+def _free_port(host: str = "127.0.0.1") -> int:
+    """A port free now on `host` (the child that is given it binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 def _port_free(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
@@ -114,6 +137,15 @@ def _port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
     return True
+
+
+def _answers(url: str) -> bool:
+    """Whether a GET of `url` (on loopback) answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return bool(reply.status == 200)
+    except (OSError, ValueError):
+        return False
 
 
 def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -168,8 +200,13 @@ class Up:
     started_at: float = field(default_factory=time.monotonic)
     live: Live | None = None
     roles: DatabaseRoles = field(default_factory=DatabaseRoles)
-    #: The operator token of this run's dashboard (made fresh each run; also in `<data>/web-token`).
-    web_token: str = field(default_factory=lambda: secrets.token_urlsafe(18))
+    #: The dashboard's operator token (kept across runs in the state directory) and its file, once known.
+    web_token: str = ""
+    web_token_path: Path = field(default_factory=Path)
+    #: The `/metrics` port of each child, by child name (with `--metrics`).
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    #: The login link the live view shows, and when it was minted.
+    _link: tuple[str, float] = ("", 0.0)
 
     def __post_init__(self) -> None:
         self.layout = Layout(self.options.data_dir)
@@ -199,6 +236,8 @@ class Up:
             self.layout.lock()
         except LockedError as exc:
             raise UpError(str(exc), 1) from None
+        if self.options.web and _installed(WEB_MODULE):
+            self._keep_token()
         try:
             with sigterm_interrupts(), ExitStack() as servers:
                 endpoints = self._start_servers(servers)
@@ -211,6 +250,19 @@ class Up:
             return 130
         finally:
             self.layout.unlock()
+
+    def _keep_token(self) -> None:
+        """The operator token from the state directory (a new one when there is none usable, or rotated)."""
+        try:
+            kept = kept_token(state_dir(), rotate=self.options.rotate_web_token)
+        except TokenStoreError as exc:
+            raise UpError(f"cannot keep the dashboard's token: {exc}", 2) from None
+        if kept.tightened is not None:
+            self.say(kept.tightened)
+        if kept.new_because is not None:
+            self.say(f"a new dashboard token in {kept.path} ({kept.new_because}): earlier logins end")
+        self.web_token, self.web_token_path = kept.token, kept.path
+        (self.layout.root / "web-token").unlink(missing_ok=True)  # where a run's token used to be kept
 
     def _start_servers(self, servers: ExitStack) -> Endpoints:
         o = self.options
@@ -303,16 +355,30 @@ class Up:
             env["DEVSCHED_DATABASE_URL"] = role_url(e.database_url, self.roles.service(service))
         return env
 
+    def _with_metrics(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        """`env` with a `/metrics` port of its own for child `name`, with `--metrics` (else as it is)."""
+        if self.options.metrics:
+            port = self.metrics_ports[name] = _free_port()
+            env = {**env, "DEVSCHED_METRICS_HOST": "127.0.0.1", "DEVSCHED_METRICS_PORT": str(port)}
+        return env
+
+    def _web_port(self) -> int:
+        port = self.options.web_port
+        if port and not _port_free(port):
+            self.say(f"port {port} is busy: the web dashboard takes a free port instead (--web-port to choose)")
+            return 0
+        return port
+
     def _start_children(self, e: Endpoints) -> None:
         logs = self.layout.logs_dir
         self.children["scheduler"] = Child(
-            "scheduler", python_module("devsched.scheduler"), self._service_env(e, "scheduler"),
-            logs / "scheduler.log",
+            "scheduler", python_module("devsched.scheduler"),
+            self._with_metrics("scheduler", self._service_env(e, "scheduler")), logs / "scheduler.log",
         )  # fmt: skip
         self.children["sweeper"] = Child(
-            "sweeper", python_module("devsched.sweeper"), self._service_env(e, "sweeper"), logs / "sweeper.log"
-        )
-        agent_env = self._env(e, database=False)
+            "sweeper", python_module("devsched.sweeper"),
+            self._with_metrics("sweeper", self._service_env(e, "sweeper")), logs / "sweeper.log",
+        )  # fmt: skip
         for host in self.hosts:
             config = self.layout.write_agent_config(
                 host, nats_url=e.nats_url, prefix=e.prefix, creds=self.options.creds
@@ -320,21 +386,20 @@ class Up:
             self.children[host.host_id] = Child(
                 f"agent {host.host_id}",
                 python_module("devsched.agent.main", "--config", str(config), "--log-level", self.options.log_level),
-                agent_env,
+                self._with_metrics(host.host_id, self._env(e, database=False)),
                 logs / f"agent-{host.host_id}.log",
             )
         if self.options.web and _installed(WEB_MODULE):
             web_env = self._env(e, database=False)
             web_env.update(
                 DEVSCHED_WEB_HOST="127.0.0.1",
-                DEVSCHED_WEB_PORT=str(self.options.web_port),
+                DEVSCHED_WEB_PORT=str(self._web_port()),
                 DEVSCHED_WEB_ACTIONS="true",
                 DEVSCHED_WEB_TOKEN=self.web_token,
             )
-            token_file = self.layout.root / "web-token"
-            token_file.write_text(self.web_token + "\n")
-            token_file.chmod(0o600)
-            self.children["web"] = Child("web", python_module(WEB_MODULE), web_env, logs / "web.log")
+            self.children["web"] = Child(
+                "web", python_module(WEB_MODULE), self._with_metrics("web", web_env), logs / "web.log"
+            )
         elif self.options.web:
             self.say("devsched-web is not installed: no web dashboard")
         for child in self.children.values():
@@ -342,13 +407,38 @@ class Up:
         names = ", ".join(f"{c.name} (pid {c.pid})" for c in self.children.values())
         self.say(f"started {names}; logs in {logs}")
 
-    def _web_url(self) -> tuple[str, str] | None:
-        """The dashboard's URL (from its `serving` log line) and its token, when it runs."""
+    def _web_access(self) -> WebAccess | None:
+        """The dashboard's URL (from its `serving` log line) with a login link minted now, when it runs.
+
+        A new link every `LINK_RENEW_S`: the one on screen is always good (once) for most of `LINK_S`.
+        """
         web = self.children.get("web")
         if web is None:
             return None
-        url = next((str(line["url"]) for line in web.log_lines() if line.get("msg") == "serving"), None)
-        return (url, self.web_token) if url else None
+        urls = [str(line["url"]) for line in web.log_lines() if line.get("msg") == "serving"]
+        if not urls:
+            return None
+        url = urls[-1]  # a restarted dashboard on a free port logs its new one
+        link, minted = self._link
+        now = time.time()
+        if not link or now - minted >= LINK_RENEW_S:
+            link = login_links.link(url, login_links.mint(self.web_token, now))
+            self._link = (link, now)
+        return WebAccess(url, link, self.web_token_path)
+
+    async def _metrics_urls(self) -> dict[str, str]:
+        """The `/metrics` URL of each child that serves one, by child name (with `--metrics`).
+
+        Each is asked once: a service whose port serves only the probes is named as such, not listed.
+        """
+        urls: dict[str, str] = {}
+        for name, port in self.metrics_ports.items():
+            url = f"http://127.0.0.1:{port}/metrics"
+            if await asyncio.to_thread(_answers, url):
+                urls[name] = url
+            else:
+                self.say(f"{name} serves no /metrics (its probes: http://127.0.0.1:{port}/readyz)")
+        return urls
 
     def _agents(self) -> list[Child]:
         return [self.children[h.host_id] for h in self.hosts]
@@ -421,7 +511,8 @@ class Up:
                 raise UpError(f"cannot connect to NATS: {exc.message}", 5) from None
             async with client:
                 await self._wait_ready(client, stop)
-                self.console.print(how_to_reach(e, web=self._web_url()), highlight=False, markup=False, soft_wrap=True)
+                banner = how_to_reach(e, web=self._web_access(), metrics=await self._metrics_urls())
+                self.console.print(banner, highlight=False, markup=False, soft_wrap=True)
                 return await self._watch(client, stop)
         except Interrupted:
             return 130
@@ -462,7 +553,8 @@ class Up:
                 except DevschedError as exc:
                     note = f"the scheduler does not answer ({exc.code}); retrying · {footer}"
                 if self.live is not None:
-                    self.live.update(dashboard(hosts, tasks, demo, note, height=self.console.height), refresh=True)
+                    view = dashboard(hosts, tasks, demo, note, height=self.console.height, web=self._web_access())
+                    self.live.update(view, refresh=True)
                 if o.exit_when_done and (demo is None or demo.finished or time.monotonic() > demo_deadline):
                     break
                 with contextlib.suppress(TimeoutError):

@@ -3,10 +3,15 @@
 Only with actions on and a token configured (behind an authenticating proxy there is no login). Failed
 logins are limited per client and in all (`limits.LoginLimiter`); a logout revokes the session here, so
 a copy of its cookie replayed later is no session.
+
+A one-click link (`/login?k=CODE`, `devsched.protocol.login_links`, minted by `devsched up`) logs in too,
+once per code, and only on a dashboard that listens on loopback, for a client on this machine: the code
+proves the token without carrying it, and is never logged.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import time
 
@@ -14,8 +19,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from devsched.protocol import login_links
 from devsched.web import revocations, security
-from devsched.web.dashboard import client_address, web_of
+from devsched.web.dashboard import Web, client_address, web_of
 
 log = logging.getLogger("devsched.web")
 
@@ -25,6 +31,8 @@ async def login_page(request: Request) -> Response:
     web = web_of(request)
     if not web.settings.web_actions or web.token is None:
         raise HTTPException(404, "no login: actions are disabled or handled by a proxy")
+    if login_links.PARAM in request.query_params:
+        return _link_login(request, web, web.token, request.query_params[login_links.PARAM])
     return web.page(request, "login.html", next=_local(request.query_params.get("next")), failed=False)
 
 
@@ -46,7 +54,35 @@ async def login(request: Request) -> Response:
         web.logins.failed(client, time.monotonic())
         log.warning("dashboard login refused")
         return web.page(request, "login.html", status_code=403, next=target, failed=True)
+    return _session(request, web, target)
+
+
+def _link_login(request: Request, web: Web, token: str, code: str) -> Response:
+    """Log in with a one-click link's code: loopback only, each code once, failures limited as typed ones."""
+    client = client_address(request)
+    if not web.settings.loopback or not _is_loopback(client):
+        raise HTTPException(403, "login links work only from this machine, on a dashboard listening on loopback")
+    now = time.time()
+    wait = web.logins.retry_after(client, time.monotonic())
+    if wait is not None:
+        raise HTTPException(429, f"too many failed logins: try again in {wait} s", {"retry-after": str(wait)})
+    checked = login_links.check(token, code, now)
+    if checked is None or not _used_codes(request).use(checked, now):
+        web.logins.failed(client, time.monotonic())
+        log.warning("dashboard login link refused")
+        raise HTTPException(
+            403,
+            "this login link was used already, has expired or is not for this dashboard: "
+            "`devsched up` shows a fresh one, or log in with the operator token",
+        )
+    log.info("dashboard login by link")
+    return _session(request, web, "/")
+
+
+def _session(request: Request, web: Web, target: str) -> Response:
+    """The answer to a login that succeeded: the signed session cookie, and on to `target`."""
     web.refuse_unless_sessions_checked()
+    assert web.sessions is not None  # a login is offered only with a token
     response = RedirectResponse(target, status_code=303)
     expires = int(time.time() + web.settings.web_session_s)
     response.set_cookie(
@@ -58,6 +94,21 @@ async def login(request: Request) -> Response:
         secure=web.secure(request),
     )
     return response
+
+
+def _used_codes(request: Request) -> login_links.UsedCodes:
+    """This process's used link codes (one set per application)."""
+    used: login_links.UsedCodes | None = getattr(request.app.state, "used_login_codes", None)
+    if used is None:
+        used = request.app.state.used_login_codes = login_links.UsedCodes()
+    return used
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
 
 
 async def logout(request: Request) -> Response:
