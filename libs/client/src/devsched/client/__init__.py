@@ -16,8 +16,9 @@ Each name is imported when first used, so that `devsched --version` need not loa
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
+
+from devsched.client.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from devsched.client.client import DEFAULT_NATS_URL, DEFAULT_TIMEOUT_S, Client, task_uuid, wait_for_scheduler
@@ -124,11 +125,4 @@ _SOURCES = {
 }  # fmt: skip
 
 
-def __getattr__(name: str) -> object:
-    """A public name, imported from its module the first time it is asked for."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(source), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(globals(), _SOURCES)

@@ -6,10 +6,10 @@
 from __future__ import annotations
 
 import sys
-from importlib import import_module
 from typing import TYPE_CHECKING
 
 from devsched.client.cli.version import version_line
+from devsched.client.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from devsched.client.cli.common import ExitCode
@@ -30,11 +30,4 @@ def main() -> None:
     run()
 
 
-def __getattr__(name: str) -> object:
-    """`app` and `ExitCode`, imported the first time they are asked for."""
-    source = _SOURCES.get(name)
-    if source is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(source), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(globals(), _SOURCES)
