@@ -113,9 +113,13 @@ async def test_a_lost_consumer_is_made_again_by_name_with_its_filter(
             second = await ordered.next(40.0)  # two heartbeats missed, then made again
             assert second is not None, "the reader did not recover its consumer"
             assert second.data == b"second"
-            assert ordered.consumer is not None
-            assert ordered.consumer.startswith(NAME_PREFIX)
-            assert ordered.consumer != lost
+            # nats-py names the new consumer when its create reply comes, which may be after its first message
+            made = await eventually(
+                lambda: ordered.consumer if ordered.consumer not in (None, lost) else None,
+                timeout=10.0,
+                message="the reader never named its new consumer",
+            )
+            assert made.startswith(NAME_PREFIX)
             assert await ordered.next(1.0) is None, "nothing twice"
     finally:
         await host.close()
