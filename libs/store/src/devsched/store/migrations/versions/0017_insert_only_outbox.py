@@ -84,13 +84,15 @@ CREATE VIEW outbox_unsent AS
 SELECT o.id, o.kind, o.data, o.headers, o.created_at, o.xid
 FROM outbox o, (SELECT devsched_outbox_floor() AS floor) f
 WHERE o.xid >= f.floor
-  AND o.id NOT IN (SELECT unnest(s.ids) FROM outbox_sent s WHERE s.top >= devsched_outbox_floor())
+  AND NOT EXISTS (
+      SELECT FROM outbox_sent s, unnest(s.ids) AS p(id) WHERE s.top >= devsched_outbox_floor() AND p.id = o.id
+  )
 """
 
 DOWNGRADE = """
 ALTER TABLE outbox ADD COLUMN sent_at timestamptz;
 
-UPDATE outbox SET sent_at = now() WHERE id NOT IN (SELECT id FROM outbox_unsent);
+UPDATE outbox o SET sent_at = now() WHERE NOT EXISTS (SELECT FROM outbox_unsent u WHERE u.id = o.id);
 
 CREATE INDEX ix_outbox_unsent ON outbox (id) WHERE sent_at IS NULL;
 
@@ -115,7 +117,7 @@ assert _NOTHING_TO_PRUNE in _PRUNE_0015
 #: `devsched_prune` that deletes a pruned task's published rows (those not in `outbox_unsent`) and, at every
 #: call, the relay passes wholly below the floor but those that record it.
 CREATE_PRUNE = _PRUNE_0015.replace(
-    _SENT_ROWS, "\n        AND id NOT IN (SELECT id FROM public.outbox_unsent);\n"
+    _SENT_ROWS, "\n        AND NOT EXISTS (SELECT FROM public.outbox_unsent u WHERE u.id = outbox.id);\n"
 ).replace(
     _NOTHING_TO_PRUNE,
     "    DELETE FROM public.outbox_sent\n"
