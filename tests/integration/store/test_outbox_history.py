@@ -60,7 +60,7 @@ async def versions(lab: Lab) -> dict[int, tuple[str, str]]:
 async def test_publishing_never_writes_a_new_version_of_an_event_row(lab: Lab) -> None:
     heard: list[Committed] = []
     lab.store.on_commit = heard.append
-    await lab.host("h1", "d1", "d2")
+    await lab.host("h1", "d1", "d2", "d3")
     for _ in range(3):
         await lab.submit()
     await lab.store.assign()
