@@ -41,6 +41,7 @@ from devsched.store import DeviceSpec, Store
 from devsched.store.migrations import upgrade
 from devsched.sweeper.app import Sweeper, SweeperSettings
 from support.databases import build_template, create_test_database, ensure_test_roles, owner_url, service_url
+from support.outbox_rows import ALL_PUBLISHED
 
 DURABLE_SETTINGS = {"fsync": "on", "full_page_writes": "on", "synchronous_commit": "on", "max_connections": "200"}
 PLAN = '{"steps": [{"name": "s", "action": "noop", "args": {}}]}'
@@ -60,7 +61,7 @@ RESET = [
     "UPDATE attempts SET status = 'active', end_reason = NULL, ended_at = NULL WHERE status = 'expired'",
     "UPDATE tasks SET status = 'assigned', reason = NULL, event_seq = 2 WHERE lease_ttl_s = 1",
     "UPDATE devices SET available_after = NULL WHERE available_after IS NOT NULL",
-    "DELETE FROM outbox WHERE sent_at IS NULL",
+    "DELETE FROM outbox WHERE id IN (SELECT id FROM outbox_unsent)",
     "VACUUM ANALYZE",
 ]
 
@@ -136,7 +137,7 @@ async def seed(url: str, expired: int, live: int) -> list[tuple[str, str, str]]:
 
             await store.claim(LeaseRef(host_id, uuid.UUID(task_id), 1, uuid.UUID(lease_id)))
         async with store.engine.begin() as conn:
-            await conn.execute(text("UPDATE outbox SET sent_at = clock_timestamp()"))
+            await conn.execute(text(ALL_PUBLISHED))
         await asyncio.sleep(1.5)  # the short leases run out
         return leases
     finally:

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.chaos, pytest.mark.e2e]
 async def _sent(database_url: str) -> int:
     conn = await asyncpg.connect(plain_dsn(database_url))
     try:
-        return int(await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL"))
+        return int(await conn.fetchval("SELECT count(*) FROM outbox WHERE id NOT IN (SELECT id FROM outbox_unsent)"))
     finally:
         await conn.close()
 

@@ -48,7 +48,7 @@ CLOCK_SLACK_S = 0.5
 _NOT_TERMINAL = text("SELECT count(*) FROM tasks WHERE status NOT IN ('done', 'failed', 'cancelled')")
 _TASKS = text("SELECT task_id, status, attempt_count, max_attempts, event_seq FROM tasks")
 _ATTEMPTS = text("SELECT task_id, attempt, device_id, status, assigned_at, ended_at FROM attempts ORDER BY assigned_at")
-_UNSENT = text("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+_UNSENT = text("SELECT count(*) FROM outbox_unsent")
 _DOUBLED = text(
     "SELECT device_id, count(*) FROM reservations WHERE attempt_status = 'active'"
     " GROUP BY device_id HAVING count(*) > 1"

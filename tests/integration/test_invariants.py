@@ -18,6 +18,7 @@ from nats.aio.client import Client as NatsClient
 
 from devsched.sweeper.app import SweeperSettings
 from support.invariants import Invariants, plain_dsn, stream_name
+from support.outbox_rows import ALL_BUT_THE_FIRST_PUBLISHED, ALL_PUBLISHED
 from support.scheduler_harness import (
     TestHost,
     delete_streams,
@@ -120,10 +121,10 @@ async def test_the_checker_passes_a_real_history_and_catches_each_kind_of_damage
         )
         inv.terminal_seen.pop(expired)
 
-        await _sql(database_url, "UPDATE outbox SET sent_at = NULL WHERE id = (SELECT min(id) FROM outbox)")
+        await _sql(database_url, ALL_BUT_THE_FIRST_PUBLISHED)
         with pytest.raises(AssertionError, match="every outbox row published"):
             await inv.check(publish_timeout=0.5)
-        await _sql(database_url, "UPDATE outbox SET sent_at = now()")
+        await _sql(database_url, ALL_PUBLISHED)
 
         first = {"event": "submitted", "task_id": done, "seq": 1, "status": "queued", "at": "2026-01-01T00:00:00Z"}
         await nc.jetstream().publish(

@@ -133,7 +133,8 @@ async def test_the_sweepers_role_cannot_rewrite_a_plan_delete_or_touch_hosts(
             "SELECT * FROM outbox",
             "SELECT * FROM hosts",
             "INSERT INTO cancel_requests VALUES (gen_random_uuid(), 1, now(), 'x')",
-            "UPDATE outbox SET sent_at = now()",
+            "UPDATE outbox SET headers = '{}'",
+            "INSERT INTO outbox_sent (ids, top, floor, at) VALUES ('{}', '1', '1', now())",
             "TRUNCATE tasks CASCADE",
         ):
             with pytest.raises(asyncpg.InsufficientPrivilegeError):
@@ -206,7 +207,9 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
             "DROP INDEX uq_attempts_one_active_per_device",
             "CREATE INDEX evil ON tasks (name)",
             "TRUNCATE outbox",
-            "UPDATE outbox SET data = '{}'",  # a recorded event is only ever marked sent, never rewritten
+            "UPDATE outbox SET data = '{}'",  # a recorded event is never rewritten (its publication is apart)
+            "UPDATE outbox_sent SET ids = '{}'",  # nor is a record of its publication
+            "DELETE FROM outbox_sent",
             "DELETE FROM tasks",
             "CREATE FUNCTION evil() RETURNS int LANGUAGE sql AS 'SELECT 1'",
             "ALTER ROLE devsched_sweeper SET statement_timeout = 0",
@@ -214,6 +217,10 @@ async def test_the_schedulers_role_cannot_alter_the_schema(database_url: str, ad
         ):
             with pytest.raises((asyncpg.InsufficientPrivilegeError, asyncpg.UndefinedObjectError)):
                 await scheduler.execute(statement)
+        # a claim locks rows through the view (UPDATE is granted on it for that), which writes through to nothing
+        with pytest.raises(asyncpg.ObjectNotInPrerequisiteStateError, match="cannot update view"):
+            await scheduler.execute("UPDATE outbox_unsent SET data = '{}'")
+        await scheduler.execute("SELECT id FROM outbox_unsent ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED")
     finally:
         await scheduler.close()
     after = await admin.fetch(

@@ -278,7 +278,7 @@ class Invariants:
 
     async def _check_outbox(self, conn: asyncpg.Connection, publish_timeout: float, *, streams: bool) -> None:
         async def all_sent() -> bool:
-            return bool(await conn.fetchval("SELECT count(*) FROM outbox WHERE sent_at IS NULL") == 0)
+            return bool(await conn.fetchval("SELECT count(*) FROM outbox_unsent") == 0)
 
         await eventually(all_sent, timeout=publish_timeout, message="every outbox row published")
         if self.nc is None or not streams:

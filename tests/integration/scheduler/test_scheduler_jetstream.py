@@ -12,6 +12,7 @@ from sqlalchemy import text
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler.app import Scheduler
 from devsched.store import Store
+from support.outbox_rows import FORGET_PUBLISHED
 from support.polling import eventually
 from support.scheduler_harness import (
     TestHost,
@@ -127,7 +128,7 @@ async def test_relay_republish_after_a_crash_before_the_mark_is_deduplicated(
         await eventually(lambda: _unsent_is_zero(store), message="outbox relayed")
         # What a relay that died after JetStream acked but before its mark committed leaves behind:
         async with store.engine.begin() as conn:
-            await conn.execute(text("UPDATE outbox SET sent_at = NULL"))
+            await conn.execute(text(FORGET_PUBLISHED))
         assert scheduler.relay is not None
         duplicates = scheduler.relay.duplicates
         scheduler.relay_wakeup.set()

@@ -12,6 +12,7 @@ from sqlalchemy import text
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.status import Outcome, TaskStatus
 from devsched.store import Committed, OutboxMessage, Published
+from support.outbox_rows import FORGET_PUBLISHED
 from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
@@ -35,7 +36,7 @@ def kinds(messages: Sequence[OutboxMessage]) -> list[str]:
 async def rows(lab: Lab) -> dict[int, OutboxMessage]:
     """Every outbox row as the relay reads it."""
     async with lab.store.engine.begin() as conn:
-        await conn.execute(text("UPDATE outbox SET sent_at = NULL"))
+        await conn.execute(text(FORGET_PUBLISHED))
     publisher = Publisher()
     await lab.store.relay_outbox(publisher, limit=1000)
     return {m.id: m for m in publisher.got}

@@ -222,7 +222,7 @@ async def _granted(
 async def _tables(conn: AsyncConnection) -> Mapping[str, list[Any]]:
     out = {}
     for table in ("hosts", "devices", "tasks", "attempts", "reservations", "cancel_requests", "outbox"):
-        rows = (await conn.execute(text(f"SELECT to_jsonb(x) - 'id' FROM {table} x"))).scalars().all()
+        rows = (await conn.execute(text(f"SELECT to_jsonb(x) - 'id' - 'xid' FROM {table} x"))).scalars().all()
         out[table] = sorted(json.dumps(r, sort_keys=True) for r in rows)
     # the order events are published in (a claim with progress writes `dispatched`, then `progress`)
     order = text("SELECT data->>'kind', data->>'seq' FROM outbox ORDER BY id")

@@ -315,7 +315,7 @@ async def _tables(conn: AsyncConnection) -> Mapping[str, list[str]]:
         "tasks": "SELECT to_jsonb(x) FROM tasks x",
         "attempts": "SELECT to_jsonb(x) - 'lease_id' FROM attempts x",
         "reservations": "SELECT to_jsonb(x) FROM reservations x",
-        "outbox": "SELECT to_jsonb(x) - 'id' #- '{data,lease_id}' FROM outbox x",
+        "outbox": "SELECT to_jsonb(x) - 'id' - 'xid' #- '{data,lease_id}' FROM outbox x",
     }
     out = {}
     for table, query in queries.items():

@@ -27,7 +27,9 @@ class Publisher:
 
 async def sent(lab: Lab) -> dict[int, bool]:
     async with lab.store.engine.connect() as conn:
-        rows = (await conn.execute(text("SELECT id, sent_at IS NOT NULL AS sent FROM outbox"))).all()
+        rows = (
+            await conn.execute(text("SELECT id, id NOT IN (SELECT id FROM outbox_unsent) AS sent FROM outbox"))
+        ).all()
     return {r.id: r.sent for r in rows}
 
 

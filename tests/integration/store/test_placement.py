@@ -264,7 +264,7 @@ async def _rows_of(conn: AsyncConnection, task_ids: list[uuid.UUID]) -> Mapping[
         "tasks": "SELECT to_jsonb(x) FROM tasks x WHERE task_id = ANY(:ids)",
         "attempts": "SELECT to_jsonb(x) - 'lease_id' FROM attempts x WHERE task_id = ANY(:ids)",
         "reservations": "SELECT to_jsonb(x) FROM reservations x WHERE task_id = ANY(:ids)",
-        "outbox": "SELECT to_jsonb(x) - 'id' #- '{data,lease_id}' FROM outbox x"
+        "outbox": "SELECT to_jsonb(x) - 'id' - 'xid' #- '{data,lease_id}' FROM outbox x"
         " WHERE CAST(x.data->>'task_id' AS uuid) = ANY(:ids)",
     }
     out = {}

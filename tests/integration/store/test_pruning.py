@@ -21,6 +21,7 @@ from devsched.core.retention import prunable
 from devsched.core.status import Outcome, TaskStatus
 from devsched.core.views import ArtifactView
 from devsched.store import Store
+from support.outbox_rows import ALL_PUBLISHED
 from support.store_lab import Lab
 
 pytestmark = pytest.mark.integration
@@ -57,7 +58,7 @@ async def rows_of(store: Store, task_id: uuid.UUID) -> dict[str, int]:
 
 async def mark_all_sent(store: Store) -> None:
     async with store.engine.begin() as conn:
-        await conn.execute(text("UPDATE outbox SET sent_at = now() WHERE sent_at IS NULL"))
+        await conn.execute(text(ALL_PUBLISHED))
 
 
 async def cancelled_while_running(lab: Lab) -> uuid.UUID:

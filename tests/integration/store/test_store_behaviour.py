@@ -235,7 +235,7 @@ async def test_relay_stops_at_a_failed_publish_and_keeps_the_rest(lab: Lab) -> N
     assert await lab.store.relay_outbox(ok) == 3
     assert retried[0] == calls[2], "the failed message goes first on the next pass, in order"
     async with lab.store.engine.connect() as conn:
-        unsent = (await conn.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NULL"))).scalar_one()
+        unsent = (await conn.execute(text("SELECT count(*) FROM outbox_unsent"))).scalar_one()
     assert unsent == 0
 
 

@@ -2,10 +2,20 @@
 
 Nothing is published for a change that rolled back, and nothing committed is lost. The process that
 committed a change may publish its rows at once (the Store hands them over after the commit, see
-`Committed`) and mark them sent later, many in one transaction. The relay claims the unsent rows nobody
-is publishing with SKIP LOCKED (never by a high-water mark: ids commit out of order), hands them to the
-publisher, and marks the ones it acknowledged. A crash anywhere in between publishes them again, and
-JetStream's duplicate window drops the copies by message id.
+`Committed`) and record them published later, many in one transaction. The relay claims the unpublished
+rows nobody is publishing with SKIP LOCKED, hands them to the publisher, and records the ones it
+acknowledged. A crash anywhere in between publishes them again, and JetStream's duplicate window drops the
+copies by message id.
+
+The event rows are history, written once and never changed (migration 0017): publication is recorded
+apart, one `outbox_sent` row per relay pass with the ids it published, instead of a rewrite of each
+row (a new version of its jsonb and of every index entry, never HOT while an index covers `sent_at`), so a
+pass costs one narrow row however many events it publishes. Finding what is unpublished cannot use a
+high-water mark of ids (ids commit out of order: a smaller id may commit after a larger one was
+published); the passes record a floor of transaction ids instead, the least of the oldest transaction
+still running and the oldest one among the rows still unpublished, and `outbox_unsent` (the one
+definition of "unpublished") looks only at rows at or above it. A narrow row per published event would
+have cost as many row versions as the rewrites, and a queue table as many again for its deletes.
 
 The rows hold `devsched.core.events` values (a `kind` and the value's JSON shape, `devsched.store.eventrows`),
 never wire messages: subjects, message ids and encodings are the protocol's, decided by whoever publishes.
@@ -149,21 +159,30 @@ class Published:
 #: Publishes a batch of claimed messages and says which were acknowledged; must not raise (see `Published`).
 PublishBatch = Callable[[Sequence[OutboxMessage]], Awaitable[Published]]
 
-#: Marks what was published already (by the caller, right after those rows' commits), then claims what
-#: nobody is publishing: unsent, of a kind this release knows (`KINDS`), not the caller's own in flight,
-#: and (on a routine pass) old enough that whoever wrote it would have published and marked it by now.
+#: Claims what nobody is publishing: unpublished, of a kind this release knows (`KINDS`), not the caller's
+#: own (in flight or published at once), and (on a routine pass) old enough that whoever wrote it would have
+#: published it and recorded that by now.
 _CLAIM = text(
     """
-    WITH marked AS (
-        UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:mark AS bigint[])) AND sent_at IS NULL
-    )
-    SELECT id, kind, data, headers FROM outbox
-    WHERE sent_at IS NULL AND kind = ANY(CAST(:kinds AS text[])) AND NOT (id = ANY(CAST(:skip AS bigint[])))
+    SELECT id, kind, data, headers FROM outbox_unsent
+    WHERE kind = ANY(CAST(:kinds AS text[])) AND NOT (id = ANY(CAST(:skip AS bigint[])))
       AND (CAST(:before AS timestamptz) IS NULL OR created_at <= :before)
     ORDER BY id LIMIT :limit FOR UPDATE SKIP LOCKED
     """
 )
-_MARK = text("UPDATE outbox SET sent_at = :now WHERE id = ANY(CAST(:ids AS bigint[])) AND sent_at IS NULL")
+#: Records one pass's publications: the ids, the newest transaction among them, and the floor of
+#: transaction ids below which every event row is now published (see the module's docstring).
+_SENT = text(
+    """
+    INSERT INTO outbox_sent (ids, top, floor, at)
+    SELECT p.ids,
+           coalesce((SELECT max(o.xid) FROM outbox o WHERE o.id = ANY(p.ids)), '1'),
+           LEAST(pg_snapshot_xmin(pg_current_snapshot()),
+                 (SELECT min(u.xid) FROM outbox_unsent u WHERE NOT (u.id = ANY(p.ids)))),
+           :now
+    FROM (SELECT CAST(:ids AS bigint[]) AS ids) p
+    """
+)
 
 
 async def relay(
@@ -176,39 +195,33 @@ async def relay(
     skip: Sequence[int] = (),
     before: datetime | None = None,
 ) -> Published:
-    """Mark `mark` sent; claim up to `limit` other unsent messages in id order, publish them, mark those acked.
+    """Claim up to `limit` unpublished messages in id order, publish them; record those acked and `mark` sent.
 
     `mark` are messages the caller published already; `skip` those it is publishing now; `before`, if
     given, leaves alone messages created after it (their writer is still publishing them). The claimed
     rows stay locked until the caller's transaction ends, so no other relay publishes them meanwhile. The
-    publisher's error is returned rather than raised, so that the marks of the messages it did publish
-    commit (the rest are tried again by the next pass).
+    publisher's error is returned rather than raised, so that the record of the messages it did publish
+    commits (the rest are tried again by the next pass). One `outbox_sent` row records them all.
 
     Raises:
         ValueError: the publisher acknowledged a message it was not given.
     """
-    params = {
-        "now": now,
-        "mark": list(mark),
-        "skip": sorted({*mark, *skip}),
-        "before": before,
-        "limit": limit,
-        "kinds": list(KINDS),
-    }
+    params = {"skip": sorted({*mark, *skip}), "before": before, "limit": limit, "kinds": list(KINDS)}
     rows = (await conn.execute(_CLAIM, params)).all()
-    if not rows:
-        return Published(())
-    batch = [OutboxMessage(id=r.id, event=event_of(r.kind, r.data), headers=r.headers) for r in rows]
-    outcome = await publish(batch)
-    point("relay.after_publish")
-    stray = set(outcome.ids) - {m.id for m in batch}
-    if stray:
-        raise ValueError(f"acknowledged outbox messages that were not claimed: {sorted(stray)}")
-    if outcome.ids:
-        await conn.execute(_MARK, {"ids": sorted(set(outcome.ids)), "now": now})
+    outcome = Published(())
+    if rows:
+        batch = [OutboxMessage(id=r.id, event=event_of(r.kind, r.data), headers=r.headers) for r in rows]
+        outcome = await publish(batch)
+        point("relay.after_publish")
+        stray = set(outcome.ids) - {m.id for m in batch}
+        if stray:
+            raise ValueError(f"acknowledged outbox messages that were not claimed: {sorted(stray)}")
+    sent = sorted({*mark, *outcome.ids})
+    if sent:
+        await conn.execute(_SENT, {"ids": sent, "now": now})
     return outcome
 
 
 async def unsent_count(conn: AsyncConnection) -> int:
     """How many messages wait to be published (for metrics and tests)."""
-    return int((await conn.execute(text("SELECT count(*) FROM outbox WHERE sent_at IS NULL"))).scalar_one())
+    return int((await conn.execute(text("SELECT count(*) FROM outbox_unsent"))).scalar_one())

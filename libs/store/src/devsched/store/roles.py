@@ -5,8 +5,8 @@ Who does what:
 - the owner (`devsched_owner`) owns the database and every schema object; migrations run as it;
 - the scheduler (`devsched_scheduler`) reads every table and inserts and updates what the API, the
   assignment loop and the outbox relay write (a task's `releases` count included: releases come through
-  its API; of an outbox row, only its `sent_at` mark: the events themselves are never rewritten); it
-  deletes nothing and cannot change the schema;
+  its API); outbox rows it only inserts, never rewrites, and it records their publication in
+  `outbox_sent` (migration 0017); it deletes nothing and cannot change the schema;
 - the sweeper (`devsched_sweeper`) reads tasks, attempts, devices, cancellation requests and the schema's
   migration (`alembic_version`, for its readiness check), updates only
   the columns a sweep writes (a task's status, reason, updated_at and event_seq; an attempt's status,
@@ -46,7 +46,12 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
         # a view of the attempts since 0015; INSERT for an older release's writes, which its trigger drops
         "reservations": "SELECT, INSERT",
         "cancel_requests": "SELECT, INSERT",
-        "outbox": "SELECT, INSERT, UPDATE (sent_at)",
+        # the event history is insert-only; publication goes to `outbox_sent` (migration 0017)
+        "outbox": "SELECT, INSERT",
+        "outbox_sent": "SELECT, INSERT",
+        # a view of the rows not yet published; UPDATE only because a claim locks rows through it (`SELECT
+        # ... FOR UPDATE` asks for it): the view cannot be written through
+        "outbox_unsent": "SELECT, UPDATE",
         "alembic_version": "SELECT",  # readiness: the schema is this release's (store/health.py)
         # issue 12: a commit stores or replaces a row; rows go only through `devsched_prune`
         "artifacts": "SELECT, INSERT, UPDATE",
@@ -68,15 +73,16 @@ GRANTS: Mapping[str, Mapping[str, str]] = {
     },
 }
 
-#: Sequences each service draws from (`outbox.id` is a bigserial).
+#: Sequences each service draws from (`outbox.id` and `outbox_sent.seq` are bigserials).
 SEQUENCE_GRANTS: Mapping[str, tuple[str, ...]] = {
-    "scheduler": ("outbox_id_seq", "device_audit_id_seq"),
+    "scheduler": ("outbox_id_seq", "device_audit_id_seq", "outbox_sent_seq_seq"),
     "sweeper": ("outbox_id_seq",),
 }
 
 #: Functions each service may execute (by signature); every other function is revoked from it, and the
 #: migration that creates one revokes it from PUBLIC.
 FUNCTION_GRANTS: Mapping[str, tuple[str, ...]] = {
+    "scheduler": ("devsched_outbox_floor()",),  # read by `outbox_unsent` (migration 0017)
     "sweeper": ("devsched_prune(interval, integer)",),
 }
 

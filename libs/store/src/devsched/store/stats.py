@@ -74,7 +74,7 @@ _HOSTS = text(
     FROM hosts h
     """
 )
-_OUTBOX = text("SELECT count(*) AS n, min(created_at) AS oldest FROM outbox WHERE sent_at IS NULL")
+_OUTBOX = text("SELECT count(*) AS n, min(created_at) AS oldest FROM outbox_unsent")
 
 
 @dataclass(frozen=True, slots=True)
