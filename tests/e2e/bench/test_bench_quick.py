@@ -28,8 +28,15 @@ FIGURES: dict[str, str | None] = {
     **{
         f"lifecycle.c{c}.{name}": "Procrastinate"
         for c in CONCURRENCY
-        for name in ("tasks_per_s", "cpu_ms_per_task", "commits_per_task", "wal_bytes_per_task")
+        for name in (
+            "tasks_per_s",
+            "cpu_ms_per_task",
+            "commits_per_task",
+            "wal_bytes_per_task",
+            "row_versions_per_task",
+        )
     },
+    **{f"lifecycle.c{c}.stream_messages_per_task": None for c in CONCURRENCY},
     "lifecycle.submit.per_s": "Procrastinate",
     "lifecycle.submit.scheduler_cpu_ms": None,
     "lifecycle.submit.server_cpu_ms": "Procrastinate",
@@ -54,7 +61,7 @@ FIGURES: dict[str, str | None] = {
 }
 #: Figures that count something that may be zero in a quick run (its settles are too short for Postgres's
 #: statistics to catch up, and a CPU time is read in 10 ms ticks).
-MAY_BE_ZERO = re.compile(r"commits|cpu_ms")
+MAY_BE_ZERO = re.compile(r"commits|cpu_ms|row_versions")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +118,18 @@ def test_the_lifecycle_figures_are_the_medians_of_their_rounds(document: dict[st
         cpu = figures[f"lifecycle.c{c}.cpu_ms_per_task"]
         assert cpu["value"] == pytest.approx(
             statistics.median(r["devsched"]["cpu_ms_per_task"] for r in at_c), abs=1e-3
+        )
+
+
+def test_jetstream_messages_are_counted_per_task(document: dict[str, Any]) -> None:
+    figures = {f["key"]: f for f in document["figures"]}
+    for c in CONCURRENCY:
+        runs = [r["devsched"] for r in document["details"]["lifecycle"]["runs"] if r["devsched"]["concurrency"] == c]
+        # every task's assignment and its end are JetStream messages: a count below that missed a stream
+        assert all(r["stream_messages_per_task"] >= 2 for r in runs), runs
+        figure = figures[f"lifecycle.c{c}.stream_messages_per_task"]
+        assert figure["value"] == pytest.approx(
+            statistics.median(r["stream_messages_per_task"] for r in runs), abs=1e-3
         )
 
 

@@ -150,6 +150,14 @@ class Context:
         """Where profiles go, when asked for."""
         return self.options.profile_dir
 
+    async def stream_messages(self) -> int:
+        """Messages JetStream has stored so far, every stream together (last sequence: acks remove none)."""
+        js, total, offset = self.nc.jetstream(), 0, 0
+        while page := await js.streams_info(offset):  # a page of at most 256 streams
+            total += sum(info.state.last_seq for info in page)
+            offset += len(page)
+        return total
+
     def meter(self, *trees: str) -> CpuMeter:
         """A CPU meter over these process trees (names of `BenchStack.pids()`), or all of them."""
         pids = self.stack.pids()

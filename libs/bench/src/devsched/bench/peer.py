@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from devsched.bench.pgstats import Counted, PgStats
+from devsched.bench.pgstats import Counted, PgStats, since
 from devsched.bench.probes import CpuMeter
 from devsched.embedded.supervisor import popen
 
@@ -76,6 +76,10 @@ class PeerRun:
         """Jobs run per second by the worker."""
         return self.jobs / self.run_s
 
+    def whole(self) -> Counted:
+        """What deferring and running the jobs cost the database together."""
+        return self.defer_counted.plus(self.run_counted)
+
     def cpu_ms_per_job(self) -> float:
         """CPU ms per job of the worker and Postgres."""
         return 1000 * sum(self.run_cpu_s.values()) / self.jobs
@@ -95,6 +99,7 @@ class PeerRun:
             "cpu_ms_per_job": round(self.cpu_ms_per_job(), 4),
             "commits_per_job": round(self.run_counted.commits / self.jobs, 3),
             "wal_bytes_per_job": round(self.run_counted.wal_bytes / self.jobs),
+            "row_versions_per_job": round(self.whole().row_versions / self.jobs, 3),
             "write_transactions_per_job": round(self.run_counted.write_transactions / self.jobs, 3),
         }
 
@@ -129,9 +134,7 @@ class Peer:
             defer_cpu = {**meter.stop(), "client (bench process)": time.process_time() - cpu0}
         # the pool is closed: its backends reported their counts as they exited
         mid = await self._counters_after_exit()
-        defer_counted = Counted(
-            mid.commits - before.commits, mid.next_xid - before.next_xid, mid.wal_bytes - before.wal_bytes
-        )
+        defer_counted = since(before, mid)
 
         worker = WorkerProcess(self.dsn, concurrency)
         await worker.start()
@@ -145,9 +148,7 @@ class Peer:
         finally:
             await worker.stop()
         after = await self._counters_after_exit()
-        run_counted = Counted(
-            after.commits - mid.commits, after.next_xid - mid.next_xid, after.wal_bytes - mid.wal_bytes
-        )
+        run_counted = since(mid, after)
         return PeerRun(concurrency, jobs, defer_s, defer_cpu, defer_counted, run_s, run_cpu, run_counted)
 
     async def _counters_after_exit(self) -> Any:

@@ -7,14 +7,15 @@ The transaction-id counter (`pg_current_snapshot()`'s xmax) moves at once, by on
 wrote something: the commits that cost an fsync. The WAL insert position (`pg_current_wal_insert_lsn()`, the
 whole cluster) also moves at once: its advance is the volume every write cost, a figure that CPU noise on a
 shared machine does not move (`pg_stat_wal.wal_bytes` is reported like the commits, and a short phase read
-before its backends reported could show none).
+before its backends reported could show none). Row versions (`tup_inserted + tup_updated`: every insert and
+every update writes a new version of a row, HOT or not) are reported like the commits, and counted like them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -27,6 +28,8 @@ class Counters:
     next_xid: int
     wal_bytes: int
     """The cluster's WAL insert position, in bytes: WAL written so far."""
+    row_versions: int
+    """Rows inserted plus rows updated (each a new row version), as last reported."""
     at: float
     """`time.monotonic()` of the reading."""
 
@@ -42,6 +45,27 @@ class Counted:
     wal_bytes: int
     """WAL written (cluster-wide, the idle loops' few bytes included: an estimate of those from an idle
     window swings with autovacuum and checkpoints, and taking it out could leave nothing)."""
+    row_versions: float = 0.0
+    """Row versions written (inserts plus updates), the idle system's over the settle taken out."""
+
+    def plus(self, other: Counted) -> Counted:
+        """Both phases' counts together."""
+        return Counted(
+            self.commits + other.commits,
+            self.write_transactions + other.write_transactions,
+            self.wal_bytes + other.wal_bytes,
+            self.row_versions + other.row_versions,
+        )
+
+
+def since(before: Counters, after: Counters, *, idle_commits: float = 0.0, idle_rows: float = 0.0) -> Counted:
+    """What happened between two readings, less what the idle system would have done meanwhile."""
+    return Counted(
+        max(0.0, after.commits - before.commits - idle_commits),
+        after.next_xid - before.next_xid,
+        after.wal_bytes - before.wal_bytes,
+        max(0.0, after.row_versions - before.row_versions - idle_rows),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +90,8 @@ class PgStats:
         self._conn: Any = None
         #: Commits per second of the idle system (set by `measure_idle`), per database.
         self.idle_commit_rate: dict[str, float] = {}
+        #: Row versions per second of the idle system (heartbeats), per database.
+        self.idle_row_rate: dict[str, float] = {}
 
     async def open(self) -> None:
         """Connect."""
@@ -83,12 +109,18 @@ class PgStats:
         """The counters of `database` now (as last reported by its backends)."""
         row = await self._conn.fetchrow(
             "SELECT xact_commit, xact_rollback, pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid,"
-            " pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS wal"
+            " pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint AS wal,"
+            " tup_inserted + tup_updated AS row_versions"
             " FROM pg_stat_database WHERE datname = $1",
             database,
         )
         return Counters(
-            int(row["xact_commit"]), int(row["xact_rollback"]), int(row["xid"]), int(row["wal"]), time.monotonic()
+            int(row["xact_commit"]),
+            int(row["xact_rollback"]),
+            int(row["xid"]),
+            int(row["wal"]),
+            int(row["row_versions"]),
+            time.monotonic(),
         )
 
     async def measure_idle(self, database: str, settle_s: float) -> float:
@@ -97,8 +129,10 @@ class PgStats:
         first = await self.counters(database)
         await asyncio.sleep(settle_s)
         second = await self.counters(database)
-        rate = max(0.0, (second.commits - first.commits) / (second.at - first.at))
+        elapsed = second.at - first.at
+        rate = max(0.0, (second.commits - first.commits) / elapsed)
         self.idle_commit_rate[database] = rate
+        self.idle_row_rate[database] = max(0.0, (second.row_versions - first.row_versions) / elapsed)
         return rate
 
     async def settled(self, database: str, before: Counters, settle_s: float) -> tuple[Counted, Counters]:
@@ -106,11 +140,11 @@ class PgStats:
         xid_now = (await self.counters(database)).next_xid  # xids move at once: read before the idle wait
         await asyncio.sleep(settle_s)
         after = await self.counters(database)
-        idle = self.idle_commit_rate.get(database, 0.0) * settle_s
-        counted = Counted(
-            max(0.0, after.commits - before.commits - idle),
-            xid_now - before.next_xid,
-            after.wal_bytes - before.wal_bytes,
+        counted = since(
+            before,
+            replace(after, next_xid=xid_now),
+            idle_commits=self.idle_commit_rate.get(database, 0.0) * settle_s,
+            idle_rows=self.idle_row_rate.get(database, 0.0) * settle_s,
         )
         return counted, after
 
