@@ -18,3 +18,5 @@ MAX_RELEASES_DEFAULT = 10
 #: Longest `queue_timeout_s`, `attempt_timeout_s` and retry backoff a task may set (about 115 days): beyond
 #: it, the database's interval arithmetic would overflow long before anyone waited that long.
 TIMEOUT_MAX_S = 10_000_000
+#: Most leases one `renewals` request may name (a host with more sends several).
+MAX_RENEWALS_PER_REQUEST = 256

@@ -103,6 +103,8 @@ HOST_REPORT = _host(HostVerb.REPORT, m.ReportRequest, m.ReportReply)
 HOST_RELEASE = _host(HostVerb.RELEASE, m.ReleaseRequest, m.ReleaseReply)
 #: (an addition) store a file of an attempt's artifacts.
 HOST_ARTIFACT = _host(HostVerb.ARTIFACT, m.ArtifactCommit, m.ArtifactView)
+#: (an addition) renew several leases of the host in one request.
+HOST_RENEWALS = _host(HostVerb.RENEWALS, m.RenewalsRequest, m.RenewalsReply)
 
 #: Every endpoint, in the order the service registers them (and `nats micro info` lists them).
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = tuple(_declared)

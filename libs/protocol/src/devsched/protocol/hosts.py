@@ -321,6 +321,9 @@ class RegisterReply(ReplyModel):
     take_next: bool = False
     """Whether a report may carry `take_next` (an addition): the reply then hands the device's next attempt
     over, already dispatched. An older scheduler rejects the unknown field, and an older agent ignores this one."""
+    renewals: bool = False
+    """Whether the scheduler serves `P.host.<host_id>.renewals` (an addition): several leases renewed in one
+    request. An older scheduler does not serve it, and an older agent ignores this field."""
 
 
 class HeartbeatRequest(RequestModel):

@@ -1,12 +1,14 @@
-"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|report|release`."""
+"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|renewals|report|release`."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from devsched.core.limits import MAX_RENEWALS_PER_REQUEST
 from devsched.core.status import Outcome, TaskStatus
 from devsched.protocol.base import Id, Lax, Reason, ReplyModel, RequestModel, Timestamp
-from devsched.protocol.events import Assignment
+from devsched.protocol.events import Assignment, ErrorDetail
 from devsched.protocol.plans import Progress, RunResult
 
 __all__ = [
@@ -17,6 +19,9 @@ __all__ = [
     "ReleaseReply",
     "ReleaseRequest",
     "RenewRequest",
+    "RenewalOutcome",
+    "RenewalsReply",
+    "RenewalsRequest",
     "ReportReply",
     "ReportRequest",
 ]
@@ -47,6 +52,60 @@ class RenewRequest(LeaseRequest):
 
     progress: Progress | None = None
     """Where the run is; sent at every step boundary."""
+
+
+class RenewalsRequest(RequestModel):
+    """`P.host.<host_id>.renewals` (an addition): renew several of the host's leases in one request.
+
+    Each entry is what a `renew` request would carry. Sent only to a scheduler whose register or heartbeat
+    reply said `renewals`; an older scheduler does not serve the subject.
+    """
+
+    leases: list[RenewRequest] = Field(min_length=1, max_length=MAX_RENEWALS_PER_REQUEST)
+    """The leases to renew, each named once."""
+
+    @field_validator("leases")
+    @classmethod
+    def _each_once(cls, leases: list[RenewRequest]) -> list[RenewRequest]:
+        seen: set[tuple[Id, int]] = set()
+        for lease in leases:
+            key = (lease.task_id, lease.attempt)
+            if key in seen:
+                raise PydanticCustomError(
+                    "duplicate_lease", "each attempt is named once; repeated: {task_id} attempt {attempt}",
+                    {"task_id": lease.task_id, "attempt": lease.attempt},
+                )  # fmt: skip
+            seen.add(key)
+        return leases
+
+
+class RenewalOutcome(ReplyModel):
+    """One lease's answer in a `renewals` reply: what `renew` would have answered it, grant or error."""
+
+    task_id: Id
+    """The task, as named in the request."""
+    attempt: int = Field(ge=1)
+    """The attempt, as named in the request."""
+    lease_id: Id
+    """The lease, as named in the request."""
+    expires_at: Timestamp | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Granted: as in `LeaseReply`. Left out with `error`."""
+    ttl_s: int | None = Field(default=None, ge=1, exclude_if=lambda v: v is None)
+    """Granted: as in `LeaseReply`. Left out with `error`."""
+    cancel_requested: bool = False
+    """Granted: as in `LeaseReply`."""
+    stop: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Granted: as in `LeaseReply`. Left out when null."""
+    error: ErrorDetail | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Not granted: the error `renew` would have answered (`lease_expired`, `lease_foreign`, `not_found`,
+    ...); the lease is lost exactly as after that reply. Left out when granted."""
+
+
+class RenewalsReply(ReplyModel):
+    """Answer to `renewals`: one outcome per lease, in the request's order."""
+
+    leases: list[RenewalOutcome]
+    """Each lease's outcome."""
 
 
 class LeaseReply(ReplyModel):

@@ -33,6 +33,8 @@ class HostVerb(StrEnum):
     CLAIM = "claim"
     #: Request: extend a lease, report progress.
     RENEW = "renew"
+    #: Request (an addition): extend several of the host's leases at once.
+    RENEWALS = "renewals"
     #: Request: the outcome of an attempt.
     REPORT = "report"
     #: Request (an addition): give an attempt back; it is requeued (agent shutdown, drain, restart).

@@ -53,6 +53,11 @@ class Driver:
         row: Row | None = await self._connection.fetchrow(sql.text, *sql.args(params))
         return row
 
+    async def rows(self, sql: Sql, params: Mapping[str, Any]) -> list[Row]:
+        """Every row `sql` returns."""
+        rows: list[Row] = await self._connection.fetch(sql.text, *sql.args(params))
+        return rows
+
     def transaction(self) -> AbstractAsyncContextManager[object]:
         """A transaction block (`async with`): its statements commit together at its end, or none does.
 

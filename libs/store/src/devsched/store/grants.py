@@ -28,7 +28,7 @@ current rows.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from devsched.core.events import StepProgress, TaskEvent
@@ -61,14 +61,15 @@ from devsched.store.statuses import entering, leaving, sql_list
 from devsched.store.views import OutboxMessage, ReportReceipt
 
 
-def _granted() -> str:
+def _granted(lease_id: str = ":lease_id") -> str:
     """SQL over the named attempt `a` (`a.attempt = :attempt`) and its task `t`: none of core's conflicts.
 
-    `_check_identity`: the attempt is the asking host's, the task's current one, with the lease named;
-    `_check_live`: the task has not ended, the attempt is live and `NOW` is before its expiry.
+    `_check_identity`: the attempt is the asking host's, the task's current one, with the lease named
+    (`lease_id`, the parameter or a column of the renewals' list); `_check_live`: the task has not ended,
+    the attempt is live and `NOW` is before its expiry.
     """
     return f"""
-        a.host_id = :host_id AND a.lease_id = :lease_id AND a.attempt = t.attempt_count
+        a.host_id = :host_id AND a.lease_id = {lease_id} AND a.attempt = t.attempt_count
         AND t.status NOT IN {sql_list(ENDED_TASK)}
         AND a.status = '{LIVE_ATTEMPT.value}' AND {NOW} < a.expires_at
     """
@@ -109,6 +110,40 @@ def _renew_sql(*, touch: bool) -> str:
 
 #: By `touch`.
 _RENEW = {touch: Sql(_renew_sql(touch=touch)) for touch in TOUCHING}
+
+
+def _renewals_sql(*, touch: bool) -> str:
+    """The lock-free renewal of several leases of one host: `_renew_sql` over a list.
+
+    The attempt rows are locked in one order (task id, attempt), so two lists that share leases (a
+    host's retry while its first request still runs) wait on each other instead of deadlocking.
+    """
+    touched = f"touched AS ({TOUCH} RETURNING 1)," if touch else ""
+    after_touch = f"WHERE {_AFTER_TOUCH}" if touch else ""
+    return f"""
+    WITH {touched}
+    r AS (
+        SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[]), CAST(:lease_ids AS uuid[]))
+            AS r(task_id, attempt, lease_id)
+        {after_touch}
+    ),
+    held AS MATERIALIZED (
+        SELECT a.task_id, a.attempt FROM attempts a JOIN r ON a.task_id = r.task_id AND a.attempt = r.attempt
+        ORDER BY a.task_id, a.attempt
+        FOR UPDATE OF a
+    )
+    UPDATE attempts a SET expires_at = {_EXTEND}
+    FROM tasks t, r, held
+    WHERE held.task_id = a.task_id AND held.attempt = a.attempt
+      AND r.task_id = a.task_id AND r.attempt = a.attempt AND t.task_id = a.task_id
+      AND {_granted("r.lease_id")}
+    RETURNING a.task_id, a.attempt, a.expires_at, t.lease_ttl_s, {_CANCEL_REQUESTED} AS cancel_requested,
+              {_STOP} AS stop
+    """
+
+
+#: By `touch`.
+_RENEWALS = {touch: Sql(_renewals_sql(touch=touch)) for touch in TOUCHING}
 
 
 def _locked(*, touch: bool) -> str:
@@ -290,6 +325,29 @@ async def renew(
         params = _params(ref, clock, **_progress_params(ref, progress, _encoded(progress)))
         row = await db.row(_PROGRESS[touch], params)
     return _extension(row, written)
+
+
+async def renewals(
+    db: Driver, clock: Clock, host_id: str, refs: Sequence[LeaseRef], *, touch: bool = True
+) -> dict[tuple[str, int], Extension]:
+    """Extend each live lease of `refs` (all of `host_id`) that core grants, in one statement.
+
+    Returns the grants by (task id as text, attempt); a lease missing from them was not granted (the locked path
+    names why). No lease of another host is ever extended: the statement matches `host_id`'s attempts only.
+    """
+    params = {
+        "host_id": host_id,
+        "task_ids": [r.task_id for r in refs],
+        "attempts": [r.attempt for r in refs],
+        "lease_ids": [r.lease_id for r in refs],
+        CLOCK_PARAM: clock.bound(),
+    }
+    return {
+        (str(row["task_id"]), int(row["attempt"])): Extension(
+            row["expires_at"], row["lease_ttl_s"], row["cancel_requested"], stop=row["stop"]
+        )
+        for row in await db.rows(_RENEWALS[touch], params)
+    }
 
 
 async def claim(

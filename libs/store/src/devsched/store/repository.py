@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from devsched.core.errors import InvalidRequest
+from devsched.core.errors import DevschedError, InvalidRequest
 from devsched.core.events import AttemptAssigned
 from devsched.core.health import QUARANTINE_AFTER_DEFAULT
 from devsched.core.ids import is_token, new_task_id
@@ -408,6 +408,41 @@ class Store:
     async def renew(self, ref: LeaseRef, progress: Mapping[str, Any] | None = None) -> Extension:
         """Extend the lease by its ttl; the reply says whether a cancellation is pending."""
         return await self._extend(ref, progress, claim=False)
+
+    async def renewals(
+        self, host_id: str, leases: Sequence[tuple[LeaseRef, Mapping[str, Any] | None]]
+    ) -> list[Extension | DevschedError]:
+        """Renew several leases of `host_id`; each lease's grant, or the error `renew` would have raised.
+
+        The leases without progress are extended in one statement; a lease it does not grant, and one
+        with progress (a step boundary: its event takes the task's lock), goes through `renew`, which
+        names the conflict. In the order of `leases`.
+
+        Raises:
+            InvalidRequest: a lease of another host (the caller builds the refs from the subject's host).
+        """
+        if any(ref.host_id != host_id for ref, _ in leases):
+            raise InvalidRequest("every lease of a renewals request is the requesting host's")
+        plain = [ref for ref, progress in leases if progress is None]
+        granted: dict[tuple[str, int], Extension] = {}
+        if plain:
+            with self._signs.signing(host_id) as touch:
+
+                async def statement(db: Driver) -> dict[tuple[str, int], Extension]:
+                    return await grants.renewals(db, self.clock, host_id, plain, touch=touch)
+
+                granted = await self._tx.statements(statement, name="renewals")
+        answers: list[Extension | DevschedError] = []
+        for ref, progress in leases:
+            grant = granted.get((str(ref.task_id), ref.attempt)) if progress is None else None
+            if grant is None:
+                try:
+                    grant = await self.renew(ref, progress)
+                except DevschedError as exc:
+                    answers.append(exc)
+                    continue
+            answers.append(grant)
+        return answers
 
     async def _extend(self, ref: LeaseRef, progress: Mapping[str, Any] | None, *, claim: bool) -> Extension:
         """A claim or a renewal: the granted statement, else the locked path that names the conflict."""

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from devsched.core.actions import action_labels
 from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
+from devsched.core.leases import Extension
 from devsched.core.records import LeaseRef
 from devsched.core.records import Selector as CoreSelector
 from devsched.protocol import endpoints
@@ -130,12 +131,25 @@ def _action_specs(offers: Sequence[m.ActionOffer]) -> list[ActionSpec]:
     return [ActionSpec(offer.name, offer.version, offer.args_schema) for offer in offers]
 
 
+def _renewal_outcome(ref: LeaseRef, answer: Extension | DevschedError) -> m.RenewalOutcome:
+    """One lease's entry in a `renewals` reply: the grant, or the error `renew` would have answered."""
+    if isinstance(answer, DevschedError):
+        error = m.ErrorDetail(code=answer.code, message=answer.message, details=answer.details)
+        return m.RenewalOutcome(task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id, error=error)
+    return m.RenewalOutcome(
+        task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id, expires_at=answer.expires_at,
+        ttl_s=answer.ttl_s, cancel_requested=answer.cancel_requested, stop=answer.stop,
+    )  # fmt: skip
+
+
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
     """The register and heartbeat reply: the interval and what this scheduler takes.
 
     A claim may carry the first step's progress, and a report may take the device's next attempt (`take_next`).
     """
-    return m.RegisterReply(heartbeat_interval_s=heartbeat_interval_s, claim_progress=True, take_next=True)
+    return m.RegisterReply(
+        heartbeat_interval_s=heartbeat_interval_s, claim_progress=True, take_next=True, renewals=True
+    )
 
 
 class Api:
@@ -410,6 +424,21 @@ class Api:
             if progress is not None:
                 self._relay.set()  # a new step is a `progress` event
             return m.LeaseReply.from_value(grant)
+
+    @handles(endpoints.HOST_RENEWALS)
+    async def renewals(self, req: m.RenewalsRequest, subject: str) -> m.RenewalsReply:
+        """`P.host.<id>.renewals` (an addition): each lease renewed as `renew` would, in one request."""
+        host_id = self._host_of(subject)
+        leases = [
+            (self._lease(subject, lease), lease.progress.model_dump(mode="json") if lease.progress else None)
+            for lease in req.leases
+        ]
+        with bind(host_id=host_id):
+            answers = await self._store.renewals(host_id, leases)
+            if any(progress is not None for _, progress in leases):
+                self._relay.set()  # a new step is a `progress` event
+        outcomes = [_renewal_outcome(ref, answer) for (ref, _), answer in zip(leases, answers, strict=True)]
+        return m.RenewalsReply(leases=outcomes)
 
     @handles(endpoints.HOST_REPORT)
     async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
