@@ -155,14 +155,15 @@ async def run_devsched(ctx: Context, concurrency: int, tasks: int, *, profile: b
 async def lifecycle_phase(ctx: Context) -> None:
     """Devsched and (when installed) Procrastinate at each concurrency, in rounds; adds the lifecycle figures."""
     tasks, rounds = ctx.sizes.tasks, ctx.sizes.rounds
-    peer_version = version() if ctx.options.peer else None
+    installed = version()
+    peer_version = installed if ctx.options.peer else None
     peer: Peer | None = None
     if peer_version is not None:
         peer = Peer(ctx.stack.admin_dsn(PEER_DATABASE), PEER_DATABASE, ctx.pg, ctx.stack.postgres.pid)
         await peer.prepare()
     peer_name = f"Procrastinate {peer_version}" if peer_version else None
     not_installed = "" if peer_version else "Procrastinate not installed (dependency group `bench`)"
-    if peer_version and not ctx.options.peer:
+    if installed and not ctx.options.peer:
         not_installed = "peer skipped (--no-peer)"
     runs: list[dict[str, Any]] = []
     ours: dict[int, list[DevschedRun]] = {}
