@@ -1,5 +1,8 @@
 """The one-statement grants agree with the locked path on every state: the same answer, the same rows written.
 
+A claim or renewal's locked path runs the same statement under the task's lock, so for those the locked
+path's answer is also checked against core's `decide_claim` / `decide_renew` on the rows it locked.
+
 Hypothesis generates a task with attempts in any combination of statuses, owners, expiries (either side of
 the clock, and exactly on it), progress and cancellation requests, and a claim, renewal or report from a
 registered or unknown host naming any attempt with the right or a wrong lease. Each request runs twice on
@@ -27,13 +30,15 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from devsched.core.errors import DevschedError
+from devsched.core.errors import Conflict, DevschedError
+from devsched.core.leases import decide_claim, decide_renew
 from devsched.core.records import LeaseRef
 from devsched.core.status import AttemptStatus, Outcome, TaskStatus
 from devsched.store import DeviceSpec, ManualClock, Store, grants, leasing
 from devsched.store.driver import Driver
-from devsched.store.liveness import Rejected
+from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
+from devsched.store.rows import lock_task, named_attempt
 
 pytestmark = pytest.mark.integration
 
@@ -196,9 +201,10 @@ async def _locked(conn: AsyncConnection, clock: ManualClock, ref: LeaseRef, req:
                 conn, now, Outbox(), ref, req.outcome, "why", {"steps": []}, clock
             )  # fmt: skip
         else:
-            answer = await leasing.extend(
-                conn, now, Outbox(), ref, claim=req.kind == "claim", clock=clock, progress=progress
-            )
+            expected = await _core(conn, clock, ref, req)
+            answer = await leasing.extend(conn, now, [], ref, claim=req.kind == "claim", clock=clock, progress=progress)
+            got = type(answer.error) if isinstance(answer, Rejected) else answer
+            assert got == expected, f"the store answers {got}, core {expected}"
     except DevschedError as exc:
         return type(exc)
     if isinstance(answer, Rejected):
@@ -206,6 +212,20 @@ async def _locked(conn: AsyncConnection, clock: ManualClock, ref: LeaseRef, req:
     if getattr(answer, "duplicate", False):
         return "duplicate"
     return answer
+
+
+async def _core(conn: AsyncConnection, clock: ManualClock, ref: LeaseRef, req: Request) -> object:
+    """Core's answer to a claim or renewal on the rows as they are (read under the task's lock, writing nothing):
+    the grant, or the class of the conflict. The store's locked path grants with the statement itself, so
+    this is what keeps the statement honest where it grants."""
+    await touch_host(conn, ref.host_id, await clock.now(conn))  # an unknown host: NotFound, as the store says
+    task = await lock_task(conn, ref.task_id)
+    named, _ = await named_attempt(conn, task, ref.attempt)
+    decide = decide_claim if req.kind == "claim" else decide_renew
+    try:
+        return decide(task, named, ref, await clock.now(conn))
+    except Conflict as exc:
+        return type(exc)
 
 
 async def _granted(

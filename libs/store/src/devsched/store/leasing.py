@@ -11,116 +11,59 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from devsched.core.errors import Conflict, LeaseExpired
-from devsched.core.events import StepProgress, TaskEvent
+from devsched.core.events import TaskEvent
 from devsched.core.health import HEALTH_CHECK_FAILED, QUARANTINE_AFTER_DEFAULT, outcome_of
 from devsched.core.leases import Extension, ReportKind, decide_claim, decide_renew, decide_report
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.retrying import failure_cause
 from devsched.core.status import EventKind, Outcome, TaskStatus
-from devsched.store import quarantine
+from devsched.store import grants, quarantine
 from devsched.store.clock import Clock
+from devsched.store.driver import in_transaction
 from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
 from devsched.store.rows import lock_task, named_attempt
 from devsched.store.statuses import IN_FLIGHT, entering, leaving
-from devsched.store.views import ReportReceipt
-
-_EXTEND = text(
-    """
-    WITH old AS (SELECT progress FROM attempts WHERE task_id = :task_id AND attempt = :attempt)
-    UPDATE attempts a
-    SET expires_at = :expires_at,
-        dispatched_at = CASE WHEN :dispatch THEN COALESCE(a.dispatched_at, :now) ELSE a.dispatched_at END,
-        progress = COALESCE(CAST(:progress AS jsonb), a.progress)
-    FROM old
-    WHERE a.task_id = :task_id AND a.attempt = :attempt AND a.lease_id = :lease_id AND a.status = 'active'
-    RETURNING CAST(:progress AS jsonb) IS NOT NULL AND old.progress IS DISTINCT FROM a.progress AS progressed,
-              a.device_id
-    """
-)
-
-_DISPATCH = text(
-    f"""
-    UPDATE tasks SET status = {entering(Trigger.CLAIM)}, updated_at = :now, event_seq = event_seq + 1
-    WHERE task_id = :task_id AND status IN {leaving(Trigger.CLAIM)}
-    RETURNING event_seq
-    """
-)
-
-_PROGRESS_SEQ = text(
-    """
-    UPDATE tasks SET event_seq = event_seq + 1, updated_at = :now WHERE task_id = :task_id
-    RETURNING event_seq, status
-    """
-)
+from devsched.store.views import OutboxMessage, ReportReceipt
 
 
 async def extend(
     conn: AsyncConnection,
     now: datetime,
-    outbox: Outbox,
+    written: list[OutboxMessage],
     ref: LeaseRef,
     *,
     claim: bool,
     clock: Clock,
     progress: Mapping[str, Any] | None = None,
 ) -> Extension | Rejected:
-    """Claim (first time: assigned -> dispatched) or renew a live lease by its ttl from the clock.
+    """A claim or renewal the one statement did not grant, under the task's lock: grant it, or name why not.
 
-    The expiry is judged by the clock read AFTER the task lock: a lease that ran out while this request
-    waited for the lock is expired, as invariant 4 says.
+    The grant is the same statement (`grants.claim`, `grants.renew`), run again while this transaction
+    holds the task row: its optimistic check (the task row's version) cannot fail here, so a request
+    that lost a race to another writer is granted now if core grants it. When it still matches nothing,
+    core's `decide_*` name the conflict from the rows as locked, with the clock read after the statement
+    (an expiry only moves further into the past). `written` receives the events the statement inserted.
+
+    Raises:
+        NotFound: no such task or host.
+        RuntimeError: the statement refused what core grants (a bug: the two must agree).
     """
     await touch_host(conn, ref.host_id, now)
     task = await lock_task(conn, ref.task_id)
-    now = await clock.now(conn)
+    db = await in_transaction(conn)
+    grant_of = grants.claim if claim else grants.renew
+    grant = await grant_of(db, clock, ref, progress, written, touch=False)
+    if grant is not None:
+        return grant
     named, _ = await named_attempt(conn, task, ref.attempt)
     decide = decide_claim if claim else decide_renew
     try:
-        ext = decide(task, named, ref, now)
+        decide(task, named, ref, await clock.now(conn))
     except Conflict as exc:
         return Rejected(exc)
-    row = (
-        await conn.execute(
-            _EXTEND,
-            {
-                "task_id": ref.task_id,
-                "attempt": ref.attempt,
-                "lease_id": ref.lease_id,
-                "expires_at": ext.expires_at,
-                "dispatch": ext.dispatch,
-                "now": now,
-                "progress": json.dumps(dict(progress)) if progress is not None else None,
-            },
-        )
-    ).one_or_none()
-    if row is None:  # cannot happen under the task lock; the compare-and-set makes sure
-        raise LeaseExpired()
-    device_id: str = row.device_id
-
-    def event(kind: EventKind, seq: int, status: TaskStatus, progress: StepProgress | None = None) -> TaskEvent:
-        return TaskEvent(
-            event=kind,
-            task_id=ref.task_id,
-            seq=seq,
-            status=status,
-            at=now,
-            attempt=ref.attempt,
-            host_id=ref.host_id,
-            device_id=device_id,
-            progress=progress,
-        )
-
-    if ext.dispatch:
-        seq = (await conn.execute(_DISPATCH, {"task_id": ref.task_id, "now": now})).scalar_one()
-        outbox.add(event(EventKind.DISPATCHED, seq, TaskStatus.DISPATCHED))
-    if row.progressed:
-        assert progress is not None  # `progressed` is false without it
-        prow = (await conn.execute(_PROGRESS_SEQ, {"task_id": ref.task_id, "now": now})).one()
-        step = StepProgress(step=progress["step"], index=progress["index"], of=progress["of"])
-        outbox.add(event(EventKind.PROGRESS, prow.event_seq, TaskStatus(prow.status), step))
-    await outbox.flush(conn, now)
-    return ext
+    raise RuntimeError(f"the {'claim' if claim else 'renewal'} statement refused a request core grants")
 
 
 _END_ATTEMPT = text(

@@ -445,13 +445,14 @@ class Store:
         return answers
 
     async def _extend(self, ref: LeaseRef, progress: Mapping[str, Any] | None, *, claim: bool) -> Extension:
-        """A claim or a renewal: the granted statement, else the locked path that names the conflict."""
+        """A claim or a renewal: the one statement, else the same under the task's lock, which names a conflict."""
         name, grant_of = ("claim", grants.claim) if claim else ("renew", grants.renew)
         written: list[OutboxMessage] = []
 
         async def op(conn: AsyncConnection, now: datetime, changes: _Changes) -> Extension | Rejected:
+            changes.inline.clear()
             return await leasing.extend(
-                conn, now, changes.outbox, ref, claim=claim, clock=self.clock, progress=progress
+                conn, now, changes.inline, ref, claim=claim, clock=self.clock, progress=progress
             )
 
         with self._signs.signing(ref.host_id) as touch:
