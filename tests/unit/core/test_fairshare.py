@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from devsched.core.fairshare import MIN_RETRY_AFTER_S, Share, ShareLimits, admit, release
+from devsched.core.fairshare import MIN_RETRY_AFTER_S, PerDevice, Share, ShareLimits, admit, release, scaled
 
 pytestmark = pytest.mark.unit
 
@@ -103,3 +103,20 @@ def test_admitted_requests_stay_within_burst_plus_rate_and_the_in_flight_bound(
             assert decision.retry_after_s > 0
         # never more than the bucket plus what the rate refilled since the first request
         assert admitted <= burst + rate * now + 1e-6
+
+
+def test_each_device_adds_its_part_to_the_hosts_share() -> None:
+    base = ShareLimits(max_in_flight=16, rate_per_s=200.0, burst=400)
+    per_device = PerDevice(in_flight=2, rate_per_s=20.0, burst=40)
+    assert scaled(base, per_device, 0) == base
+    assert scaled(base, per_device, -3) == base
+    assert scaled(base, per_device, 16) == ShareLimits(max_in_flight=48, rate_per_s=520.0, burst=1040)
+    assert scaled(base, PerDevice(), 100) == base
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"in_flight": -1}, {"burst": -1}, {"rate_per_s": -0.5}, {"rate_per_s": float("inf")}]
+)
+def test_what_a_device_adds_cannot_be_negative_or_infinite(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError, match="device"):
+        PerDevice(**kwargs)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from devsched.core.fairshare import ShareLimits
+from devsched.core.fairshare import PerDevice, ShareLimits
 from devsched.scheduler.admission import Admission, host_prefixes, reply_within
 from devsched.scheduler.settings import SchedulerSettings
 
@@ -21,7 +21,7 @@ class Clock:
         return self.now
 
 
-def admission(clock: Clock, **limits: float) -> Admission:
+def admission(clock: Clock, per_device: PerDevice | None = None, **limits: float) -> Admission:
     return Admission(
         host_inbox_prefixes=("_INBOX.{host_id}.", "_R_."),
         operator_inbox_prefixes=("_INBOX.",),
@@ -30,6 +30,7 @@ def admission(clock: Clock, **limits: float) -> Admission:
             rate_per_s=limits.get("rate_per_s", 10.0),
             burst=int(limits.get("burst", 3)),
         ),
+        per_device=per_device,
         clock=clock,
     )
 
@@ -98,6 +99,18 @@ def test_shares_are_per_host_and_slots_come_back() -> None:
     a.give_back("h1")
     assert a.in_flight("h1") == 1
     assert a.take("h1", "s") is None
+
+
+def test_a_host_that_registered_devices_gets_their_share_too() -> None:
+    clock = Clock()
+    a = admission(clock, PerDevice(in_flight=1, rate_per_s=1.0, burst=2), max_in_flight=100, burst=3)
+    a.registered("big", 4)  # burst 3 + 4 x 2
+    assert [a.take("big", "s") for _ in range(11)] == [None] * 11
+    assert a.take("big", "s") is not None
+    assert [a.take("small", "s") for _ in range(3)] == [None] * 3  # no devices registered: the base share
+    assert a.take("small", "s") is not None
+    a.registered("big", 0)  # a withdrawal: back to the base share
+    assert a.limits_of("big") == a.limits
 
 
 @pytest.mark.parametrize(

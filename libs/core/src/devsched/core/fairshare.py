@@ -3,8 +3,9 @@
 The scheduler serves every host from one pool of request slots and database connections; without a
 bound, one host that floods renewals delays every other host's renewals past their ttl and costs them
 their leases. Each host gets `max_in_flight` requests at once and `rate_per_s` requests a second (with
-bursts up to `burst`); past either, the request is refused at once, before it costs a transaction, with
-how long to wait. Pure: `now` is a monotonic reading the caller passes in.
+bursts up to `burst`), plus what each of its registered devices adds (`PerDevice`, `scaled`); past
+either, the request is refused at once, before it costs a transaction, with how long to wait. Pure:
+`now` is a monotonic reading the caller passes in.
 """
 
 from __future__ import annotations
@@ -38,6 +39,38 @@ class ShareLimits:
             raise ValueError("max_in_flight and burst must be at least 1")
         if not (math.isfinite(self.rate_per_s) and self.rate_per_s > 0):
             raise ValueError("rate_per_s must be a finite number above 0")
+
+
+@dataclass(frozen=True, slots=True)
+class PerDevice:
+    """What each registered device adds to its host's share.
+
+    A host with more devices sends more requests (a report per task, renewals, logs): a busy host of many
+    devices must not be throttled like a flooding one of few.
+    """
+
+    #: Requests at once.
+    in_flight: int = 0
+    #: Requests per second.
+    rate_per_s: float = 0.0
+    #: Bucket size.
+    burst: int = 0
+
+    def __post_init__(self) -> None:
+        if self.in_flight < 0 or self.burst < 0 or not (math.isfinite(self.rate_per_s) and self.rate_per_s >= 0):
+            raise ValueError("what a device adds to its host's share must be finite and not negative")
+
+
+def scaled(base: ShareLimits, per_device: PerDevice, devices: int) -> ShareLimits:
+    """The share of a host with `devices` registered devices: `base` plus `per_device` for each."""
+    n = max(devices, 0)
+    if n == 0:
+        return base
+    return ShareLimits(
+        max_in_flight=base.max_in_flight + n * per_device.in_flight,
+        rate_per_s=base.rate_per_s + n * per_device.rate_per_s,
+        burst=base.burst + n * per_device.burst,
+    )
 
 
 class Share(NamedTuple):

@@ -12,8 +12,9 @@ of their own, whose replies the server rewrites), an operator endpoint only unde
 (`_INBOX.` by default). Anything else is dropped unanswered and unhandled, with a warning naming the host.
 
 **Fair share.** Each host has `host_max_in_flight` requests at once and `host_rate_per_s` a second (bursts
-of `host_burst`); past that it gets 429 `too_many_requests` with `details.retry_after_s`
-(`devsched.core.fairshare`).
+of `host_burst`), plus the `host_*_per_device` settings for each device it registered with this scheduler
+process (a replica that did not serve its registration gives it the base share); past that it gets 429
+`too_many_requests` with `details.retry_after_s` (`devsched.core.fairshare`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from devsched.core.fairshare import Share, ShareLimits, admit, release
+from devsched.core.fairshare import PerDevice, Share, ShareLimits, admit, release, scaled
 
 log = logging.getLogger("devsched.scheduler.admission")
 
@@ -30,6 +31,8 @@ log = logging.getLogger("devsched.scheduler.admission")
 HOST_ID_PLACEHOLDER = "{host_id}"
 #: Shares kept before idle ones are forgotten (a forgotten idle share is the same as a new one).
 _MAX_SHARES = 4096
+#: Hosts whose scaled share is kept (more than any scheduler serves; past it the map starts over).
+_MAX_HOSTS = 100_000
 #: Seconds between two warnings of the same kind about the same host (a flood must not flood the log).
 _WARN_EVERY_S = 10.0
 
@@ -55,11 +58,15 @@ class Admission:
         host_inbox_prefixes: Sequence[str],
         operator_inbox_prefixes: Sequence[str],
         limits: ShareLimits,
+        per_device: PerDevice | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._host_templates = tuple(host_inbox_prefixes)
         self._operator_prefixes = tuple(operator_inbox_prefixes)
         self.limits = limits
+        self._per_device = per_device or PerDevice()
+        #: The scaled share of each host that registered devices with this process.
+        self._limits: dict[str, ShareLimits] = {}
         self._clock = clock
         self._shares: dict[str, Share] = {}
         self._warned: dict[tuple[str, str], tuple[float, int]] = {}
@@ -89,13 +96,26 @@ class Admission:
             None when admitted (give the slot back with `give_back`), else the seconds the host should wait.
         """
         now = self._clock()
-        decision = admit(self._shares.get(host_id), self.limits, now)
+        decision = admit(self._shares.get(host_id), self.limits_of(host_id), now)
         if len(self._shares) >= _MAX_SHARES and host_id not in self._shares:
             self._forget_idle(now)
         self._shares[host_id] = decision.share
         if decision.retry_after_s is not None:
             self._warn(host_id, "share", "host over its fair share: answered too_many_requests", subject, None)
         return decision.retry_after_s
+
+    def registered(self, host_id: str, devices: int) -> None:
+        """`host_id` registered `devices` devices: its share grows (or shrinks) with them."""
+        if devices <= 0:
+            self._limits.pop(host_id, None)
+            return
+        if len(self._limits) >= _MAX_HOSTS and host_id not in self._limits:
+            self._limits.clear()  # forgotten hosts fall back to the base share until they register again
+        self._limits[host_id] = scaled(self.limits, self._per_device, devices)
+
+    def limits_of(self, host_id: str) -> ShareLimits:
+        """The share of `host_id`: the base, scaled by the devices it registered with this process."""
+        return self._limits.get(host_id, self.limits)
 
     def give_back(self, host_id: str) -> None:
         """Return the slot of a finished request of `host_id`."""
@@ -109,7 +129,7 @@ class Admission:
         return share.in_flight if share is not None else 0
 
     def _forget_idle(self, now: float) -> None:
-        for host_id in [h for h, s in self._shares.items() if s.idle(self.limits, now)]:
+        for host_id in [h for h, s in self._shares.items() if s.idle(self.limits_of(h), now)]:
             del self._shares[host_id]
 
     # -- logging -------------------------------------------------------------------------------------------

@@ -166,9 +166,12 @@ class Api:
         assign_wakeup: Wakeup,
         relay_wakeup: Wakeup,
         on_registered: Callable[[str], None] | None = None,
+        on_devices: Callable[[str, int], None] | None = None,
         logs_closed: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
         self._store = store
+        #: Told of how many devices each host registered (its fair share grows with them).
+        self._on_devices = on_devices
         #: The hosts whose logs stream is closed for their output rate, and until when (`warden.py`).
         self._logs_closed = logs_closed
         #: Told of each host whose registration listed devices, once its consumer exists (the resync).
@@ -388,6 +391,8 @@ class Api:
                     raise
                 await ensure_streams(self._js, self._subjects, self._settings)
                 await ensure_host_consumer(self._js, self._subjects, self._settings, host_id)
+            if self._on_devices is not None:
+                self._on_devices(host_id, len(devices))
             if devices and self._on_registered is not None:
                 # Its unclaimed assignments, published again: the stream may have lost them while it was away.
                 # Not for a withdrawal (no devices): that agent is stopping, and gives back what it holds.

@@ -21,7 +21,7 @@ from nats.micro.service import Service
 
 from devsched.core.backoff import backoff_delay
 from devsched.core.errors import DevschedError, StorageFull
-from devsched.core.fairshare import ShareLimits
+from devsched.core.fairshare import PerDevice, ShareLimits
 from devsched.protocol.endpoints import ENDPOINTS
 from devsched.protocol.subjects import Subjects
 from devsched.scheduler import budget
@@ -68,6 +68,11 @@ class Scheduler:
                 max_in_flight=settings.host_max_in_flight,
                 rate_per_s=settings.host_rate_per_s,
                 burst=settings.host_burst,
+            ),
+            per_device=PerDevice(
+                in_flight=settings.host_max_in_flight_per_device,
+                rate_per_s=settings.host_rate_per_device_per_s,
+                burst=settings.host_burst_per_device,
             ),
         )
         self.dispatcher = Dispatcher(settings.max_concurrency, self.admission)
@@ -233,6 +238,7 @@ class Scheduler:
                 assign_wakeup=self.assign_wakeup,
                 relay_wakeup=Wakeup(),
                 on_registered=resync.host_registered,
+                on_devices=self.admission.registered,
                 logs_closed=self._logs_closed,
             )
             service = self.service = await start_service(

@@ -177,6 +177,12 @@ class SchedulerSettings(ServiceSettings):
     """Sustained requests per second of one host; more are answered 429 with `retry_after_s`."""
     host_burst: int = Field(default=400, ge=1, le=100000)
     """Requests one host may send at once after a quiet spell (the token bucket's size)."""
+    host_max_in_flight_per_device: int = Field(default=2, ge=0, le=1000)
+    """Added to `host_max_in_flight` for each device the host registered with this scheduler."""
+    host_rate_per_device_per_s: float = Field(default=20.0, ge=0, allow_inf_nan=False)
+    """Added to `host_rate_per_s` for each device the host registered with this scheduler."""
+    host_burst_per_device: int = Field(default=40, ge=0, le=100000)
+    """Added to `host_burst` for each device the host registered with this scheduler."""
     max_releases: int = Field(default=MAX_RELEASES_DEFAULT, ge=0, le=10000)
     """How many times a task may be released by its hosts (agent shutdown, drain, restart) and queued again
     without spending an attempt; the release after that fails it with reason `released_too_often`."""
