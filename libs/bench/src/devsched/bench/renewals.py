@@ -345,7 +345,7 @@ async def _measure(
     )
     lat = window.latency
     rate = f"{window.rate * per_request:>8.0f}/s" + (f" ({window.rate:.0f} requests/s)" if per_request > 1 else "")
-    ctx.say(f"  {name:<16} {rate}  p50 {lat.p50_ms:6.2f} ms  p99 {lat.p99_ms:6.2f} ms")
+    ctx.say(f"  {name:<22} {rate}  p50 {lat.p50_ms:6.2f} ms  p99 {lat.p99_ms:6.2f} ms")
     return window
 
 
