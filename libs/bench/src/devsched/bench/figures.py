@@ -111,6 +111,21 @@ def _num(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def of_median_ratio(pairs: Sequence[tuple[float, float]], whose: str = "floor") -> tuple[float, float, str]:
+    """(value, beside) of the round whose ratio value / beside is the median, and a note of every round's.
+
+    The lower middle round of an even number; the note lists each round's pair and ratio ("" for one round).
+    A round's two windows are adjacent in time, so its ratio cancels most of what a shared machine's slow
+    minute does to both; the median of the rounds' ratios is that round's pair of values.
+    """
+    ratios = [value / beside if beside else 0.0 for value, beside in pairs]
+    middle = sorted(range(len(pairs)), key=lambda i: ratios[i])[(len(pairs) - 1) // 2]
+    note = rounds_note([v for v, _ in pairs], [b for _, b in pairs], whose, "the median ratio")
+    if note:
+        note += " (x " + " / ".join(f"{r:.2f}" for r in ratios) + ")"
+    return pairs[middle][0], pairs[middle][1], note
+
+
 def rounds_note(
     values: Sequence[float], beside: Sequence[float] = (), whose: str = "peer", lead: str = "medians"
 ) -> str:

@@ -40,6 +40,21 @@ def checked(msg: Msg) -> dict[str, Any]:
     return body
 
 
+def renewed(msg: Msg, leases: Sequence[Mapping[str, Any]]) -> int:
+    """How many leases a `renewals` reply renewed: every one of `leases`, or it raises.
+
+    Raises:
+        HostRequestError: an error reply, an outcome with an `error`, or not one outcome per lease in order.
+    """
+    outcomes = checked(msg).get("leases")
+    if not isinstance(outcomes, list) or len(outcomes) != len(leases):
+        raise HostRequestError(f"not one outcome per lease: {msg.data[:300]!r}")
+    for lease, outcome in zip(leases, outcomes, strict=True):
+        if outcome.get("lease_id") != lease["lease_id"] or "error" in outcome or "expires_at" not in outcome:
+            raise HostRequestError(f"lease {lease['lease_id']} not renewed: {outcome!r}")
+    return len(outcomes)
+
+
 def lease_of(assignment: Mapping[str, Any]) -> dict[str, Any]:
     """`{task_id, attempt, lease_id}` of an assignment: what claim, renew and report name."""
     return {k: assignment[k] for k in ("task_id", "attempt", "lease_id")}

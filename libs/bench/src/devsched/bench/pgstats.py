@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -169,6 +170,32 @@ class PgStats:
     async def version(self) -> str:
         """`server_version`."""
         return str(await self._conn.fetchval("SHOW server_version"))
+
+
+def between(before: list[Statement], after: list[Statement]) -> list[Statement]:
+    """The statements run between two readings of `PgStats.statements` (no reset between), by total time."""
+    earlier = {s.query: s for s in before}
+    ran = []
+    for s in after:
+        e = earlier.get(s.query)
+        calls = s.calls - (e.calls if e else 0)
+        if calls > 0:
+            ran.append(
+                Statement(s.query, calls, s.total_ms - (e.total_ms if e else 0.0), s.rows - (e.rows if e else 0))
+            )
+    return sorted(ran, key=lambda s: s.total_ms, reverse=True)
+
+
+def added(readings: Iterable[list[Statement]]) -> list[Statement]:
+    """Several loads' statements (each from `between`) together, by total time."""
+    sums: dict[str, Statement] = {}
+    for statements in readings:
+        for s in statements:
+            t = sums.get(s.query)
+            sums[s.query] = (
+                s if t is None else Statement(s.query, t.calls + s.calls, t.total_ms + s.total_ms, t.rows + s.rows)
+            )
+    return sorted(sums.values(), key=lambda s: s.total_ms, reverse=True)
 
 
 def commits_in(statements: list[Statement]) -> int:

@@ -2,12 +2,15 @@
 
     python -m devsched.bench.responders echo NATS_URL SUBJECT
     python -m devsched.bench.responders update NATS_URL SUBJECT DSN POOL_SIZE
+    python -m devsched.bench.responders batch NATS_URL SUBJECT DSN POOL_SIZE
 
 `echo` answers every request with its own body: the bare request/reply floor. `update` is the renewal
 floor: for each request it runs one `UPDATE ... RETURNING` of the lease named in the body (and the host
 named in the subject, `<anything>.<host_id>.<verb>`) on the same Postgres, one request per task at up to
-64 at once (the scheduler's default `max_concurrency`), and answers a lease reply. Both print `ready`
-once subscribed.
+64 at once (the scheduler's default `max_concurrency`), and answers a lease reply. `batch` is the floor of
+a host's batched renewals: the body lists several leases (`{"leases": [...]}`, as `renewals` does), one
+set-based `UPDATE ... FROM unnest(...) RETURNING` renews them all, and the reply has one outcome per lease
+in order (an `error` for a lease it did not renew). All print `ready` once subscribed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import asyncpg  # type: ignore[import-untyped]
 import nats
@@ -40,6 +44,16 @@ FLOOR_RENEW = (
     "UPDATE floor_leases SET expires_at = now() + interval '30 seconds'"
     " WHERE lease_id = $1 AND host_id = $2 RETURNING expires_at"
 )
+#: The one statement of a floor batch: every lease of the list that is the host's.
+FLOOR_RENEW_MANY = (
+    "UPDATE floor_leases f SET expires_at = now() + interval '30 seconds'"
+    " FROM unnest($1::uuid[]) AS r(lease_id)"
+    " WHERE f.lease_id = r.lease_id AND f.host_id = $2 RETURNING f.lease_id, f.expires_at"
+)
+#: What a figure beside the `update` responder is beside.
+FLOOR_NAME = "floor: nats-py responder, one UPDATE ... RETURNING"
+#: What a figure beside the `batch` responder is beside.
+BATCH_FLOOR_NAME = "floor: nats-py responder, one UPDATE ... FROM unnest(...) RETURNING per request"
 #: Requests handled at once by the floor responder (the scheduler's default max_concurrency).
 MAX_CONCURRENCY = 64
 
@@ -54,22 +68,46 @@ async def _echo(url: str, subject: str) -> None:
     await _serve(nc)
 
 
-async def _update(url: str, subject: str, dsn: str, pool_size: int) -> None:
+async def _renew_one(pool: asyncpg.Pool, host_id: str, data: bytes) -> dict[str, Any]:
+    lease = json.loads(data)
+    expires_at = await pool.fetchval(FLOOR_RENEW, lease["lease_id"], host_id)
+    return {"expires_at": expires_at.isoformat(), "ttl_s": 30, "cancel_requested": False}
+
+
+async def _renew_many(pool: asyncpg.Pool, host_id: str, data: bytes) -> dict[str, Any]:
+    leases = json.loads(data)["leases"]
+    rows = await pool.fetch(FLOOR_RENEW_MANY, [lease["lease_id"] for lease in leases], host_id)
+    renewed = {str(row["lease_id"]): row["expires_at"] for row in rows}
+    outcomes = []
+    for lease in leases:
+        named = {k: lease[k] for k in ("task_id", "attempt", "lease_id")}
+        expires_at = renewed.get(lease["lease_id"])
+        if expires_at is None:
+            outcomes.append({**named, "error": {"code": "not_found", "message": "no such lease of the host"}})
+        else:
+            outcomes.append({**named, "expires_at": expires_at.isoformat(), "ttl_s": 30, "cancel_requested": False})
+    return {"leases": outcomes}
+
+
+async def _update(
+    url: str,
+    subject: str,
+    dsn: str,
+    pool_size: int,
+    renew: Callable[[asyncpg.Pool, str, bytes], Awaitable[dict[str, Any]]],
+) -> None:
     pool = await asyncpg.create_pool(dsn, min_size=pool_size, max_size=pool_size)
     nc = await nats.connect(url, name="bench-floor")
     slots = asyncio.Semaphore(MAX_CONCURRENCY)
     running: set[asyncio.Task[None]] = set()
 
-    async def renew(msg: Msg) -> None:
+    async def answer(msg: Msg) -> None:
         async with slots:
-            lease = json.loads(msg.data)
-            host_id = msg.subject.split(".")[-2]
-            expires_at = await pool.fetchval(FLOOR_RENEW, lease["lease_id"], host_id)
-            body = {"expires_at": expires_at.isoformat(), "ttl_s": 30, "cancel_requested": False}
+            body = await renew(pool, msg.subject.split(".")[-2], msg.data)
             await msg.respond(json.dumps(body).encode())
 
     async def dispatch(msg: Msg) -> None:
-        task = asyncio.create_task(renew(msg))
+        task = asyncio.create_task(answer(msg))
         running.add(task)
         task.add_done_callback(running.discard)
 
@@ -96,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["echo"] and len(args) == 3:
         asyncio.run(_echo(args[1], args[2]))
-    elif args[:1] == ["update"] and len(args) == 5:
-        asyncio.run(_update(args[1], args[2], args[3], int(args[4])))
+    elif args[:1] in (["update"], ["batch"]) and len(args) == 5:
+        renew = _renew_one if args[0] == "update" else _renew_many
+        asyncio.run(_update(args[1], args[2], args[3], int(args[4]), renew))
     else:
         sys.exit(f"usage: {__doc__}")
 
