@@ -131,6 +131,10 @@ def _action_specs(offers: Sequence[m.ActionOffer]) -> list[ActionSpec]:
     return [ActionSpec(offer.name, offer.version, offer.args_schema) for offer in offers]
 
 
+#: The replies of `renew`, by code: a lease renewed in a `renewals` request counts there too.
+_RENEWED = Replies(endpoints.HOST_RENEW.name)
+
+
 def _renewal_outcome(ref: LeaseRef, answer: Extension | DevschedError) -> m.RenewalOutcome:
     """One lease's entry in a `renewals` reply: the grant, or the error `renew` would have answered."""
     if isinstance(answer, DevschedError):
@@ -442,6 +446,11 @@ class Api:
             answers = await self._store.renewals(host_id, leases)
             if any(progress is not None for _, progress in leases):
                 self._relay.set()  # a new step is a `progress` event
+        for answer in answers:  # each lease counted as the reply of a `renew` of it would be
+            if isinstance(answer, DevschedError):
+                _RENEWED.failed(answer)
+            else:
+                _RENEWED.ok()
         outcomes = [_renewal_outcome(ref, answer) for (ref, _), answer in zip(leases, answers, strict=True)]
         return m.RenewalsReply(leases=outcomes)
 
