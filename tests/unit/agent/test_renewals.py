@@ -7,6 +7,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -29,6 +30,7 @@ from devsched.core.errors import (
 from devsched.core.leases import Extension
 from devsched.protocol import messages as m
 from devsched.protocol.transport import NoReply
+from support.polling import eventually
 
 pytestmark = pytest.mark.unit
 
@@ -110,9 +112,7 @@ async def test_renewals_asked_while_one_is_in_flight_go_together_after_it() -> N
     client.gate = asyncio.Event()
     batcher = RenewalBatcher(client, timeout_s=1)
     first = spawn(batcher, [lease(1)])
-    async with asyncio.timeout(5):
-        while not client.batches:
-            await asyncio.sleep(0)
+    await eventually(lambda: client.batches, interval=0.001, message="the first request out")
     later = [lease(attempt) for attempt in (2, 3, 4)]
     waiting = spawn(batcher, later[:1])
     await asyncio.sleep(0.01)  # in another loop turn than the rest
@@ -146,9 +146,10 @@ async def test_each_lease_gets_its_own_error_and_only_409_and_404_end_a_lease() 
     client = FakeClient(lambda request: errors.get(request.attempt) or by_attempt(request))
     batcher = RenewalBatcher(client, timeout_s=1)
     answers = await settle(spawn(batcher, [lease(attempt) for attempt in range(1, 5)]))
-    assert isinstance(answers[0], Extension) and answers[0].ttl_s == 11
+    assert isinstance(answers[0], Extension)
+    assert answers[0].ttl_s == 11
     assert [type(a) for a in answers[1:]] == [LeaseExpired, NotFound, Unavailable]
-    assert [ends_lease(a) for a in answers] == [False, True, True, False]
+    assert [isinstance(a, BaseException) and ends_lease(a) for a in answers] == [False, True, True, False]
     assert len(client.batches) == 1
 
 
@@ -180,7 +181,7 @@ async def test_a_failed_request_is_a_transient_error_for_every_caller(
     batcher = RenewalBatcher(client, timeout_s=1)
     answers = await settle(spawn(batcher, [lease(1), lease(2)]))
     assert [type(a) for a in answers] == [raised, raised]
-    assert not any(ends_lease(a) for a in answers)
+    assert not any(isinstance(a, BaseException) and ends_lease(a) for a in answers)
     assert answers[0] is not answers[1], "each caller raises its own"
     assert client.renewals is True, "still served: the next renewals go in batches again"
     assert client.singles == []
@@ -196,12 +197,13 @@ async def test_an_unserved_request_falls_back_to_one_renew_per_lease(failure: Ba
     batcher = RenewalBatcher(client, timeout_s=1)
     leases = [lease(1), lease(2)]
     answers = await settle(spawn(batcher, leases))
-    assert isinstance(answers[0], Extension) and answers[0].ttl_s == 11
+    assert isinstance(answers[0], Extension)
+    assert answers[0].ttl_s == 11
     assert isinstance(answers[1], LeaseSuperseded)
     assert client.singles == leases
     assert client.renewals is False, "until a register or heartbeat reply says renewals again"
     await settle(spawn(batcher, [lease(3)]))
-    assert len(client.batches) == 1 and len(client.singles) == 3
+    assert (len(client.batches), len(client.singles)) == (1, 3)
 
 
 async def test_without_renewals_each_lease_is_renewed_alone() -> None:
@@ -221,9 +223,7 @@ async def test_a_caller_that_gave_up_is_left_out() -> None:
     client.gate = asyncio.Event()
     batcher = RenewalBatcher(client, timeout_s=1)
     first = spawn(batcher, [lease(1)])
-    async with asyncio.timeout(5):
-        while not client.batches:
-            await asyncio.sleep(0)
+    await eventually(lambda: client.batches, interval=0.001, message="the first request out")
     gone, kept = spawn(batcher, [lease(2), lease(3)])
     await asyncio.sleep(0)
     gone.cancel()
@@ -308,13 +308,8 @@ async def test_keepers_share_one_request_and_carry_their_own_progress() -> None:
         progress = m.Progress(step="flash", index=1, of=2)
         await asyncio.sleep(0)  # both loops running and registered
         await keepers[0].renew(progress)  # a step boundary: at once, and the other keeper joins it
-        assert [[(one.attempt, one.progress) for one in batch] for batch in client.batches][0] == [
-            (1, progress),
-            (2, None),
-        ]
-        async with asyncio.timeout(5):
-            while keepers[1].renewals < 1:
-                await asyncio.sleep(0.01)
+        assert [(one.attempt, one.progress) for one in client.batches[0]] == [(1, progress), (2, None)]
+        await eventually(lambda: keepers[1].renewals == 1, message="the joining keeper's grant applied")
         assert keepers[1].clock.until_renewal() > 0.5, "its schedule moved with the grant"
     finally:
         for keeper in keepers:
@@ -322,15 +317,19 @@ async def test_keepers_share_one_request_and_carry_their_own_progress() -> None:
         await asyncio.gather(*running)
 
 
+def outcome(**fields: Any) -> m.RenewalOutcome:
+    return m.RenewalOutcome.model_validate({"task_id": uuid.uuid4(), "attempt": 2, "lease_id": uuid.uuid4(), **fields})
+
+
 def test_an_outcome_is_the_grant_or_the_error_renew_would_raise() -> None:
-    ids = {"task_id": uuid.uuid4(), "attempt": 2, "lease_id": uuid.uuid4()}
     expires = datetime.now(UTC)
-    granted = renewal_answer(m.RenewalOutcome(**ids, expires_at=expires, ttl_s=30, cancel_requested=True, stop=None))
+    granted = renewal_answer(outcome(expires_at=expires, ttl_s=30, cancel_requested=True))
     assert granted == Extension(expires, 30, True)
-    error = m.ErrorDetail(code="task_terminal", message="the task ended", details={"status": "failed"})
-    refused = renewal_answer(m.RenewalOutcome(**ids, error=error))
+    error = {"code": "task_terminal", "message": "the task ended", "details": {"status": "failed"}}
+    refused = renewal_answer(outcome(error=error))
     assert isinstance(refused, TaskTerminal)
     assert (refused.message, refused.details) == ("the task ended", {"status": "failed"})
-    unknown = renewal_answer(m.RenewalOutcome(**ids, error=m.ErrorDetail(code="brand_new", message="?")))
-    assert type(unknown) is Internal and not ends_lease(unknown)
-    assert isinstance(renewal_answer(m.RenewalOutcome(**ids)), Internal), "neither grant nor error"
+    unknown = renewal_answer(outcome(error={"code": "brand_new", "message": "?"}))
+    assert type(unknown) is Internal
+    assert not ends_lease(unknown)
+    assert isinstance(renewal_answer(outcome()), Internal), "neither grant nor error"
