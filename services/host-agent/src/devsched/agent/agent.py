@@ -266,7 +266,7 @@ class Agent:
     async def _serve_connected(self, nc: Client, taken: _Taken, stop: asyncio.Event) -> None:
         config = self.config
         client = HostClient(nc, self.subjects, config.host_id, timeout_s=config.request_timeout_s)
-        renewals = RenewalBatcher(client, timeout_s=config.request_timeout_s)
+        renewals = RenewalBatcher(client, timeout_s=config.request_timeout_s) if config.batch_renewals else None
         registration = Registration(
             client, config.devices, self.version, actions=self.registry.offers(), registered=self.registered
         )
