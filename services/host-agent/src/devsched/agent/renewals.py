@@ -139,6 +139,8 @@ class RenewalBatcher:
             await asyncio.gather(*(self._send(chunk) for chunk in chunks))
 
     async def _gather_joiners(self) -> None:
+        if not self._client.renewals:
+            return  # lease by lease now: riding along would only renew early
         expected = len(self._waiting) + sum(1 for member in list(self._members) if member.join())
         for _ in range(JOIN_TURNS):
             if len(self._waiting) >= expected:
