@@ -30,7 +30,11 @@ class HostRequests:
 
     async def hear(self, msg: Msg) -> None:
         verb = msg.subject.rsplit(".", 1)[1]
-        self.heard.append((verb, json.loads(msg.data) if msg.data else {}))
+        body = json.loads(msg.data) if msg.data else {}
+        if verb == "renewals":  # the agent's batched renewals: one `renew` of each lease it names
+            self.heard.extend(("renew", lease) for lease in body["leases"])
+            return
+        self.heard.append((verb, body))
 
     def of(self, task_id: str) -> Counter[str]:
         """How many requests of each verb named `task_id`."""

@@ -110,7 +110,9 @@ async def test_one_trace_runs_from_submit_through_claim_renewal_steps_and_report
         (f"process {p}.assign.{host}", agent_service),
         *[
             (f"{op} {p}.host.{host}.{verb}", svc)
-            for verb in ("claim", "renew", "report")
+            # the boundary's renewal goes in a `renewals` request (the agent batches its renewals); the store
+            # renews a lease with progress as `renew` does
+            for verb in ("claim", "renewals", "report")
             for op, svc in (("send", agent_service), ("process", scheduler))
         ],
         ("claim", scheduler),

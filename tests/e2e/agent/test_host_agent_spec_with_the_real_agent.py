@@ -82,7 +82,8 @@ async def test_lease_renewal_succeeds_with_the_real_agent(lab: AgentLab) -> None
 @pytest.mark.chaos
 async def test_lease_is_stale_or_foreign_with_the_real_agent(own_lab: AgentLab) -> None:
     lab, plane = own_lab, own_lab.plane
-    agent = await lab.agent("d1").ready()
+    # lease by lease: the scheduler logs each refused `renew` (a batch's refusals are answers in its reply)
+    agent = await lab.agent("d1", batch_renewals=False).ready()
     stranger = TestHost(lab.nc, lab.prefix)
     await stranger.register()  # a registered host without devices: its renewals are foreign
     task_id = await lab.submit(

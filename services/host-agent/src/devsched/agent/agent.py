@@ -44,6 +44,7 @@ from devsched.agent.metrics import PARKED, READY, SPOOL
 from devsched.agent.metrics import REGISTRY as METRICS
 from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
+from devsched.agent.renewals import RenewalBatcher
 from devsched.agent.reporter import Reporter, encode_report
 from devsched.agent.shutdown import Graces, shut_down, wait_idle
 from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, release_key
@@ -265,6 +266,7 @@ class Agent:
     async def _serve_connected(self, nc: Client, taken: _Taken, stop: asyncio.Event) -> None:
         config = self.config
         client = HostClient(nc, self.subjects, config.host_id, timeout_s=config.request_timeout_s)
+        renewals = RenewalBatcher(client, timeout_s=config.request_timeout_s) if config.batch_renewals else None
         registration = Registration(
             client, config.devices, self.version, actions=self.registry.offers(), registered=self.registered
         )
@@ -317,6 +319,7 @@ class Agent:
                 groups=taken.groups,
                 logs=logs,
                 uploads=uploads,
+                renewals=renewals,
             )
 
         workers = DeviceWorkers(config.devices, new_attempt=new_attempt, reports=reports, held=taken.held)

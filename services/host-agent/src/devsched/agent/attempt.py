@@ -15,6 +15,7 @@ from devsched.agent.client import HostClient
 from devsched.agent.config import DeviceConfig
 from devsched.agent.keeper import LeaseKeeper, ends_lease
 from devsched.agent.logstream import LogStreams
+from devsched.agent.renewals import RenewalBatcher
 from devsched.agent.reporter import Reporter
 from devsched.agent.runner import PlanRunner, RunResult, first_progress, skipped
 from devsched.agent.spool import SpooledReport
@@ -93,6 +94,7 @@ class Attempt:
         groups: GroupLedger | None = None,
         logs: LogStreams | None = None,
         uploads: UploadsFactory | None = None,
+        renewals: RenewalBatcher | None = None,
     ) -> None:
         self.assignment = assignment
         self.device = device
@@ -109,12 +111,14 @@ class Attempt:
         self._groups = groups
         self._logs = logs
         self._uploads = uploads
+        self._renewals = renewals
         self.stop = StopSignal()
         self.keeper = LeaseKeeper(
             self._renew_call,
             self.stop,
             request_timeout_s=request_timeout_s,
             context={"task_id": self._log_fields["task_id"], "attempt": assignment.attempt},
+            group=renewals,
         )
         #: When the assignment arrived (monotonic), not when a busy device got round to it: the claim
         #: deadline counts from here.
@@ -137,6 +141,9 @@ class Attempt:
 
     async def _renew_call(self, progress: wire.Progress | None) -> Extension:
         a = self.assignment
+        if self._renewals is not None:
+            lease = wire.RenewRequest(task_id=a.task_id, attempt=a.attempt, lease_id=a.lease_id, progress=progress)
+            return await self._renewals.renew(lease)
         return await self._client.renew(a.task_id, a.attempt, a.lease_id, progress, timeout_s=self._request_timeout_s)
 
     async def claim(self, stopping: asyncio.Event) -> ClaimOutcome:

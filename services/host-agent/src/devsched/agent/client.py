@@ -1,4 +1,4 @@
-"""The host's side of the scheduler's host endpoints: `P.host.<host_id>.register|heartbeat|claim|renew|report|release`.
+"""The host's side of the scheduler's host endpoints: `P.host.<host_id>.<verb>`, one method per verb.
 
 Every call is one try (no retries here): the caller knows whether and when to repeat, and the lease
 keeper needs the send time of the very try that succeeded. Error replies raise the typed errors of
@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client
 from pydantic import BaseModel
 
-from devsched.core.errors import Internal, InvalidRequest
+from devsched.core.errors import BY_CODE, DevschedError, Internal, InvalidRequest
 from devsched.core.leases import Extension
 from devsched.protocol.codec import decode, raise_for_error
 from devsched.protocol.endpoints import (
@@ -25,6 +26,7 @@ from devsched.protocol.endpoints import (
     HOST_REGISTER,
     HOST_RELEASE,
     HOST_RENEW,
+    HOST_RENEWALS,
     HOST_REPORT,
     Endpoint,
 )
@@ -38,6 +40,8 @@ from devsched.protocol.messages import (
     RegisterReply,
     RegisterRequest,
     ReleaseReply,
+    RenewalOutcome,
+    RenewalsRequest,
     RenewRequest,
     ReportReply,
 )
@@ -58,6 +62,23 @@ def _granted(reply: LeaseReply) -> Extension:
     )
 
 
+def renewal_answer(outcome: RenewalOutcome) -> Extension | DevschedError:
+    """One lease's answer in a `renewals` reply: its grant, or the error `renew` would have raised for it.
+
+    The error class comes from core's `BY_CODE`, as for an error reply; a code this version does not know
+    is `Internal` (transient: the keeper retries it, and the lease's deadline still bounds the retries).
+    """
+    if outcome.error is not None:
+        err = BY_CODE.get(outcome.error.code, Internal)(outcome.error.message)
+        err.details = dict(outcome.error.details)
+        return err
+    if outcome.expires_at is None or outcome.ttl_s is None:
+        return Internal("a renewals outcome with neither a grant nor an error")
+    return Extension(
+        expires_at=outcome.expires_at, ttl_s=outcome.ttl_s, cancel_requested=outcome.cancel_requested, stop=outcome.stop
+    )
+
+
 class HostClient:
     """Typed requests of one host over one NATS connection."""
 
@@ -71,6 +92,8 @@ class HostClient:
         self.claim_progress = False
         #: Whether it said a report may take the device's next attempt (`take_next`; an older one would refuse it).
         self.take_next = False
+        #: Whether it said it serves `renewals` (several leases in one request; an older one does not).
+        self.renewals = False
 
     def _subject(self, endpoint: Endpoint[Any, Any]) -> str:
         return self._subjects.endpoint(endpoint, self.host_id)
@@ -98,9 +121,14 @@ class HostClient:
             log.warning("the scheduler does not take advertised actions: registered without them (built-ins only)")
             body = RegisterRequest(devices=devices, agent_version=agent_version)
             reply = await self._call(HOST_REGISTER, body, self.timeout_s)
+        self._learn(reply)
+        return reply
+
+    def _learn(self, reply: RegisterReply) -> None:
+        """What the scheduler's register or heartbeat reply says it takes."""
         self.claim_progress = reply.claim_progress
         self.take_next = reply.take_next
-        return reply
+        self.renewals = reply.renewals
 
     async def heartbeat(self) -> RegisterReply:
         """A sign of life; the reply gives the heartbeat interval.
@@ -109,8 +137,7 @@ class HostClient:
         """
         with unsampled():
             reply = await self._call(HOST_HEARTBEAT, HeartbeatRequest(), self.timeout_s)
-        self.claim_progress = reply.claim_progress
-        self.take_next = reply.take_next
+        self._learn(reply)
         return reply
 
     async def claim(
@@ -141,6 +168,21 @@ class HostClient:
         """Extend the lease, carrying `progress`."""
         body = RenewRequest(task_id=task_id, attempt=attempt, lease_id=lease_id, progress=progress)
         return _granted(await self._call(HOST_RENEW, body, timeout_s))
+
+    async def renew_several(
+        self, leases: Sequence[RenewRequest], *, timeout_s: float
+    ) -> list[Extension | DevschedError]:
+        """Renew several leases in one `renewals` request (only when `renewals`); each one's answer, in order.
+
+        Raises:
+            DevschedError: the typed error of an error reply for the request as a whole.
+            NoReply: no reply in time, or nothing serves the subject (an older scheduler).
+            Internal: the reply does not answer the leases asked, in their order.
+        """
+        reply = await self._call(HOST_RENEWALS, RenewalsRequest(leases=list(leases)), timeout_s)
+        if [(o.task_id, o.attempt) for o in reply.leases] != [(lease.task_id, lease.attempt) for lease in leases]:
+            raise Internal("a renewals reply that does not answer the leases asked, in their order")
+        return [renewal_answer(outcome) for outcome in reply.leases]
 
     async def report(self, body: bytes) -> ReportReply:
         """Send an encoded report exactly as spooled, so every retry carries the identical bytes.

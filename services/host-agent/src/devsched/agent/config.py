@@ -112,6 +112,9 @@ class AgentConfig(NatsSettings):
     shutdown_grace_s: Seconds = 10.0
     #: Timeout of one request to the scheduler (claim, renew, report, register, heartbeat).
     request_timeout_s: Seconds = 5.0
+    #: Renew the host's leases together, about one `renewals` request per renewal interval, when the
+    #: scheduler serves it (`renewals.py`); off: one `renew` request per lease, as an older scheduler needs.
+    batch_renewals: bool = True
     #: How long a report is retried while the scheduler answers it with server errors (500 `internal`, not
     #: an outage's 503 or silence, which are waited out): then it is parked, kept in the spool and sent
     #: again at the next start.

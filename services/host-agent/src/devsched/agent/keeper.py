@@ -10,6 +10,9 @@ rejected renewal (409, or 404: the scheduler no longer knows the task or host) o
 before the local deadline is a lease-loss stop, after which it renews no more. Other errors (timeouts, no
 responders, 503, 500) are retried with backoff until the deadline.
 
+With a host's renewal batcher (`group`), it also renews early when a batch goes out and its periodic
+renewal falls due within half an interval (`join`): the host's keepers converge on one request per interval.
+
 It keeps renewing while the run winds down after a cancellation or a shutdown: teardown steps need the
 lease, and a step that finishes before it stops should not lose its device to another attempt meanwhile.
 """
@@ -21,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from devsched.agent.lease import LeaseClock
 from devsched.agent.metrics import RENEWAL_SECONDS
@@ -30,7 +34,13 @@ from devsched.core.errors import Conflict, DevschedError, NotFound
 from devsched.core.leases import Extension
 from devsched.protocol.plans import Progress
 
+if TYPE_CHECKING:
+    from devsched.agent.renewals import RenewalBatcher
+
 logger = logging.getLogger(__name__)
+
+#: A keeper joins a batch going out when its periodic renewal falls due within this fraction of its interval.
+JOIN_SLACK = 0.5
 
 
 #: Send one renewal (with progress not yet acknowledged, if any) and return what it granted (the keeper reads
@@ -55,8 +65,10 @@ class LeaseKeeper:
         clock: LeaseClock | None = None,
         request_timeout_s: float = 5.0,
         context: dict[str, object] | None = None,
+        group: RenewalBatcher | None = None,
     ) -> None:
         self._renew_call = renew_call
+        self._group = group
         self._stop = stop
         self.clock = clock if clock is not None else LeaseClock()
         self._request_timeout_s = request_timeout_s
@@ -64,6 +76,7 @@ class LeaseKeeper:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._nudged = False
+        self._joining = False
         self._closed = False
         self._lost = False
         self._failures = 0
@@ -145,6 +158,20 @@ class LeaseKeeper:
         self._nudged = True
         self._wake.set()
 
+    def join(self) -> bool:
+        """Renew at once if the periodic renewal is due within `JOIN_SLACK` of an interval (a batch goes out).
+
+        Not while a renewal is in flight or retried after a failure, nor before the first grant. Whether it will.
+        """
+        if self._finished() or self._lock.locked() or self._retry_at is not None or self._nudged or self._joining:
+            return False
+        interval = self.clock.interval_s
+        if interval is None or self.clock.until_renewal() > interval * JOIN_SLACK:
+            return False
+        self._joining = True
+        self._wake.set()
+        return True
+
     def close(self) -> None:
         """Stop renewing (the run has ended)."""
         self._closed = True
@@ -159,6 +186,15 @@ class LeaseKeeper:
 
     async def run(self) -> None:
         """Renew on schedule and on nudges until closed or the lease is lost."""
+        if self._group is not None:
+            self._group.enter(self)
+        try:
+            await self._keep()
+        finally:
+            if self._group is not None:
+                self._group.leave(self)
+
+    async def _keep(self) -> None:
         while not self._finished():
             now = self.clock.now()
             if not self.clock.live(now):
@@ -172,8 +208,8 @@ class LeaseKeeper:
             self._wake.clear()
             if self._finished():
                 break
-            if self._nudged or self._next_wake(self.clock.now()) <= 0:
-                self._nudged = False
+            if self._nudged or self._joining or self._next_wake(self.clock.now()) <= 0:
+                self._nudged = self._joining = False
                 await self.renew()
 
     def _finished(self) -> bool:

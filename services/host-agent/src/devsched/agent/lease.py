@@ -76,6 +76,13 @@ class LeaseClock:
         return self._ttl_s
 
     @property
+    def interval_s(self) -> float | None:
+        """Seconds from a successful request to the renewal it makes due; None before the first grant."""
+        if self._ttl_s is None:
+            return None
+        return max(self._ttl_s - max(self._margin_s, 0.0), 0.0) * self._fraction
+
+    @property
     def deadline(self) -> float | None:
         """Monotonic time after which the lease counts as lost; None before the first grant."""
         return None if self._current is None else self._current.deadline
