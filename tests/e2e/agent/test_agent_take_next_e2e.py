@@ -12,30 +12,12 @@ import pytest
 from nats.aio.msg import Msg
 
 from support.agent_e2e import AgentLab, AgentProcess, noop
+from support.host_requests import HostRequests, listening
 from support.polling import eventually
 
 pytestmark = pytest.mark.e2e
 
 TTL_S = 30  # long enough that no renewal falls due on the lease clock while a task runs
-
-
-class HostRequests:
-    """Every request a host sends to the scheduler, heard on `P.host.<host_id>.*` beside the scheduler."""
-
-    def __init__(self) -> None:
-        self.heard: list[tuple[str, dict[str, object]]] = []
-
-    async def hear(self, msg: Msg) -> None:
-        verb = msg.subject.rsplit(".", 1)[1]
-        body = json.loads(msg.data) if msg.data else {}
-        if verb == "renewals":  # the agent's batched renewals: one `renew` of each lease it names
-            self.heard.extend(("renew", lease) for lease in body["leases"])
-            return
-        self.heard.append((verb, body))
-
-    def of(self, task_id: str) -> Counter[str]:
-        """How many requests of each verb named `task_id`."""
-        return Counter(verb for verb, body in self.heard if body.get("task_id") == task_id)
 
 
 class Assignments:
@@ -55,13 +37,8 @@ async def agent(lab: AgentLab) -> AgentProcess:
 
 @pytest.fixture
 async def requests(lab: AgentLab, agent: AgentProcess) -> AsyncIterator[HostRequests]:
-    heard = HostRequests()
-    sub = await lab.nc.subscribe(f"{lab.prefix}.host.{agent.host_id}.*", cb=heard.hear)
-    await lab.nc.flush()
-    try:
+    async with listening(lab.nc, lab.prefix, agent.host_id) as heard:
         yield heard
-    finally:
-        await sub.unsubscribe()
 
 
 async def test_tasks_queued_for_a_device_run_from_the_report_replies(

@@ -6,21 +6,18 @@ attempt, and an agent told not to batch renews lease by lease."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import statistics
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import asyncpg
 import pytest
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 
 from support.agent_e2e import AgentLab, AgentProcess, Plane, shell
+from support.host_requests import HostRequests, listening
 from support.invariants import plain_dsn
 
 pytestmark = pytest.mark.integration
@@ -32,35 +29,11 @@ DEVICES = [f"d{n}" for n in range(1, 9)]
 LONG = shell("work", "sleep 40")
 
 
-@dataclass
-class Heard:
-    """Requests heard on `P.host.<host_id>.<verb>` beside the scheduler: (monotonic time, verb, body)."""
-
-    requests: list[tuple[float, str, dict[str, object]]] = field(default_factory=list)
-
-    async def hear(self, msg: Msg) -> None:
-        self.requests.append((time.monotonic(), msg.subject.rsplit(".", 1)[1], json.loads(msg.data)))
-
-    def since(self, start: float, verb: str) -> list[dict[str, object]]:
-        return [body for at, heard_verb, body in self.requests if at >= start and heard_verb == verb]
-
-
 @pytest.fixture
 async def lab(agent_plane: Plane, nc: NatsClient, tmp_path: Path) -> AsyncIterator[AgentLab]:
     lab = AgentLab(nc, agent_plane, tmp_path)
     yield lab
     await asyncio.to_thread(lab.stop)
-
-
-@contextlib.asynccontextmanager
-async def listening(lab: AgentLab, agent: AgentProcess) -> AsyncIterator[Heard]:
-    heard = Heard()
-    sub = await lab.nc.subscribe(f"{lab.prefix}.host.{agent.host_id}.*", cb=heard.hear)
-    await lab.nc.flush()
-    try:
-        yield heard
-    finally:
-        await sub.unsubscribe()
 
 
 #: Many short steps: each boundary renews at once (with its progress), riding along with the batches.
@@ -83,7 +56,7 @@ def leases_of(body: dict[str, object]) -> list[str]:
     return [str(lease["task_id"]) for lease in leases]
 
 
-async def window(heard: Heard, seconds: float) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+async def window(heard: HostRequests, seconds: float) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
     """The `renewals` and `renew` requests heard over the next `seconds`."""
     start = time.monotonic()
     await asyncio.sleep(seconds)  # a counting window, not a wait for a condition
@@ -92,7 +65,7 @@ async def window(heard: Heard, seconds: float) -> tuple[list[dict[str, object]],
 
 async def test_eight_leases_are_renewed_in_about_one_request_per_interval(lab: AgentLab) -> None:
     agent = await lab.agent(*DEVICES).ready()
-    async with listening(lab, agent) as heard:
+    async with listening(lab.nc, lab.prefix, agent.host_id) as heard:
         tasks = await eight_running(lab, agent)
         await asyncio.sleep(3 * INTERVAL_S)  # the keepers align within two intervals
         seconds = 8 * INTERVAL_S
@@ -109,7 +82,7 @@ async def test_eight_leases_are_renewed_in_about_one_request_per_interval(lab: A
 
 async def test_a_cancellation_stops_only_its_task_at_its_next_step_boundary(lab: AgentLab) -> None:
     agent = await lab.agent(*DEVICES).ready()
-    async with listening(lab, agent) as heard:
+    async with listening(lab.nc, lab.prefix, agent.host_id) as heard:
         tasks = await eight_running(lab, agent, STEPS)
         cancelled, *others = tasks
         await lab.cancel(cancelled)
@@ -128,7 +101,7 @@ async def test_a_cancellation_stops_only_its_task_at_its_next_step_boundary(lab:
 
 async def test_a_lease_rejected_in_a_batch_stops_only_its_attempt(lab: AgentLab) -> None:
     agent = await lab.agent(*DEVICES).ready()
-    async with listening(lab, agent) as heard:
+    async with listening(lab.nc, lab.prefix, agent.host_id) as heard:
         tasks = await eight_running(lab, agent, max_attempts=1)
         rejected, *others = tasks
         # the attempt's lease runs out in the database: the sweeper ends it (the task fails, out of
@@ -154,7 +127,7 @@ async def test_a_lease_rejected_in_a_batch_stops_only_its_attempt(lab: AgentLab)
 
 async def test_an_agent_that_does_not_batch_renews_lease_by_lease(lab: AgentLab) -> None:
     agent = await lab.agent(*DEVICES, batch_renewals=False).ready()
-    async with listening(lab, agent) as heard:
+    async with listening(lab.nc, lab.prefix, agent.host_id) as heard:
         tasks = await eight_running(lab, agent)
         await asyncio.sleep(INTERVAL_S)
         seconds = 8 * INTERVAL_S
