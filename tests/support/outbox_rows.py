@@ -5,6 +5,10 @@ The event rows never change; publication is `outbox_sent`, and `outbox_unsent` i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from devsched.store import OutboxMessage, Published
+
 #: Forget every publication: every event row is unpublished again, as a relay that died before recording
 #: its passes leaves them.
 FORGET_PUBLISHED = "DELETE FROM outbox_sent"
@@ -23,3 +27,14 @@ ALL_BUT_THE_FIRST_PUBLISHED = (
     " SELECT coalesce(array_agg(id), '{}'), coalesce(max(xid), '1'), '1', now()"
     " FROM outbox WHERE id > (SELECT min(id) FROM outbox)"
 )
+
+
+class Publisher:
+    """A relay's publisher that acknowledges everything and remembers what it was given."""
+
+    def __init__(self) -> None:
+        self.got: list[OutboxMessage] = []
+
+    async def __call__(self, batch: Sequence[OutboxMessage]) -> Published:
+        self.got.extend(batch)
+        return Published([m.id for m in batch])

@@ -11,22 +11,13 @@ from sqlalchemy import text
 
 from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.status import Outcome, TaskStatus
-from devsched.store import Committed, OutboxMessage, Published
-from support.outbox_rows import FORGET_PUBLISHED
+from devsched.store import Committed, OutboxMessage
+from support.outbox_rows import FORGET_PUBLISHED, Publisher
 from support.store_lab import Lab, ref
 
 pytestmark = pytest.mark.integration
 
 STEP = {"step": "flash", "index": 0, "of": 1}
-
-
-class Publisher:
-    def __init__(self) -> None:
-        self.got: list[OutboxMessage] = []
-
-    async def __call__(self, batch: Sequence[OutboxMessage]) -> Published:
-        self.got.extend(batch)
-        return Published([m.id for m in batch])
 
 
 def kinds(messages: Sequence[OutboxMessage]) -> list[str]:

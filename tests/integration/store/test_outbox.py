@@ -9,20 +9,10 @@ import pytest
 from sqlalchemy import text
 
 from devsched.store import Committed, OutboxMessage, Published
+from support.outbox_rows import Publisher
 from support.store_lab import Lab
 
 pytestmark = pytest.mark.integration
-
-
-class Publisher:
-    """A publisher that acknowledges everything and remembers what it was given."""
-
-    def __init__(self) -> None:
-        self.got: list[OutboxMessage] = []
-
-    async def __call__(self, batch: Sequence[OutboxMessage]) -> Published:
-        self.got.extend(batch)
-        return Published([m.id for m in batch])
 
 
 async def sent(lab: Lab) -> dict[int, bool]:

@@ -9,7 +9,6 @@ run of whole task lifecycles; the counts per task are printed (`-s`) for compari
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -19,7 +18,8 @@ from sqlalchemy import text
 
 from devsched.core.events import AttemptAssigned
 from devsched.core.status import Outcome
-from devsched.store import Committed, OutboxMessage, Published
+from devsched.store import Committed
+from support.outbox_rows import Publisher
 from support.polling import eventually
 from support.store_lab import Lab, ref
 
@@ -39,17 +39,6 @@ _BELOW_THE_FLOOR = (
 )
 _COUNTS = "SELECT relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del FROM pg_stat_user_tables"
 _OTHERS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-
-
-class Publisher:
-    """Acknowledges everything it is given."""
-
-    def __init__(self) -> None:
-        self.got: list[OutboxMessage] = []
-
-    async def __call__(self, batch: Sequence[OutboxMessage]) -> Published:
-        self.got.extend(batch)
-        return Published([m.id for m in batch])
 
 
 async def versions(lab: Lab) -> dict[int, tuple[str, str]]:
