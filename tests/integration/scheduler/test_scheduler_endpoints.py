@@ -216,6 +216,7 @@ async def test_heartbeat_and_reregistration(
         "heartbeat_interval_s": 5.0,
         "claim_progress": True,
         "take_next": True,
+        "renewals": True,
     }
     await host.register("d2")  # replaces the list
     listed = await call(nc, api(subject_prefix, "hosts.list"), {})

@@ -43,6 +43,7 @@ async def test_full_lifecycle_over_nats(
         "heartbeat_interval_s": 5.0,
         "claim_progress": True,
         "take_next": True,
+        "renewals": True,
     }
     consumer = await host.js.consumer_info(Subjects(subject_prefix).assignments_stream, f"host-{host.host_id}")
     assert consumer.config.filter_subject == f"{subject_prefix}.assign.{host.host_id}"
@@ -190,7 +191,12 @@ async def test_silent_host_gets_no_new_work_until_it_speaks_again(
     try:
         async with running_scheduler(settings):
             host = make_host()
-            assert await host.register("d1") == {"heartbeat_interval_s": 0.5, "claim_progress": True, "take_next": True}
+            assert await host.register("d1") == {
+                "heartbeat_interval_s": 0.5,
+                "claim_progress": True,
+                "take_next": True,
+                "renewals": True,
+            }
             await asyncio.sleep(1.7)  # 3 intervals and the store's 1 s liveness granularity
             task_id = await submit(nc, subject_prefix)
             view = await get_task(nc, subject_prefix, task_id)

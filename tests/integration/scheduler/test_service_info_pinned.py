@@ -13,7 +13,7 @@ from devsched.scheduler.app import Scheduler
 pytestmark = pytest.mark.integration
 
 #: sha256 of the `$SRV.INFO` reply, the test's prefix written `P` and the instance id left out.
-INFO_SHA256 = "da2afd69c234088a2d925859f347007a9c1139561a8ef0d6b00e3e3615e0daf1"
+INFO_SHA256 = "fd9fb13fa52391bcd21e6c26030d231ae6e00df8b07a185868ab842f6117bba3"
 
 
 async def test_service_info_is_unchanged(scheduler: Scheduler, nc: NatsClient, subject_prefix: str) -> None:
