@@ -8,6 +8,7 @@ the streams and the bucket are created by the scheduler's own user, as the sched
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -135,23 +136,30 @@ async def test_no_host_reaches_the_bucket_or_the_uploads(
         await nc.publish(subject, b"forged")
     await nc.flush()
     # the streams through the JetStream API, directly or mapped the way the host's consumer is
-    for api in ("$JS.API", SUBJECTS.host_jetstream_api):
-        for stream in (object_stream(BUCKET), SUBJECTS.host_uploads_stream("bench-07")):
-            for call in (
-                f"{api}.STREAM.INFO.{stream}",
-                f"{api}.STREAM.NAMES",
-                f"{api}.CONSUMER.CREATE.{stream}",
-                f"{api}.STREAM.MSG.GET.{stream}",
-                f"{api}.DIRECT.GET.{stream}.$O.{BUCKET}.M.>",
-                f"{api}.STREAM.PURGE.{stream}",
-            ):
-                try:
-                    reply = await nc.request(call, b'{"seq": 1}', timeout=WATCH_S)
-                except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                    continue  # refused, or nothing there
-                # the host's own account answers `$JS.API` itself: JetStream is not enabled there
-                assert SECRET not in reply.data, call
-                assert b'"error"' in reply.data, (call, reply.data)
+    calls = [
+        call
+        for api in ("$JS.API", SUBJECTS.host_jetstream_api)
+        for stream in (object_stream(BUCKET), SUBJECTS.host_uploads_stream("bench-07"))
+        for call in (
+            f"{api}.STREAM.INFO.{stream}",
+            f"{api}.STREAM.NAMES",
+            f"{api}.CONSUMER.CREATE.{stream}",
+            f"{api}.STREAM.MSG.GET.{stream}",
+            f"{api}.DIRECT.GET.{stream}.$O.{BUCKET}.M.>",
+            f"{api}.STREAM.PURGE.{stream}",
+        )
+    ]
+
+    async def answer(call: str) -> bytes | None:
+        try:
+            return (await nc.request(call, b'{"seq": 1}', timeout=WATCH_S)).data
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return None  # refused, or nothing there
+
+    for call, data in zip(calls, await asyncio.gather(*(answer(c) for c in calls)), strict=True):
+        if data is not None:  # the host's own account answers `$JS.API` itself: JetStream is not enabled there
+            assert SECRET not in data, call
+            assert b'"error"' in data, (call, data)
     await eventually(lambda: len(host.violations) >= 4, message="the subscriptions and publishes are refused")
     refused = host.violations
     assert any("subscription" in v and f"$o.{BUCKET}.>".lower() in v for v in refused), refused

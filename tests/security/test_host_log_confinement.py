@@ -7,6 +7,7 @@ the logs stream is created by the scheduler's own user, as the scheduler does at
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -152,22 +153,29 @@ async def test_a_host_reads_no_logs_not_even_its_own(secured: SecuredNats, hosts
     await nc.subscribe(SUBJECTS.host_logs("bench-07"), cb=hear)
     await nc.flush()
     # the stream through the JetStream API, directly or mapped the way the host's consumer is
-    for api in ("$JS.API", SUBJECTS.host_jetstream_api):
-        own = SUBJECTS.host_logs_stream("bench-07")
+    own = SUBJECTS.host_logs_stream("bench-07")
+    calls = [
+        call
+        for api in ("$JS.API", SUBJECTS.host_jetstream_api)
         for call in (
             f"{api}.STREAM.INFO.{own}",
             f"{api}.CONSUMER.CREATE.{own}",
             f"{api}.CONSUMER.CREATE.{own}.reader.{subject}",
             f"{api}.STREAM.MSG.GET.{own}",
             f"{api}.DIRECT.GET.{own}.{subject}",
-        ):
-            try:
-                reply = await nc.request(call, b'{"last_by_subj": "' + subject.encode() + b'"}', timeout=WATCH_S)
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-                continue  # refused, or nothing there
-            # the host's own account answers `$JS.API` itself: JetStream is not enabled there
-            assert b"secret output" not in reply.data, call
-            assert b'"error"' in reply.data, (call, reply.data)
+        )
+    ]
+
+    async def answer(call: str) -> bytes | None:
+        try:
+            return (await nc.request(call, b'{"last_by_subj": "' + subject.encode() + b'"}', timeout=WATCH_S)).data
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return None  # refused, or nothing there
+
+    for call, data in zip(calls, await asyncio.gather(*(answer(c) for c in calls)), strict=True):
+        if data is not None:  # the host's own account answers `$JS.API` itself: JetStream is not enabled there
+            assert b"secret output" not in data, call
+            assert b'"error"' in data, (call, data)
     await owner.nc.jetstream().publish(subject, record(task, 2, "more secret output\n"))
     await eventually(lambda: len(reader.violations) >= before + 2, message="the subscriptions are refused")
     subscribe = [v for v in reader.violations if "subscription" in v]

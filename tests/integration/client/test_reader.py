@@ -17,6 +17,7 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client as NatsClient
 
+from devsched.client import reader
 from devsched.client.reader import INACTIVE_THRESHOLD_S, NAME_PREFIX, JetStreamReader, StreamMissing
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
@@ -89,10 +90,11 @@ async def test_stored_reads_what_the_stream_holds_and_stops(
 
 
 async def test_a_lost_consumer_is_made_again_by_name_with_its_filter(
-    secured: SecuredNats, web: tuple[NatsClient, list[str]], scheduler: NatsClient
+    secured: SecuredNats, web: tuple[NatsClient, list[str]], scheduler: NatsClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The web user may create a logs consumer only through a request naming a log filter: the
     recreation after lost heartbeats must name it too, or the rest of the output never comes."""
+    monkeypatch.setattr(reader, "IDLE_HEARTBEAT_S", 1.0)  # two missed heartbeats in 2 s, not 10
     nc, refused = web
     task = uuid.uuid4()
     subject, stream = S.host_log("bench-07", task, 1), S.host_logs_stream("bench-07")

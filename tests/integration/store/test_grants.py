@@ -297,7 +297,7 @@ def agreement(database_url: str) -> Any:
     [("claim", Outcome.DONE), ("renew", Outcome.DONE), *(("report", o) for o in Outcome)],
     ids=["claim", "renew", *(f"report-{o.value}" for o in Outcome)],
 )
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_one_statement_grants_agree_with_the_locked_path(
     agreement: Any, kind: str, outcome: Outcome, touch: bool, data: st.DataObject
