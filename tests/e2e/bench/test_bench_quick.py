@@ -37,6 +37,11 @@ FIGURES: dict[str, str | None] = {
         )
     },
     **{f"lifecycle.c{c}.stream_messages_per_task": None for c in CONCURRENCY},
+    **{
+        f"lifecycle.c{c}.vs_floor_{name}": "the same rows"
+        for c in CONCURRENCY
+        for name in ("tasks_per_s", "cpu_ms_per_task")
+    },
     "lifecycle.submit.per_s": "Procrastinate",
     "lifecycle.submit.scheduler_cpu_ms": None,
     "lifecycle.submit.server_cpu_ms": "Procrastinate",
@@ -122,6 +127,27 @@ def test_the_lifecycle_figures_are_the_medians_of_their_rounds(document: dict[st
         assert cpu["value"] == pytest.approx(
             statistics.median(r["devsched"]["cpu_ms_per_task"] for r in at_c), abs=1e-3
         )
+
+
+def test_the_floor_runs_each_round_and_its_cpu_is_split_by_process(document: dict[str, Any]) -> None:
+    figures = {f["key"]: f for f in document["figures"]}
+    for c in CONCURRENCY:
+        at_c = [r for r in document["details"]["lifecycle"]["runs"] if r["devsched"]["concurrency"] == c]
+        floors = [r["floor"] for r in at_c]
+        assert len(floors) == ROUNDS
+        assert all(
+            f["tasks"] == r["devsched"]["tasks"] and f["concurrency"] == c for f, r in zip(floors, at_c, strict=True)
+        )
+        # the floor's own process, Postgres and nats-server each did work
+        assert all(set(f["run_cpu_s"]) == {"client", "postgres", "nats"} for f in floors), floors
+        assert all(f["run_cpu_s"]["postgres"] > 0 and f["run_cpu_s"]["nats"] > 0 for f in floors), floors
+        rate = figures[f"lifecycle.c{c}.vs_floor_tasks_per_s"]
+        assert rate["beside"] == pytest.approx(statistics.median(f["tasks_per_s"] for f in floors), abs=0.1)
+        cpu = figures[f"lifecycle.c{c}.vs_floor_cpu_ms_per_task"]
+        assert cpu["beside"] == pytest.approx(statistics.median(f["cpu_ms_per_task"] for f in floors), abs=1e-3)
+        assert "devsched: " in cpu["note"]
+        assert "scheduler " in cpu["note"]
+        assert "; the floor: client " in cpu["note"]
 
 
 def test_jetstream_messages_are_counted_per_task(document: dict[str, Any]) -> None:

@@ -5,7 +5,8 @@ that Python's start-up stays out of the figures; the N tasks are submitted over 
 submit rate, with the scheduler's CPU per submit); then the devices are returned to service and the
 clock runs until every task's terminal event has arrived (tasks/s, CPU per task over the scheduler,
 sweeper, agent, Postgres and nats-server, commits per task). Procrastinate does the same work at the
-same c right after, on the same Postgres (peer.py).
+same c right after, on the same Postgres (peer.py), and then the equal-writes floor (lifecycle_floor.py):
+devsched's rows and messages per task, with no product logic.
 
 On a shared machine two identical runs can differ by half: each c is run `rounds` times, devsched and
 the peer in turn (a slow minute slows both), a fresh agent (`bench-c<c>-r<round>` after the first) each
@@ -20,12 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg  # type: ignore[import-untyped]
+
 from devsched.bench.context import NOOP_PLAN, Context
 from devsched.bench.figures import Figure, at_least, at_most, median, rounds_note, value_at_most
+from devsched.bench.lifecycle_floor import FLOOR_NAME, SCRIPT, FloorRun, run_floor, widths
 from devsched.bench.peer import Peer, PeerRun, version
 from devsched.bench.pgstats import Counted, Statement, commits_in
 from devsched.bench.profiling import statement_summary
-from devsched.bench.servers import DATABASE, PEER_DATABASE
+from devsched.bench.servers import DATABASE, FLOOR_DATABASE, PEER_DATABASE
 
 
 @dataclass
@@ -168,6 +172,9 @@ async def lifecycle_phase(ctx: Context) -> None:
     runs: list[dict[str, Any]] = []
     ours: dict[int, list[DevschedRun]] = {}
     theirs: dict[int, list[PeerRun]] = {}
+    floors: dict[int, list[FloorRun]] = {}
+    pids = ctx.stack.pids()
+    servers = {name: pids.get(name) for name in ("postgres", "nats")}
     for c in ctx.options.concurrency:
         ctx.say(f"lifecycle c={c}: {tasks} tasks submitted one by one, then one agent with {c} devices")
         for r in range(1, rounds + 1):
@@ -187,12 +194,22 @@ async def lifecycle_phase(ctx: Context) -> None:
                     f"{prefix}{peer_name}: {peer_run.defer_rate:.0f} defers/s, {peer_run.jobs_per_s:.1f} jobs/s,"
                     f" {peer_run.cpu_ms_per_job():.2f} CPU ms/job"
                 )
+            conn = await asyncpg.connect(ctx.stack.admin_dsn(DATABASE))
+            try:
+                sizes = await widths(conn)
+            finally:
+                await conn.close()
+            floor = await run_floor(ctx.stack.admin_dsn(FLOOR_DATABASE), ctx.stack.nats_url, servers, c, tasks, sizes)
+            floors.setdefault(c, []).append(floor)
+            ctx.say(f"{prefix}floor: {floor.tasks_per_s:.1f} tasks/s, {floor.cpu_ms_per_task():.2f} CPU ms/task")
             runs.append({
                 "round": r, "devsched": run.as_dict(), "peer": None if peer_run is None else peer_run.as_dict(),
+                "floor": floor.as_dict(),
             })  # fmt: skip
         at_c = [rs[-1] for rs in ours.values() if rs[-1].concurrency == c]
         peers_at_c = [ps[-1] for ps in theirs.values() if ps[-1].concurrency == c]
         _figures_at(ctx, at_c, peers_at_c, peer_name, not_installed)
+        _floor_figures(ctx, at_c, floors[c])
     _submit_figures(ctx, list(ours.values()), list(theirs.values()), peer_name, not_installed)
     ctx.details["lifecycle"] = {"peer": peer_name or not_installed, "rounds": rounds, "runs": runs}
 
@@ -234,6 +251,37 @@ def _figures_at(ctx: Context, runs: list[DevschedRun], peers: list[PeerRun], pee
         Figure(f"lifecycle.c{c}.stream_messages_per_task", f"JetStream messages/task, c={c}", "messages",
                messages, goal=value_at_most(2.0)),
     ]  # fmt: skip
+
+
+def _floor_figures(ctx: Context, runs: list[DevschedRun], floors: list[FloorRun]) -> None:
+    """Devsched beside the equal-writes floor at one c: rate and CPU per task, and where each spends its CPU."""
+    c = runs[0].concurrency
+    rate, floor_rate = median([r.tasks_per_s for r in runs]), median([f.tasks_per_s for f in floors])
+    cpu, floor_cpu = median([r.cpu_ms_per_task() for r in runs]), median([f.cpu_ms_per_task() for f in floors])
+    shape = (
+        f"the floor: {len(SCRIPT)} one-statement transactions, 12 row versions and"
+        f" {sum(len(t.events) for t in SCRIPT)} JetStream messages per task"
+    )
+    spread = rounds_note([r.tasks_per_s for r in runs], [f.tasks_per_s for f in floors])
+    ctx.figures += [
+        Figure(f"lifecycle.c{c}.vs_floor_tasks_per_s", f"tasks/s beside the floor, c={c}", "tasks/s", rate,
+               floor_rate, FLOOR_NAME, note="; ".join(filter(None, [shape, spread]))),
+        Figure(f"lifecycle.c{c}.vs_floor_cpu_ms_per_task", f"CPU ms/task beside the floor, c={c}", "ms", cpu,
+               floor_cpu, FLOOR_NAME, note=f"devsched: {_split(runs)}; the floor: {_split(floors)}"),
+    ]  # fmt: skip
+
+
+def _split(runs: list[DevschedRun] | list[FloorRun]) -> str:
+    """Each process's CPU ms per task, the median of the rounds: `agent 2.10, scheduler 3.05, ...`."""
+    names = sorted(
+        {name for r in runs for name in r.run_cpu_s}, key=lambda n: -sum(r.run_cpu_s.get(n, 0) for r in runs)
+    )
+    parts = []
+    for name in names:
+        ms = median([1000 * r.run_cpu_s.get(name, 0.0) / r.tasks for r in runs])
+        if ms >= 0.005:
+            parts.append(f"{name.split(' ')[0]} {ms:.2f}")
+    return ", ".join(parts) + " ms"
 
 
 def _submit_figures(
