@@ -246,6 +246,9 @@ def test_the_conditions_are_durable_and_said(document: dict[str, Any]) -> None:
     assert conditions["nats"]["sync_interval"] == "always"
     assert conditions["machine"]["cpus"] >= 1
     assert conditions["packages"]["procrastinate"]
+    # the lifecycle and the latency run at the scheduler's defaults; the saturation phases lift the fair share
+    assert conditions["services"]["scheduler_settings"] == {}
+    assert "DEVSCHED_HOST_RATE_PER_S" in conditions["services"]["saturation_settings"]
 
 
 def test_the_report_prints_each_phase_and_the_data_is_gone(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from devsched.bench.pgstats import PgStats
-from devsched.bench.servers import SCHEDULER_ENV, BenchStack
+from devsched.bench.servers import LIFTED_SHARE, BenchStack
 
 #: Distributions whose versions a run records.
 PACKAGES = (
@@ -109,7 +109,8 @@ async def collect(stack: BenchStack, pg: PgStats, *, sync_always: bool) -> dict[
         },
         "services": {
             "log_level": "INFO",
-            "scheduler_settings": dict(SCHEDULER_ENV),
+            "scheduler_settings": dict(stack.scheduler_env),
+            "saturation_settings": dict(LIFTED_SHARE),
             "note": "every other setting at its default (db_pool_size 10 + 10 overflow, max_concurrency 64)",
         },
         "packages": {name: _version(name) for name in PACKAGES},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,8 +121,9 @@ def render_conditions(conditions: dict[str, Any], options: dict[str, Any]) -> st
             f" {s['shared_preload_libraries']} loaded",
             f"nats: {nats['version']}, JetStream on {nats['filesystem']}, sync_interval {nats['sync_interval']}",
             f"services: real scheduler, sweeper and agent processes, log level {svc['log_level']},"
-            f" scheduler fair share lifted ({', '.join(f'{k}={v}' for k, v in svc['scheduler_settings'].items())});"
-            f" {svc['note']}",
+            f" the scheduler at its defaults{_settings(svc['scheduler_settings'], ' but ')} for the lifecycle and the"
+            f" latency, restarted with its fair share lifted{_settings(svc['saturation_settings'], ' ')} for the"
+            f" renewals and after; {svc['note']}",
             "packages: " + ", ".join(f"{k} {v}" for k, v in conditions["packages"].items() if v),
             f"run: {options.get('mode')}; {options.get('sizes')}",
         ]
@@ -141,3 +143,8 @@ def render(results: Results) -> str:
     if results.errors:
         parts += ["errors:", *(f"  {e}" for e in results.errors)]
     return "\n".join(parts)
+
+
+def _settings(settings: Mapping[str, str], lead: str) -> str:
+    """` (K=V, ...)` after `lead`, or nothing when there are none."""
+    return f"{lead}({', '.join(f'{k}={v}' for k, v in settings.items())})" if settings else ""

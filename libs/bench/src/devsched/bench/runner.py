@@ -129,6 +129,9 @@ async def _run(stack: BenchStack, options: BenchOptions, results: Results, say: 
         for phase in options.only:
             phase_started = time.monotonic()
             try:
+                if phase in ("renewals", "sweep") and not stack.lifted:
+                    stack.lift_fair_share()
+                    await ctx.wait_scheduler()
                 if phase in ("renewals", "sweep") and rig is None:
                     rig = Rig()
                     await rig.setup(ctx)

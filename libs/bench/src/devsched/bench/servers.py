@@ -39,9 +39,10 @@ BENCH_SETTINGS: Mapping[str, str] = {
     "pg_stat_statements.track": "top",
 }
 
-#: The scheduler's settings in the bench, on top of its defaults: the per-host fair share is lifted, since
-#: 8 requesters per host renewing as fast as they can is a saturation test, not a misbehaving host.
-SCHEDULER_ENV: Mapping[str, str] = {
+#: The scheduler's settings for the saturation phases (renewals, sweep and after), on top of its defaults:
+#: the per-host fair share is lifted, since 8 requesters per host renewing as fast as they can is a
+#: saturation test, not a misbehaving host. The lifecycle and the latency run at the defaults, as users do.
+LIFTED_SHARE: Mapping[str, str] = {
     "DEVSCHED_HOST_RATE_PER_S": "1000000",
     "DEVSCHED_HOST_BURST": "100000",
 }
@@ -62,7 +63,9 @@ class BenchStack:
         self.roles = DatabaseRoles()
         self.nats = NatsServer(self.layout.nats_dir, sync_always=sync_always)
         self.postgres = PostgresServer(self.layout.postgres_dir, settings=BENCH_SETTINGS)
-        self.scheduler_env = {**SCHEDULER_ENV, **(scheduler_env or {})}
+        self.scheduler_env = dict(scheduler_env or {})
+        #: Whether the scheduler runs with `LIFTED_SHARE` (`lift_fair_share`).
+        self.lifted = False
         self.scheduler: Child | None = None
         self.sweeper: Child | None = None
         self.agents: dict[str, Child] = {}
@@ -164,6 +167,12 @@ class BenchStack:
         )
         self.scheduler.start()
         return self.scheduler
+
+    def lift_fair_share(self) -> Child:
+        """Restart the scheduler with the per-host fair share lifted (`LIFTED_SHARE`), for the saturation phases."""
+        self.scheduler_env = {**LIFTED_SHARE, **self.scheduler_env}
+        self.lifted = True
+        return self.start_scheduler()
 
     def start_sweeper(self) -> Child:
         """Start the sweeper process."""
