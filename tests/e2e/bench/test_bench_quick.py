@@ -34,8 +34,10 @@ FIGURES: dict[str, str | None] = {
             "commits_per_task",
             "wal_bytes_per_task",
             "row_versions_per_task",
+            "wal_syncs_per_task",
         )
     },
+    **{f"lifecycle.c{c}.statements_per_task": None for c in CONCURRENCY},
     **{f"lifecycle.c{c}.stream_messages_per_task": None for c in CONCURRENCY},
     **{
         f"lifecycle.c{c}.vs_floor_{name}": "the same rows"
@@ -69,7 +71,7 @@ FIGURES: dict[str, str | None] = {
 }
 #: Figures that count something that may be zero in a quick run (its settles are too short for Postgres's
 #: statistics to catch up, and a CPU time is read in 10 ms ticks).
-MAY_BE_ZERO = re.compile(r"commits|cpu_ms|row_versions")
+MAY_BE_ZERO = re.compile(r"commits|cpu_ms|row_versions|wal_syncs")
 
 
 @pytest.fixture(scope="module")

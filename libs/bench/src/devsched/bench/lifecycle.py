@@ -64,6 +64,10 @@ class DevschedRun:
         """CPU ms per task, every process."""
         return 1000 * sum(self.run_cpu_s.values()) / self.tasks
 
+    def statements_per_task(self) -> float:
+        """SQL statements (each a round trip to Postgres, BEGIN and COMMIT included) per task, submit and run."""
+        return sum(s.calls for s in (*self.submit_statements, *self.run_statements)) / self.tasks
+
     def whole(self) -> Counted:
         """What submitting and running the tasks cost the database together."""
         return self.submit_counted.plus(self.run_counted)
@@ -90,6 +94,8 @@ class DevschedRun:
             "row_versions_per_task": round(self.whole().row_versions / n, 3),
             "stream_messages_per_task": round(self.stream_messages / n, 3),
             "commit_statements_per_task": round(commits_in(self.run_statements) / n, 3),
+            "statements_per_task": round(self.statements_per_task(), 3),
+            "wal_syncs_per_task": round(self.whole().wal_syncs / n, 3),
             "run_sql": statement_summary(self.run_statements, n),
             "outcomes": self.outcomes,
         }
@@ -237,6 +243,8 @@ def _figures_at(ctx: Context, runs: list[DevschedRun], peers: list[PeerRun], pee
     wal, peer_wal, _ = median_of(lambda r: r.whole().wal_bytes / n, lambda p: p.whole().wal_bytes / n)
     versions, peer_versions, _ = median_of(lambda r: r.whole().row_versions / n, lambda p: p.whole().row_versions / n)
     messages = median([r.stream_messages / n for r in runs])
+    syncs, peer_syncs, _ = median_of(lambda r: r.whole().wal_syncs / n, lambda p: p.whole().wal_syncs / n)
+    statements = median([r.statements_per_task() for r in runs])
     ctx.figures += [
         Figure(f"lifecycle.c{c}.tasks_per_s", f"tasks/s, c={c}", "tasks/s", rate, peer_rate, peer_name,
                goal, "; ".join(filter(None, [rate_note, f"of one core: {busy}"]))),
@@ -250,6 +258,10 @@ def _figures_at(ctx: Context, runs: list[DevschedRun], peers: list[PeerRun], pee
                "versions", versions, peer_versions, peer_name, value_at_most(7.0), note),
         Figure(f"lifecycle.c{c}.stream_messages_per_task", f"JetStream messages/task, c={c}", "messages",
                messages, goal=value_at_most(2.0)),
+        Figure(f"lifecycle.c{c}.wal_syncs_per_task", f"WAL fsyncs/task, c={c} (submit and run)", "fsyncs", syncs,
+               peer_syncs, peer_name, note="; ".join(filter(None, [note, "the whole cluster's, pg_stat_io"]))),
+        Figure(f"lifecycle.c{c}.statements_per_task", f"SQL round trips/task, c={c} (submit and run)", "statements",
+               statements, note=f"BEGIN and COMMIT included, pg_stat_statements; the floor's: {len(SCRIPT)}"),
     ]  # fmt: skip
 
 

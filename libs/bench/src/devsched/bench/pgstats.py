@@ -9,6 +9,8 @@ whole cluster) also moves at once: its advance is the volume every write cost, a
 shared machine does not move (`pg_stat_wal.wal_bytes` is reported like the commits, and a short phase read
 before its backends reported could show none). Row versions (`tup_inserted + tup_updated`: every insert and
 every update writes a new version of a row, HOT or not) are reported like the commits, and counted like them.
+WAL syncs (`pg_stat_io`'s fsyncs of the WAL, Postgres 18; the whole cluster) are the fsyncs the commits cost,
+reported like the commits too, the idle system's over the settle taken out.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Counters:
     """The cluster's WAL insert position, in bytes: WAL written so far."""
     row_versions: int
     """Rows inserted plus rows updated (each a new row version), as last reported."""
+    wal_syncs: int
+    """The cluster's fsyncs of the WAL, as last reported (0 before Postgres 18, which does not count them)."""
     at: float
     """`time.monotonic()` of the reading."""
 
@@ -48,6 +52,8 @@ class Counted:
     window swings with autovacuum and checkpoints, and taking it out could leave nothing)."""
     row_versions: float = 0.0
     """Row versions written (inserts plus updates), the idle system's over the settle taken out."""
+    wal_syncs: float = 0.0
+    """fsyncs of the WAL (cluster-wide), the idle system's over the settle taken out."""
 
     def plus(self, other: Counted) -> Counted:
         """Both phases' counts together."""
@@ -56,16 +62,20 @@ class Counted:
             self.write_transactions + other.write_transactions,
             self.wal_bytes + other.wal_bytes,
             self.row_versions + other.row_versions,
+            self.wal_syncs + other.wal_syncs,
         )
 
 
-def since(before: Counters, after: Counters, *, idle_commits: float = 0.0, idle_rows: float = 0.0) -> Counted:
+def since(
+    before: Counters, after: Counters, *, idle_commits: float = 0.0, idle_rows: float = 0.0, idle_syncs: float = 0.0
+) -> Counted:
     """What happened between two readings, less what the idle system would have done meanwhile."""
     return Counted(
         max(0.0, after.commits - before.commits - idle_commits),
         after.next_xid - before.next_xid,
         after.wal_bytes - before.wal_bytes,
         max(0.0, after.row_versions - before.row_versions - idle_rows),
+        max(0.0, after.wal_syncs - before.wal_syncs - idle_syncs),
     )
 
 
@@ -93,6 +103,9 @@ class PgStats:
         self.idle_commit_rate: dict[str, float] = {}
         #: Row versions per second of the idle system (heartbeats), per database.
         self.idle_row_rate: dict[str, float] = {}
+        #: WAL fsyncs per second of the idle system (the whole cluster).
+        self.idle_sync_rate = 0.0
+        self._counts_syncs = True
 
     async def open(self) -> None:
         """Connect."""
@@ -121,8 +134,22 @@ class PgStats:
             int(row["xid"]),
             int(row["wal"]),
             int(row["row_versions"]),
+            await self._wal_syncs(),
             time.monotonic(),
         )
+
+    async def _wal_syncs(self) -> int:
+        """The cluster's WAL fsyncs so far; 0 where `pg_stat_io` does not count them (before Postgres 18)."""
+        if not self._counts_syncs:
+            return 0
+        try:
+            value = await self._conn.fetchval(
+                "SELECT coalesce(sum(fsyncs), 0)::bigint FROM pg_stat_io WHERE object = 'wal'"
+            )
+        except Exception:  # no such view or value: an older Postgres
+            self._counts_syncs = False
+            return 0
+        return int(value)
 
     async def measure_idle(self, database: str, settle_s: float) -> float:
         """Commits per second of `database` while nothing but the services' own loops runs."""
@@ -134,6 +161,7 @@ class PgStats:
         rate = max(0.0, (second.commits - first.commits) / elapsed)
         self.idle_commit_rate[database] = rate
         self.idle_row_rate[database] = max(0.0, (second.row_versions - first.row_versions) / elapsed)
+        self.idle_sync_rate = max(0.0, (second.wal_syncs - first.wal_syncs) / elapsed)
         return rate
 
     async def settled(self, database: str, before: Counters, settle_s: float) -> tuple[Counted, Counters]:
@@ -146,6 +174,7 @@ class PgStats:
             replace(after, next_xid=xid_now),
             idle_commits=self.idle_commit_rate.get(database, 0.0) * settle_s,
             idle_rows=self.idle_row_rate.get(database, 0.0) * settle_s,
+            idle_syncs=self.idle_sync_rate * settle_s,
         )
         return counted, after
 
