@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from devsched.core.events import AttemptAssigned, TaskEvent
+from devsched.core.events import AttemptAssigned
 from devsched.core.ids import new_lease_id
-from devsched.core.lifecycle import Trigger
 from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
-from devsched.core.status import EventKind, TaskStatus
-from devsched.store import candidates
+from devsched.store import candidates, pairing
 from devsched.store.clock import Clock
 from devsched.store.faults import point
 from devsched.store.hosts import device_busy
-from devsched.store.outbox import Outbox
-from devsched.store.statuses import entering
+from devsched.store.inline import INSERTED
+from devsched.store.outbox import Outbox, inserted
 
 #: Rounds of choosing again when another assigner locked a chosen device or task first.
 _ROUNDS = 3
@@ -54,38 +52,35 @@ _LOCK = text(
         FOR UPDATE OF d SKIP LOCKED
     ),
     t AS (
-        SELECT task_id, lease_ttl_s, attempt_count, plan, trace_headers FROM tasks
+        SELECT task_id FROM tasks
         WHERE task_id = ANY(CAST(:task_ids AS uuid[])) AND (status IN {_QUEUED}) IS TRUE
         FOR UPDATE SKIP LOCKED
     )
-    SELECT d.device_id, NULL::uuid AS task_id, NULL::int AS lease_ttl_s, NULL::int AS attempt_count,
-           NULL::jsonb AS plan, NULL::jsonb AS trace_headers
-    FROM d
+    SELECT d.device_id, NULL::uuid AS task_id FROM d
     UNION ALL
-    SELECT NULL, t.task_id, t.lease_ttl_s, t.attempt_count, t.plan, t.trace_headers FROM t
+    SELECT NULL, t.task_id FROM t
     """
 )
 
-#: The new attempts (each its device's reservation) and the tasks' move to `assigned`, in one statement (the foreign
-#: keys are checked at its end, when the attempts exist). Here and in `_LOCK` the tasks are found by id:
-#: `IS TRUE` keeps the status a filter, never a scan of the status index, which a planner whose statistics
-#: lag behind the queue would otherwise choose (and read every queued task's entry).
+#: The new attempts (each its device's reservation), the tasks' move to `assigned` and their events, in one
+#: statement: the pairing's (`pairing.apply`, as a hand-over and a placement apply theirs), over the pairs the
+#: pass chose and locked (the tasks found by id, still queued: this transaction holds them). Here and in
+#: `_LOCK`, `IS TRUE` keeps the status a filter, never a scan of the status index, which a planner whose
+#: statistics lag behind the queue would otherwise choose (and read every queued task's entry). The clock is
+#: the one read after the locks.
 _APPLY = text(
     f"""
-    WITH u AS (
-        SELECT * FROM unnest(CAST(:task_ids AS uuid[]), CAST(:attempts AS int[]), CAST(:lease_ids AS uuid[]),
-                             CAST(:host_ids AS text[]), CAST(:device_ids AS text[]),
-                             CAST(:expires AS timestamptz[])) AS u(t, a, l, h, d, e)
+    WITH c AS MATERIALIZED (SELECT CAST(:now AS timestamptz) AS now),
+    chosen AS MATERIALIZED (
+        SELECT t.task_id, t.attempt_count + 1 AS attempt, u.lease_id, u.host_id, u.device_id, t.lease_ttl_s, t.plan,
+               t.trace_headers, u.n
+        FROM unnest(CAST(:task_ids AS uuid[]), CAST(:lease_ids AS uuid[]), CAST(:host_ids AS text[]),
+                    CAST(:device_ids AS text[])) WITH ORDINALITY AS u(task_id, lease_id, host_id, device_id, n)
+        JOIN tasks t ON t.task_id = u.task_id
+        WHERE (t.status IN {_QUEUED}) IS TRUE
     ),
-    new_attempts AS (
-        INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at)
-        SELECT t, a, l, h, d, 'active', :now, e FROM u
-    )
-    UPDATE tasks t
-    SET status = {entering(Trigger.ASSIGN)}, attempt_count = u.a, updated_at = :now, event_seq = t.event_seq + 1
-    FROM u
-    WHERE t.task_id = u.t AND (t.status IN {_QUEUED}) IS TRUE AND t.attempt_count = u.a - 1
-    RETURNING t.task_id, t.event_seq
+    {pairing.apply("chosen", "chosen", lease="chosen.lease_id", order="chosen.n")}
+    SELECT (SELECT count(*) FROM moved) AS moved, {INSERTED} AS inserted
     """
 )
 
@@ -113,15 +108,14 @@ class Outcome:
 
 async def _choose(
     conn: AsyncConnection, queued: list[QueuedTask], free: list[DeviceRecord]
-) -> tuple[list[tuple[QueuedTask, DeviceRecord, Any]], bool]:
+) -> tuple[list[tuple[QueuedTask, DeviceRecord]], bool]:
     """Plan, then lock the chosen devices and tasks; plan again without those another assigner took first.
 
-    Returns the locked (task, device, task row) triples, and whether every device and task it chose could
-    be locked.
+    Returns the locked (task, device) pairs, and whether every device and task it chose could be locked.
     """
-    chosen: list[tuple[QueuedTask, DeviceRecord, Any]] = []
+    chosen: list[tuple[QueuedTask, DeviceRecord]] = []
     held_devices: set[str] = set()
-    held_tasks: dict[uuid.UUID, Any] = {}
+    held_tasks: set[uuid.UUID] = set()
     complete = True
     for _ in range(_ROUNDS):
         plan = plan_assignments(queued, free)
@@ -133,9 +127,9 @@ async def _choose(
             if row.device_id is not None:
                 held_devices.add(row.device_id)
             else:
-                held_tasks[row.task_id] = row
+                held_tasks.add(row.task_id)
         paired = [(t, d) for t, d in plan if d.device_id in held_devices and t.task_id in held_tasks]
-        chosen += [(t, d, held_tasks[t.task_id]) for t, d in paired]
+        chosen += paired
         if len(paired) == len(plan):
             break
         complete = False
@@ -150,7 +144,7 @@ async def _choose(
 
 
 async def _apply(
-    conn: AsyncConnection, outbox: Outbox, chosen: list[tuple[QueuedTask, DeviceRecord, Any]], clock: Clock
+    conn: AsyncConnection, outbox: Outbox, chosen: list[tuple[QueuedTask, DeviceRecord]], clock: Clock
 ) -> list[AttemptAssigned]:
     """Create the chosen attempts and reservations, move the tasks to `assigned`, record the events.
 
@@ -160,54 +154,25 @@ async def _apply(
     if not chosen:
         return []
     now = await clock.now(conn)
-    messages = [
-        AttemptAssigned(
-            task_id=task.task_id,
-            attempt=row.attempt_count + 1,
-            lease_id=new_lease_id(),
-            host_id=device.host_id,
-            device_id=device.device_id,
-            plan=row.plan,
-            ttl_s=row.lease_ttl_s,
-            expires_at=now + timedelta(seconds=row.lease_ttl_s),
+    row = (
+        await conn.execute(
+            _APPLY,
+            {
+                "task_ids": [task.task_id for task, _ in chosen],
+                "lease_ids": [new_lease_id() for _ in chosen],
+                "host_ids": [device.host_id for _, device in chosen],
+                "device_ids": [device.device_id for _, device in chosen],
+                "now": now,
+                **pairing.params(),
+            },
         )
-        for task, device, row in chosen
-    ]
-    result = await conn.execute(
-        _APPLY,
-        {
-            "task_ids": [m.task_id for m in messages],
-            "attempts": [m.attempt for m in messages],
-            "lease_ids": [m.lease_id for m in messages],
-            "host_ids": [m.host_id for m in messages],
-            "device_ids": [m.device_id for m in messages],
-            "expires": [m.expires_at for m in messages],
-            "now": now,
-        },
-    )
+    ).one()
     point("assign.after_reserve")  # the reservations are written, not yet committed
-    seqs = {r.task_id: r.event_seq for r in result.all()}
-    if len(seqs) != len(messages):  # a task moved under our lock: impossible unless the schema changed
+    if row.moved != len(chosen):  # a task moved under our lock: impossible unless the schema changed
         raise RuntimeError("assignment lost a task it had locked")
-    traces = {task.task_id: row.trace_headers for task, _, row in chosen}
-    for m in messages:
-        trace = traces[m.task_id]
-        outbox.add(
-            TaskEvent(
-                event=EventKind.ASSIGNED,
-                task_id=m.task_id,
-                seq=seqs[m.task_id],
-                status=TaskStatus.ASSIGNED,
-                at=now,
-                attempt=m.attempt,
-                host_id=m.host_id,
-                device_id=m.device_id,
-            ),
-            trace=trace,
-        )
-        outbox.add(m, trace=trace)
-    await outbox.flush(conn, now)
-    return messages
+    messages = inserted(row.inserted)
+    outbox.took(messages)
+    return [m.event for m in messages if isinstance(m.event, AttemptAssigned)]
 
 
 async def assign(

@@ -69,13 +69,18 @@ def _first_progress(plan: str) -> str:
     return f"jsonb_build_object('step', {steps} -> 0 ->> 'name', 'index', 0, 'of', jsonb_array_length({steps}))"
 
 
-def apply(source: str, device: str, *, dispatch: bool = False) -> str:
-    """SQL: the CTEs `moved`, `new_attempt` and `event` that apply the chosen pair.
+def apply(
+    source: str, device: str, *, dispatch: bool = False, lease: str = "CAST(:lease_id AS uuid)", order: str = "0"
+) -> str:
+    """SQL: the CTEs `moved`, `new_attempt` and `event` that apply the chosen pairs.
 
     `source` is the FROM list holding the CTE `chosen` (`task_id`, `attempt`, `lease_ttl_s`, `plan`,
     `trace_headers` of the locked task) and `device`, the relation with the locked device's `device_id`
-    and `host_id`; the CTE `c` holds `now`. The attempt (the device's reservation) is inserted only for the
-    task moved (the foreign keys are checked at the statement's end); `event` is what `INSERTED` reads.
+    and `host_id`; the CTE `c` holds `now`; `lease` is the new attempt's lease id (an expression over
+    `source`: the loop's pass pairs many tasks and devices at once, each row of `chosen` with its device and
+    lease, and `order` its place among them). The attempt (the device's reservation) is inserted only for the
+    task moved (the foreign keys are checked at the statement's end); `event` is what `INSERTED` reads: the
+    pairs' events in `order`, each task's together, in order.
 
     With `dispatch` (see the module doc), `chosen` also holds the task's `deadline`, and `moved` returns
     the attempt's `progress` and `stop` (as a claim's grant says it) for the host's reply.
@@ -102,7 +107,7 @@ def apply(source: str, device: str, *, dispatch: bool = False) -> str:
             (3, CAST(:progress_kind AS text), CAST(:progress_data AS jsonb) || jsonb_build_object({third}))"""
     else:
         attempt = filled(
-            AttemptAssigned, lease_id="CAST(:lease_id AS uuid)", plan="moved.plan", ttl_s="moved.lease_ttl_s",
+            AttemptAssigned, lease_id="moved.lease_id", plan="moved.plan", ttl_s="moved.lease_ttl_s",
             expires_at="moved.expires_at", **pair,
         )  # fmt: skip
         values = f"""
@@ -116,13 +121,13 @@ def apply(source: str, device: str, *, dispatch: bool = False) -> str:
         FROM {source}, c
         WHERE t.task_id = chosen.task_id
         RETURNING t.task_id, t.event_seq, chosen.attempt, chosen.lease_ttl_s, chosen.plan, chosen.trace_headers,
-                  {device}.device_id, {device}.host_id, c.now,
+                  {device}.device_id, {device}.host_id, c.now, {lease} AS lease_id, {order} AS ord,
                   c.now + make_interval(secs => chosen.lease_ttl_s) AS expires_at{extra}
     ),
     new_attempt AS (
         INSERT INTO attempts (task_id, attempt, lease_id, host_id, device_id, status, assigned_at, expires_at,
                               dispatched_at, progress)
-        SELECT task_id, attempt, :lease_id, host_id, device_id, '{_ACTIVE}', now, expires_at, {dispatched},
+        SELECT task_id, attempt, lease_id, host_id, device_id, '{_ACTIVE}', now, expires_at, {dispatched},
                {progress} FROM moved
     ),
     event AS (
@@ -130,7 +135,7 @@ def apply(source: str, device: str, *, dispatch: bool = False) -> str:
         SELECT e.kind, e.data, moved.trace_headers, moved.now
         FROM moved CROSS JOIN LATERAL (VALUES {values}
         ) AS e(n, kind, data)
-        ORDER BY e.n
+        ORDER BY moved.ord, moved.task_id, e.n
         RETURNING id, kind, data, headers
     )"""
 
