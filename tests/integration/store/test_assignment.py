@@ -13,7 +13,7 @@ from devsched.core.events import AttemptAssigned, TaskEvent
 from devsched.core.records import LeaseRef
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.store import Committed, DeviceSpec, NewTask
-from devsched.store.candidates import HEAD
+from devsched.store.placement.candidates import HEAD
 from support.sql_log import logged, statements
 from support.store_lab import PLAN, Lab, kinds, ref
 

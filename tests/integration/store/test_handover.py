@@ -1,4 +1,4 @@
-"""A report hands the device it frees to the next queued task in one statement (`devsched.store.handover`).
+"""A report hands the device it frees to the next queued task in one statement (`devsched.store.placement.handover`).
 
 What it costs (four statements: BEGIN, the report, the hand-over, COMMIT), that it chooses as the loop's
 matching does on generated queues (the same task, the same rows written), what it leaves to the loop (a
@@ -27,9 +27,10 @@ from devsched.core.events import AttemptAssigned
 from devsched.core.matching import matches
 from devsched.core.records import DeviceRecord, LeaseRef, Selector
 from devsched.core.status import Outcome, TaskStatus
-from devsched.store import Committed, DeviceSpec, ManualClock, Store, assignment, handover
+from devsched.store import Committed, DeviceSpec, ManualClock, Store
 from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
+from devsched.store.placement import assignment, handover
 from devsched.store.views import OutboxMessage
 from support.polling import eventually
 from support.queue_cases import NOW, VALUES, Queued

@@ -1,4 +1,4 @@
-"""A submit places its task in one statement after its own (`devsched.store.placement`).
+"""A submit places its task in one statement after its own (`devsched.store.placement.submitted`).
 
 What it costs (BEGIN, the submit, the placement, COMMIT; a repeated key: no placement; a selector that
 found no free device last time: the submit alone, counting them, and the placement in a transaction of its
@@ -29,9 +29,11 @@ from devsched.core.events import AttemptAssigned
 from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
 from devsched.core.status import TaskStatus
-from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store, assignment, candidates, placement, tasks
+from devsched.store import Committed, DeviceSpec, ManualClock, NewTask, Store, tasks
 from devsched.store.driver import in_transaction
 from devsched.store.outbox import Outbox
+from devsched.store.placement import assignment, candidates
+from devsched.store.placement import submitted as placement
 from devsched.store.views import OutboxMessage
 from support.queue_cases import NOW, VALUES, Queued
 from support.sql_log import logged, statements

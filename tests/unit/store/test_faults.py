@@ -40,7 +40,7 @@ def test_any_other_point_or_none_is_passed(armed: str | None) -> None:
 
 
 def test_every_point_is_placed_once_in_the_store() -> None:
-    modules = [p for p in Path(devsched.store.__file__).parent.glob("*.py") if p.name != "faults.py"]
+    modules = [p for p in Path(devsched.store.__file__).parent.rglob("*.py") if p.name != "faults.py"]
     sources = "".join(p.read_text() for p in modules)
     placed = re.findall(r'\bpoint\("([a-z_.]+)"\)', sources)
     assert sorted(placed) == sorted(POINTS)

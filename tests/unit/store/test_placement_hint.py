@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from devsched.core.records import Selector
-from devsched.store.placement import NothingFree
+from devsched.store.placement.submitted import NothingFree
 
 pytestmark = pytest.mark.unit
 

@@ -35,13 +35,13 @@ from devsched.core.health import HEALTH_LEASE_TTL_S, HEALTH_MAX_ATTEMPTS, HEALTH
 from devsched.core.records import Selector
 from devsched.core.status import EventKind, TaskKind, TaskStatus
 from devsched.core.views import HealthCheckView
-from devsched.store import candidates, pairing
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
 from devsched.store.hosts import device_busy
 from devsched.store.inline import INSERTED, PLACEHOLDER_ID, PLACEHOLDER_TIME, event_params, insert_event
 from devsched.store.liveness import host_online
 from devsched.store.outbox import inserted
+from devsched.store.placement import candidates, pairing
 from devsched.store.views import OutboxMessage
 
 _HEALTH = TaskKind.HEALTH.value

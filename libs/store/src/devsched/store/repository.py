@@ -36,16 +36,13 @@ from devsched.core.views import (
 )
 from devsched.store import (
     artifacts,
-    assignment,
     grants,
-    handover,
     healthchecks,
     hosts,
     leasing,
     liveness,
     operator_devices,
     outbox,
-    placement,
     pruning,
     queries,
     releasing,
@@ -59,6 +56,7 @@ from devsched.store.clock import Clock, DatabaseClock
 from devsched.store.driver import Driver, in_transaction
 from devsched.store.engine import DatabaseTimeouts, make_engine
 from devsched.store.liveness import Rejected
+from devsched.store.placement import assignment, handover, submitted
 from devsched.store.transaction import OperationHook, Transactor
 from devsched.store.views import (
     ActionSpec,
@@ -148,7 +146,7 @@ class Store:
         self.quarantine_after = quarantine_after
         self.on_commit: CommitHook | None = None
         self._tx = Transactor(engine, self.clock)
-        self._nothing_free = placement.NothingFree()
+        self._nothing_free = submitted.NothingFree()
         self._signs = liveness.RecentSigns(self.clock)
 
     @classmethod
@@ -206,15 +204,15 @@ class Store:
     async def submit(self, new: NewTask) -> Submitted:
         """Queue a task (or return the existing one for a repeated idempotency key).
 
-        One statement; with `assign_inline`, it and the placement of the new task (`placement`) are one
+        One statement; with `assign_inline`, it and the placement of the new task (`placement.submitted`) are one
         transaction of two statements, run through the driver; but a selector whose last look found no free
         device is submitted in one statement that counts them, and placed in a second transaction only
-        when it finds some (`placement.NothingFree`).
+        when it finds some (`submitted.NothingFree`).
         """
         task_id = new_task_id()
         written: list[OutboxMessage] = []
         assignable = False
-        key = placement.NothingFree.key(new.selector) if self.assign_inline else None
+        key = submitted.NothingFree.key(new.selector) if self.assign_inline else None
         if key is not None and key in self._nothing_free:
             return await self._submit_looking(new, task_id, key)
 
@@ -229,7 +227,7 @@ class Store:
                 done = await tasks.submit(db, self.clock, new, task_id, written)
                 assignable = False  # a repeated key adds nothing to assign
                 if done.created:
-                    placed, free = await placement.place(db, self.clock, task_id, new.selector, written)
+                    placed, free = await submitted.place(db, self.clock, task_id, new.selector, written)
                     assignable = not placed.settled
                     self._nothing_free.saw(key, free)
             return done
@@ -238,7 +236,7 @@ class Store:
         self._committed("submit", written, assignable=assignable)
         return done
 
-    async def _submit_looking(self, new: NewTask, task_id: uuid.UUID, key: placement.SelectorKey) -> Submitted:
+    async def _submit_looking(self, new: NewTask, task_id: uuid.UUID, key: submitted.SelectorKey) -> Submitted:
         """The submit of a selector that found no free device last time: one statement, which counts them.
 
         When it finds some after all, the placement runs in a transaction of its own once the task is
@@ -260,7 +258,7 @@ class Store:
 
             async def place(db: Driver) -> bool:
                 placed.clear()
-                outcome, found = await placement.place(db, self.clock, task_id, new.selector, placed)
+                outcome, found = await submitted.place(db, self.clock, task_id, new.selector, placed)
                 self._nothing_free.saw(key, found)
                 return outcome.settled
 

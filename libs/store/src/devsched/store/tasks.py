@@ -13,11 +13,11 @@ from devsched.core.cancellation import CancelKind, decide_cancel
 from devsched.core.events import TaskEvent
 from devsched.core.lifecycle import Trigger
 from devsched.core.status import EventKind, TaskReason, TaskStatus
-from devsched.store import candidates
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
 from devsched.store.inline import INSERTED, PLACEHOLDER_TIME, event_params, insert_event
 from devsched.store.outbox import Outbox, current_trace, inserted
+from devsched.store.placement import candidates
 from devsched.store.rows import bump_seq, lock_task
 from devsched.store.statuses import entering, leaving
 from devsched.store.views import CancelReceipt, NewTask, OutboxMessage, Submitted

@@ -26,12 +26,12 @@ from devsched.core.events import AttemptAssigned
 from devsched.core.ids import new_lease_id
 from devsched.core.matching import plan_assignments
 from devsched.core.records import DeviceRecord, QueuedTask, Selector
-from devsched.store import candidates, pairing
 from devsched.store.clock import Clock
 from devsched.store.faults import point
 from devsched.store.hosts import device_busy
 from devsched.store.inline import INSERTED
 from devsched.store.outbox import Outbox, inserted
+from devsched.store.placement import candidates, pairing
 
 #: Rounds of choosing again when another assigner locked a chosen device or task first.
 _ROUNDS = 3

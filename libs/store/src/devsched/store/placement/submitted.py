@@ -29,14 +29,14 @@ import uuid
 
 from devsched.core.events import AttemptAssigned
 from devsched.core.records import Selector
-from devsched.store import candidates, pairing
-from devsched.store.assignment import Outcome
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
 from devsched.store.faults import point
 from devsched.store.hosts import device_busy
 from devsched.store.inline import INSERTED
 from devsched.store.outbox import inserted
+from devsched.store.placement import candidates, pairing
+from devsched.store.placement.assignment import Outcome
 from devsched.store.views import OutboxMessage
 
 #: Selectors remembered by `NothingFree` before it starts over (a forgotten one costs one placement).

@@ -22,8 +22,6 @@ from datetime import datetime
 from devsched.core.events import AttemptAssigned
 from devsched.core.status import AttemptStatus
 from devsched.core.timeouts import ATTEMPT_TIMEOUT, DEADLINE_EXCEEDED
-from devsched.store import candidates, pairing
-from devsched.store.assignment import Outcome
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
 from devsched.store.driver import Driver, Sql
 from devsched.store.eventrows import iso_time
@@ -31,6 +29,8 @@ from devsched.store.faults import point
 from devsched.store.hosts import device_busy
 from devsched.store.inline import INSERTED
 from devsched.store.outbox import inserted
+from devsched.store.placement import candidates, pairing
+from devsched.store.placement.assignment import Outcome
 from devsched.store.views import Handed, OutboxMessage
 
 _ACTIVE = AttemptStatus.ACTIVE.value
