@@ -121,13 +121,16 @@ async def report(
         return ReportReceipt(ref.task_id, ref.attempt, task.status, recorded, duplicate=True)
     if named is None or own.plain:
         raise RuntimeError("the report statement refused a report core accepts")
+    # not plain: a health task's done or failed, or another task's failure (a cancelled report is plain). The
+    # device's row is locked before the attempt's here; whoever holds an attempt's row without the task's
+    # (a renewal) waits for no device.
     device_id = named.device_id
-    if own.kind == TaskKind.HEALTH.value and outcome is not Outcome.CANCELLED:
+    if own.kind == TaskKind.HEALTH.value:
         if outcome is Outcome.DONE:
             await quarantine.return_device(conn, now, outbox, device_id, checked=True)
         else:
             await quarantine.quarantine(conn, now, outbox, device_id, HEALTH_CHECK_FAILED)
-    elif outcome is not Outcome.CANCELLED:
+    else:
         device = outcome_of(cause, done=outcome is Outcome.DONE)
         await quarantine.record(conn, now, outbox, device_id, device, str(cause), threshold=quarantine_after)
     await outbox.flush(conn, now)
