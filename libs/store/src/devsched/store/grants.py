@@ -4,9 +4,13 @@ Nearly every lease request is granted: a live lease renewed by its own host. Eac
 statement that applies the request only where core would grant it (`devsched.core.leases`, whose
 conditions `_granted` renders from core's constants), records the host's sign of life (when
 `liveness.RecentSigns` says it is due) and writes the request's event, and returns what was granted; None
-when the statement matched nothing. The caller then runs the locked path (`devsched.store.leasing`), where
-core's `decide_*` name the conflict. One statement is one round trip, where the locked path takes eight to
-ten; `tests/integration/store/test_grants.py` checks that the two agree on generated states.
+when the statement matched nothing. The caller then runs the locked path (`devsched.store.leasing`), which
+runs the same statement under the task's lock, and where it still matches nothing, core's `decide_*` name
+the conflict. A report's statement covers the plain report only (`_plain`); one that needs more (a retry,
+a device's failure count, a health check's verdict) is the locked path's, which does the device's part and
+then the same statement without that condition (`report_decided`). One statement is one round trip, where
+the locked path takes four to ten; `tests/integration/store/test_grants.py` checks that they agree with
+core on generated states.
 
 Concurrency. A renewal without progress takes no task lock: it changes only the attempt's expiry, with a
 compare-and-set on the attempt row, and every writer that ends a lease compares-and-sets that row too
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from devsched.core.events import StepProgress, TaskEvent
@@ -42,6 +47,7 @@ from devsched.core.leases import (
 )
 from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
+from devsched.core.retrying import Retry
 from devsched.core.status import EventKind, Outcome, TaskStatus
 from devsched.core.timeouts import ATTEMPT_TIMEOUT, DEADLINE_EXCEEDED
 from devsched.store.clock import CLOCK_PARAM, NOW, Clock
@@ -146,6 +152,12 @@ def _renewals_sql(*, touch: bool) -> str:
 _RENEWALS = {touch: Sql(_renewals_sql(touch=touch)) for touch in TOUCHING}
 
 
+#: What decides whether a report needs more than its task's and attempt's rows (`_plain`), as columns of a
+#: task row.
+_TASK_FLAGS = """retry IS NULL AS no_retry, kind = 'user' AS user_task,
+               NOT jsonb_path_exists(plan, '$.steps[*] ? (@.infra == true)') AS no_infra"""
+
+
 def _locked(*, touch: bool) -> str:
     """CTEs: the task row locked first (after the host's, with `touch`), and `seen`, its version.
 
@@ -157,8 +169,7 @@ def _locked(*, touch: bool) -> str:
     {touched}
     seen AS (SELECT xmin AS version FROM tasks WHERE task_id = :task_id),
     t AS MATERIALIZED (
-        SELECT task_id, status, attempt_count, lease_ttl_s, deadline, attempt_timeout_s, retry IS NULL AS no_retry,
-               kind = 'user' AS user_task, NOT jsonb_path_exists(plan, '$.steps[*] ? (@.infra == true)') AS no_infra,
+        SELECT task_id, status, attempt_count, lease_ttl_s, deadline, attempt_timeout_s, {_TASK_FLAGS},
                xmin AS version
         FROM tasks
         WHERE task_id = :task_id {after_touch}
@@ -224,21 +235,52 @@ _REPORT_EVENT = insert_event(
 )
 
 
-def _report_sql(outcome: Outcome, *, touch: bool) -> str:
-    trigger = REPORT_TRIGGER[outcome]
+def _plain(outcome: Outcome) -> str:
+    """SQL over a task row `t` with `_TASK_FLAGS`: a report of `outcome` ends its attempt and task, nothing more.
+
+    Not so: a failure of a task with a retry policy may queue it again, a failing infra step counts against
+    the device, a health task's outcome returns or keeps out its device. The locked path does the device's
+    part and then the transition core decided (`leasing.report`, `report_decided`).
+    """
+    if outcome is Outcome.CANCELLED:
+        return "TRUE"
+    if outcome is Outcome.DONE:
+        return "t.user_task"
+    return "t.user_task AND t.no_retry AND t.no_infra"
+
+
+#: By outcome: SQL reading task `:task_id`'s `plan` and `kind`, and whether a report of the outcome on it is
+#: plain (`_plain`), as `plain`.
+PLAIN: Mapping[Outcome, str] = {
+    outcome: f"""SELECT t.plan, t.kind, {_plain(outcome)} AS plain
+                 FROM (SELECT plan, kind, {_TASK_FLAGS} FROM tasks WHERE task_id = :task_id) t"""
+    for outcome in Outcome
+}
+
+
+def _report_sql(outcome: Outcome, *, touch: bool, plain: bool = True, requeue: bool = False) -> str:
+    """A report under the task's lock: the attempt ends with `outcome`, the task with it, and its event.
+
+    `plain`: only where nothing else is due (`_plain`). Without it, the transition core decided for a report
+    it accepted (the locked path, once it did the device's part): `requeue`, the retry it decided (the task
+    queued again, not before `:not_before`, avoiding `:avoid`; it keeps its reason and result).
+    """
+    trigger = Trigger.REPORT_RETRY if requeue else REPORT_TRIGGER[outcome]
     status = outcome.attempt_status.value
-    needs_request = f"AND {_CANCEL_REQUESTED}" if outcome in NEEDS_CANCEL_REQUEST else ""
-    # a failure of a task with a retry policy may queue it again, a failing infra step counts against the
-    # device, a health task's outcome returns or keeps out its device: the locked path decides (`leasing.report`)
-    needs_request += " AND t.user_task"
-    if outcome is Outcome.FAILED:
-        needs_request += " AND t.no_retry AND t.no_infra"
+    conditions = f"AND {_CANCEL_REQUESTED}" if outcome in NEEDS_CANCEL_REQUEST else ""
+    if plain:
+        conditions += f" AND {_plain(outcome)}"
     # a success resets its device's consecutive infrastructure failures (`devsched.store.quarantine`)
     healthy = (
         "healthy AS (UPDATE devices d SET infra_failures = 0 FROM ended"
         " WHERE d.device_id = ended.device_id AND d.infra_failures > 0),"
         if outcome is Outcome.DONE
         else ""
+    )
+    task = (
+        "not_before = CAST(:not_before AS timestamptz), avoid_device_id = CAST(:avoid AS text)"
+        if requeue
+        else "reason = :reason, result = CAST(:result AS jsonb)"
     )
     return f"""
     WITH {_locked(touch=touch)},
@@ -247,11 +289,11 @@ def _report_sql(outcome: Outcome, *, touch: bool) -> str:
         SET status = '{status}', end_reason = '{status}', ended_at = {NOW}, report_reason = :reason,
             result = CAST(:result AS jsonb)
         FROM t, seen
-        WHERE {_LOCKED_ATTEMPT} AND {_granted()} AND t.status IN {leaving(trigger)} {needs_request}
+        WHERE {_LOCKED_ATTEMPT} AND {_granted()} AND t.status IN {leaving(trigger)} {conditions}
         RETURNING a.task_id, a.device_id, a.ended_at
     ),
     finished AS (
-        UPDATE tasks SET status = {entering(trigger)}, reason = :reason, result = CAST(:result AS jsonb),
+        UPDATE tasks SET status = {entering(trigger)}, {task},
                          updated_at = ended.ended_at, event_seq = tasks.event_seq + 1
         FROM ended WHERE tasks.task_id = ended.task_id
         RETURNING tasks.event_seq
@@ -264,15 +306,23 @@ def _report_sql(outcome: Outcome, *, touch: bool) -> str:
 
 #: By outcome and `touch`.
 _REPORT = {(outcome, touch): Sql(_report_sql(outcome, touch=touch)) for outcome in Outcome for touch in TOUCHING}
+#: By outcome and whether core's decision queues the task again (under the lock: no sign of life to write).
+_DECIDED = {
+    (outcome, requeue): Sql(_report_sql(outcome, touch=False, plain=False, requeue=requeue))
+    for outcome in Outcome
+    for requeue in (False, True)
+    if outcome is Outcome.FAILED or not requeue
+}
 
 
-def _params(ref: LeaseRef, clock: Clock, **extra: Any) -> dict[str, Any]:
+def _params(ref: LeaseRef, now: datetime | None, **extra: Any) -> dict[str, Any]:
+    """The lease's parameters, with `now` for `NOW` (a clock's `bound()`)."""
     return {
         "host_id": ref.host_id,
         "task_id": ref.task_id,
         "attempt": ref.attempt,
         "lease_id": ref.lease_id,
-        CLOCK_PARAM: clock.bound(),
+        CLOCK_PARAM: now,
         **extra,
     }
 
@@ -320,9 +370,9 @@ async def renew(
     of life (`liveness.RecentSigns` says when it may leave it out).
     """
     if progress is None:
-        row = await db.row(_RENEW[touch], _params(ref, clock))
+        row = await db.row(_RENEW[touch], _params(ref, clock.bound()))
     else:
-        params = _params(ref, clock, **_progress_params(ref, progress, _encoded(progress)))
+        params = _params(ref, clock.bound(), **_progress_params(ref, progress, _encoded(progress)))
         row = await db.row(_PROGRESS[touch], params)
     return _extension(row, written)
 
@@ -365,9 +415,8 @@ async def claim(
     keeps it, and a change of step is a `progress` event right after the `dispatched` one.
     """
     event = _template(ref, EventKind.DISPATCHED, TaskStatus.DISPATCHED)
-    params = _params(
-        ref, clock, **_progress_params(ref, progress, _encoded(progress)), **event_params(event, _DISPATCHED_SLOT.name)
-    )
+    progressed = _progress_params(ref, progress, _encoded(progress))
+    params = _params(ref, clock.bound(), **progressed, **event_params(event, _DISPATCHED_SLOT.name))
     return _extension(await db.row(_CLAIM[touch], params), written)
 
 
@@ -396,16 +445,54 @@ async def report(
     *,
     touch: bool = True,
 ) -> ReportReceipt | None:
-    """Record the outcome of a live lease and end its task, if core grants it (a repeat never is)."""
+    """Record the outcome of a live lease and end its task, if core grants it and nothing more is due (`_plain`).
+
+    A repeat is never granted: the locked path answers it.
+    """
     status = outcome.task_status
     event = _template(ref, EventKind(status.value), status, reason=reason)
-    params = _params(
-        ref,
-        clock,
-        reason=reason,
-        result=json.dumps(dict(result)) if result is not None else None,
-        **event_params(event),
-    )
-    row = await db.row(_REPORT[outcome, touch], params)
+    row = await db.row(_REPORT[outcome, touch], _report_params(ref, clock.bound(), reason, result, event))
     _collect(row, written)
     return None if row is None else ReportReceipt(ref.task_id, ref.attempt, status, row["ended_at"], False)
+
+
+async def report_decided(
+    db: Driver,
+    now: datetime,
+    ref: LeaseRef,
+    outcome: Outcome,
+    reason: str | None,
+    result: Mapping[str, Any] | None,
+    again: Retry | None,
+    written: list[OutboxMessage] | None = None,
+) -> ReportReceipt | None:
+    """The report core accepted at `now` under the task's lock, as it decided: the task ends, or is queued `again`.
+
+    The same statement as `report` without its `_plain` condition, judged at `now` (the time core decided
+    with), so it matches exactly what core accepted; None would be a disagreement between the two.
+    """
+    if again is None:
+        status = outcome.task_status
+        event = _template(ref, EventKind(status.value), status, reason=reason)
+        retry_params: dict[str, Any] = {}
+    else:
+        status = TaskStatus.QUEUED
+        event = _template(ref, EventKind.REQUEUED, status, reason=again.cause.value)
+        retry_params = {"not_before": again.not_before, "avoid": again.avoid_device_id}
+    params = _report_params(ref, now, reason, result, event, **retry_params)
+    row = await db.row(_DECIDED[outcome, again is not None], params)
+    _collect(row, written)
+    return None if row is None else ReportReceipt(ref.task_id, ref.attempt, status, row["ended_at"], False)
+
+
+def _report_params(
+    ref: LeaseRef,
+    now: datetime | None,
+    reason: str | None,
+    result: Mapping[str, Any] | None,
+    event: TaskEvent,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The parameters of `_report_sql`; `now` as in `_params`."""
+    encoded = json.dumps(dict(result)) if result is not None else None
+    return _params(ref, now, reason=reason, result=encoded, **event_params(event), **extra)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -10,21 +9,18 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from devsched.core.errors import Conflict, LeaseExpired
-from devsched.core.events import TaskEvent
+from devsched.core.errors import Conflict
 from devsched.core.health import HEALTH_CHECK_FAILED, QUARANTINE_AFTER_DEFAULT, outcome_of
 from devsched.core.leases import Extension, ReportKind, decide_claim, decide_renew, decide_report
-from devsched.core.lifecycle import Trigger
 from devsched.core.records import LeaseRef
 from devsched.core.retrying import failure_cause
-from devsched.core.status import EventKind, Outcome, TaskStatus
+from devsched.core.status import Outcome, TaskKind
 from devsched.store import grants, quarantine
 from devsched.store.clock import Clock
 from devsched.store.driver import in_transaction
 from devsched.store.liveness import Rejected, touch_host
 from devsched.store.outbox import Outbox
 from devsched.store.rows import lock_task, named_attempt
-from devsched.store.statuses import IN_FLIGHT, entering, leaving
 from devsched.store.views import OutboxMessage, ReportReceipt
 
 
@@ -66,41 +62,10 @@ async def extend(
     raise RuntimeError(f"the {'claim' if claim else 'renewal'} statement refused a request core grants")
 
 
-_END_ATTEMPT = text(
-    """
-    UPDATE attempts
-    SET status = :status, end_reason = :status, ended_at = :now, report_reason = :reason,
-        result = CAST(:result AS jsonb)
-    WHERE task_id = :task_id AND attempt = :attempt AND lease_id = :lease_id AND status = 'active'
-    RETURNING device_id
-    """
-)
-
-_END_TASK = text(
-    f"""
-    UPDATE tasks
-    SET status = :status, reason = :reason, result = CAST(:result AS jsonb), updated_at = :now,
-        event_seq = event_seq + 1
-    WHERE task_id = :task_id AND status IN {IN_FLIGHT}
-    RETURNING event_seq
-    """
-)
+#: By outcome: the task's plan and kind, and whether the report is plain (`grants.PLAIN`).
+_PLAN = {outcome: text(sql) for outcome, sql in grants.PLAIN.items()}
 
 _RECORDED_AT = text("SELECT ended_at FROM attempts WHERE task_id = :task_id AND attempt = :attempt")
-
-#: A failed run the retry policy retries: the task waits out its backoff in the queue (keeping its place by
-#: submit time), preferring another device; the failed attempt keeps the report's reason and result.
-_REQUEUE_TASK = text(
-    f"""
-    UPDATE tasks
-    SET status = {entering(Trigger.REPORT_RETRY)}, updated_at = :now, event_seq = event_seq + 1,
-        not_before = :not_before, avoid_device_id = :avoid
-    WHERE task_id = :task_id AND status IN {leaving(Trigger.REPORT_RETRY)}
-    RETURNING event_seq
-    """
-)
-
-_PLAN = text("SELECT plan, kind, health_device_id FROM tasks WHERE task_id = :task_id")
 
 
 async def report(
@@ -115,17 +80,33 @@ async def report(
     *,
     quarantine_after: int = QUARANTINE_AFTER_DEFAULT,
 ) -> ReportReceipt | Rejected:
-    """Record the terminal outcome of the live lease, or answer an identical repeat with the first answer.
+    """A report the one statement did not grant, under the task's lock: grant it, or answer a repeat or a conflict.
 
-    The attempt's outcome is counted against its device (`devsched.store.quarantine`); a health task's
-    outcome returns its device to service (done) or keeps it out (failed).
+    First the grant's own statement (`grants.report`), run again while this transaction holds the task row,
+    as in `extend`. It covers the plain report only, on purpose; when it matches nothing, core's
+    `decide_report` names the conflict or recognises an identical repeat (answered with the first answer)
+    from the rows as locked. A report core accepts here is one that needs more (`grants.PLAIN` says which):
+    its device's part is done first (a health task's outcome returns its device to service or keeps it out;
+    another's counts against the device, `devsched.store.quarantine`), then the transition core decided, in
+    the same statement without its plain condition (`grants.report_decided`): the task ends, or its retry
+    policy queues it again.
+
+    Raises:
+        NotFound: no such task or host.
+        RuntimeError: the statements refused what core accepts (a bug: they must agree).
     """
     await touch_host(conn, ref.host_id, now)
     task = await lock_task(conn, ref.task_id)
-    now = await clock.now(conn)  # after the lock: see `extend`
+    db = await in_transaction(conn)
+    written: list[OutboxMessage] = []
+    receipt = await grants.report(db, clock, ref, outcome, reason, result, written, touch=False)
+    if receipt is not None:
+        outbox.took(written)
+        return receipt
+    now = await clock.now(conn)  # after the statement: see `extend`
     named, cancel_for_attempt = await named_attempt(conn, task, ref.attempt)
     failure = cause = None
-    own = (await conn.execute(_PLAN, {"task_id": ref.task_id})).one()
+    own = (await conn.execute(_PLAN[outcome], {"task_id": ref.task_id})).one()
     if outcome is Outcome.FAILED:
         cause = failure_cause(own.plan, result, reason)
         failure = cause if task.retry is not None else None
@@ -138,52 +119,24 @@ async def report(
     if decision.kind is ReportKind.DUPLICATE:
         recorded = (await conn.execute(_RECORDED_AT, {"task_id": ref.task_id, "attempt": ref.attempt})).scalar_one()
         return ReportReceipt(ref.task_id, ref.attempt, task.status, recorded, duplicate=True)
-    params = {
-        "task_id": ref.task_id,
-        "attempt": ref.attempt,
-        "lease_id": ref.lease_id,
-        "now": now,
-        "reason": reason,
-        "result": json.dumps(dict(result)) if result is not None else None,
-    }
-    device_id = (
-        await conn.execute(_END_ATTEMPT, {**params, "status": decision.attempt_status.value})
-    ).scalar_one_or_none()
-    if device_id is None:
-        raise LeaseExpired()
-    if own.kind == "health" and outcome is not Outcome.CANCELLED:
+    if named is None or own.plain:
+        raise RuntimeError("the report statement refused a report core accepts")
+    # not plain: a health task's done or failed, or another task's failure (a cancelled report is plain). The
+    # device's row is locked before the attempt's here; whoever holds an attempt's row without the task's
+    # (a renewal) waits for no device.
+    device_id = named.device_id
+    if own.kind == TaskKind.HEALTH.value:
         if outcome is Outcome.DONE:
             await quarantine.return_device(conn, now, outbox, device_id, checked=True)
         else:
             await quarantine.quarantine(conn, now, outbox, device_id, HEALTH_CHECK_FAILED)
-    elif outcome is not Outcome.CANCELLED:
+    else:
         device = outcome_of(cause, done=outcome is Outcome.DONE)
         await quarantine.record(conn, now, outbox, device_id, device, str(cause), threshold=quarantine_after)
-    if decision.retry is not None:
-        again = decision.retry
-        requeue = {"task_id": ref.task_id, "now": now, "not_before": again.not_before, "avoid": again.avoid_device_id}
-        seq = (await conn.execute(_REQUEUE_TASK, requeue)).scalar_one()
-        outbox.add(
-            TaskEvent(
-                event=EventKind.REQUEUED, task_id=ref.task_id, seq=seq, status=TaskStatus.QUEUED, at=now,
-                attempt=ref.attempt, host_id=ref.host_id, device_id=device_id, reason=again.cause.value,
-            )
-        )  # fmt: skip
-        await outbox.flush(conn, now)
-        return ReportReceipt(ref.task_id, ref.attempt, TaskStatus.QUEUED, now, duplicate=False)
-    seq = (await conn.execute(_END_TASK, {**params, "status": decision.task_status.value})).scalar_one()
-    outbox.add(
-        TaskEvent(
-            event=EventKind(decision.task_status.value),
-            task_id=ref.task_id,
-            seq=seq,
-            status=decision.task_status,
-            at=now,
-            attempt=ref.attempt,
-            host_id=ref.host_id,
-            device_id=device_id,
-            reason=reason,
-        )
-    )
     await outbox.flush(conn, now)
-    return ReportReceipt(ref.task_id, ref.attempt, decision.task_status, now, duplicate=False)
+    await outbox.write(conn, now)  # the device's events before the report's, as they happened
+    receipt = await grants.report_decided(db, now, ref, outcome, reason, result, decision.retry, written)
+    if receipt is None:
+        raise RuntimeError("the report statement refused the transition core decided")
+    outbox.took(written)
+    return receipt
