@@ -70,7 +70,8 @@ async def test_each_report_is_answered_in_order_and_a_refused_one_fails_alone(
     assert "error" not in outcomes[0]
     assert outcomes[0]["duplicate"] is False
     assert outcomes[1]["error"]["code"] == "lease_superseded"
-    assert "status" not in outcomes[1] and "recorded_at" not in outcomes[1]
+    assert "status" not in outcomes[1]
+    assert "recorded_at" not in outcomes[1]
     assert outcomes[2]["status"] == "done"
     assert await _status(nc, subject_prefix, first) == "done"
     assert await _status(nc, subject_prefix, second) == "dispatched", "the refused report changed nothing"
