@@ -42,7 +42,7 @@ from devsched.scheduler.jetstream import (
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
 from devsched.scheduler.plugin_args import check_offers, check_plugin_args
-from devsched.scheduler.replies import fit, list_item, size, trim_view
+from devsched.scheduler.replies import fit, fit_reports, list_item, size, trim_view
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
 from devsched.store import ActionSpec, DeviceSpec, NewTask, Store, task_cursor
@@ -159,20 +159,6 @@ def _report_outcome(req: m.ReportRequest, answer: m.ReportReply | DevschedError)
         task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id, status=answer.status,
         recorded_at=answer.recorded_at, duplicate=answer.duplicate, next=answer.next,
     )  # fmt: skip
-
-
-def _fitted(reports: list[m.ReportRequest], outcomes: list[m.ReportOutcome], budget: int) -> list[m.ReportOutcome]:
-    """`outcomes`, those past what one reply carries answered 503 instead (each report is recorded by then).
-
-    A hand-over carries its task's plan, so many of them may not fit in one reply. Sent again, such a report
-    is a duplicate, answered with its first answer (its hand-over included) in a reply of its own.
-    """
-    n = fit(outcomes, budget)
-    if n == len(outcomes):
-        return outcomes
-    again = Unavailable("the answer to this report did not fit in the reply; send the report again")
-    log.warning("reports answered in part: the reply would not fit", extra={"answered": n, "reports": len(outcomes)})
-    return outcomes[:n] + [_report_outcome(req, again) for req in reports[n:]]
 
 
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
@@ -513,7 +499,7 @@ class Api:
             else:
                 _REPORTED.ok()
                 outcomes.append(_report_outcome(item, reply))
-        return m.ReportsReply(reports=_fitted(req.reports, outcomes, reply_limit(self._nc)))
+        return m.ReportsReply(reports=fit_reports(outcomes, reply_limit(self._nc)))
 
     async def _report(self, ref: LeaseRef, req: m.ReportRequest) -> m.ReportReply:
         """One report, as `report` and each entry of `reports` apply it (one transaction)."""
