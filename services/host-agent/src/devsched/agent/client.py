@@ -36,6 +36,7 @@ from devsched.protocol.messages import (
     ActionOffer,
     ClaimRequest,
     DeviceRegistration,
+    ErrorDetail,
     HeartbeatRequest,
     LeaseReply,
     Progress,
@@ -65,16 +66,24 @@ def _granted(reply: LeaseReply) -> Extension:
     )
 
 
+def _refused(error: ErrorDetail) -> DevschedError:
+    """The typed error of one entry's `error` in a batch's reply, as its own request's error reply would raise.
+
+    The class comes from core's `BY_CODE`, as for an error reply; a code this version does not know is
+    `Internal` (transient: the keeper or the reporter retries it).
+    """
+    err = BY_CODE.get(error.code, Internal)(error.message)
+    err.details = dict(error.details)
+    return err
+
+
 def renewal_answer(outcome: RenewalOutcome) -> Extension | DevschedError:
     """One lease's answer in a `renewals` reply: its grant, or the error `renew` would have raised for it.
 
-    The error class comes from core's `BY_CODE`, as for an error reply; a code this version does not know
-    is `Internal` (transient: the keeper retries it, and the lease's deadline still bounds the retries).
+    An unknown code is `Internal`: the keeper retries it, and the lease's deadline still bounds the retries.
     """
     if outcome.error is not None:
-        err = BY_CODE.get(outcome.error.code, Internal)(outcome.error.message)
-        err.details = dict(outcome.error.details)
-        return err
+        return _refused(outcome.error)
     if outcome.expires_at is None or outcome.ttl_s is None:
         return Internal("a renewals outcome with neither a grant nor an error")
     return Extension(
@@ -83,14 +92,9 @@ def renewal_answer(outcome: RenewalOutcome) -> Extension | DevschedError:
 
 
 def report_answer(outcome: ReportOutcome) -> ReportReply | DevschedError:
-    """One report's answer in a `reports` reply: its reply, or the error `report` would have raised for it.
-
-    As `renewal_answer`: the error class from core's `BY_CODE`, a code this version does not know `Internal`.
-    """
+    """One report's answer in a `reports` reply: its reply, or the error `report` would have raised for it."""
     if outcome.error is not None:
-        err = BY_CODE.get(outcome.error.code, Internal)(outcome.error.message)
-        err.details = dict(outcome.error.details)
-        return err
+        return _refused(outcome.error)
     if outcome.status is None or outcome.recorded_at is None:
         return Internal("a reports outcome with neither a reply nor an error")
     return ReportReply(
