@@ -5,6 +5,7 @@ reporter, each report's answer handled as a `report`'s (spool removal, moot, rej
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import uuid
 from collections.abc import Callable, Sequence
@@ -41,6 +42,9 @@ pytestmark = pytest.mark.unit
 
 Answer = m.ReportReply | DevschedError
 
+#: Stands for a sender's context (its attempt's trace and log fields): each request should carry its sender's.
+SENDER = contextvars.ContextVar("sender", default="nobody")
+
 
 def report(attempt: int = 1, task_id: uuid.UUID | None = None, **fields: object) -> m.ReportRequest:
     return m.ReportRequest.model_validate(
@@ -69,9 +73,12 @@ class FakeClient:
         self.batches: list[list[bytes]] = []
         self.singles: list[bytes] = []
         self.swap = False
+        #: The sender's context each request was sent in (`SENDER`), in order.
+        self.senders: list[str] = []
 
     async def report_several(self, bodies: Sequence[bytes]) -> list[tuple[str, Answer]]:
         self.batches.append(list(bodies))
+        self.senders.append(SENDER.get())
         decode(m.ReportsRequest, reports_body(bodies))  # a request the scheduler takes
         if self.gate is not None:
             await self.gate.wait()
@@ -82,6 +89,7 @@ class FakeClient:
 
     async def report(self, body: bytes) -> m.ReportReply:
         self.singles.append(body)
+        self.senders.append(SENDER.get())
         answer = self.answer(decode(m.ReportRequest, body))
         if isinstance(answer, DevschedError):
             raise answer
@@ -303,3 +311,21 @@ async def test_through_the_reporter_each_answer_is_handled_as_a_reports(tmp_path
     assert taken == [handed]
     assert spool.pending() == []
     assert [p.stem for p in (tmp_path / "rejected").iterdir() if p.suffix == ".json"] == [spooled[3].key]
+
+
+async def test_each_request_is_sent_in_its_senders_context() -> None:
+    """A report sent alone carries its own attempt's trace; a batch carries its first report's."""
+
+    async def sent_by(batcher: ReportBatcher, sender: str, req: m.ReportRequest) -> m.ReportReply:
+        SENDER.set(sender)
+        return await batcher.report(*keyed(req))
+
+    client = FakeClient()
+    batcher = ReportBatcher(client)
+    senders = ["first", "second", "third"]
+    await settle([asyncio.create_task(sent_by(batcher, who, report())) for who in senders])
+    assert client.senders == ["first"]
+    client.senders.clear()
+    client.fail = NoReply("nothing serves it", reason="no_responders")
+    await settle([asyncio.create_task(sent_by(batcher, who, report())) for who in senders])
+    assert client.senders == ["first", *senders], "the failed batch, then each report in its own context"

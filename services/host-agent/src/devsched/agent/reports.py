@@ -8,6 +8,8 @@ identical bytes), and each caller gets its own report's answer: the reply (a han
 error `report` would have raised for it, so `Reporter.deliver` handles it exactly as a `report`'s answer
 (spool removal, moot, rejected, parked, take_next). A failure of the whole request (no reply, 429, 5xx)
 is raised to each caller as a transient error of the same kind, never one that ends or rejects a report.
+A `reports` request continues the trace of its first report (a request carries one trace context); a
+report sent alone continues its own, as its `report` would.
 
 Only for a scheduler that said `reports` in its register or heartbeat reply. When nothing serves the
 subject (an older scheduler during a rolling upgrade) or it is not found, the reports go out one `report`
@@ -19,8 +21,10 @@ each goes to `release` as before.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from devsched.core.errors import Conflict, DevschedError, Internal, InvalidRequest, NotFound, TooLarge, Unavailable
@@ -65,7 +69,14 @@ def transient(exc: BaseException) -> DevschedError:
     return Unavailable(f"reports request failed: {type(exc).__name__}")
 
 
-_Waiting = tuple[str, bytes, "asyncio.Future[ReportReply]"]
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A report waiting for its batch, and its sender's context (its attempt's trace and log fields)."""
+
+    key: str
+    body: bytes
+    future: asyncio.Future[ReportReply]
+    context: contextvars.Context
 
 
 class ReportBatcher:
@@ -96,7 +107,7 @@ class ReportBatcher:
         if not self._client.reports:
             return await self._client.report(body)
         future: asyncio.Future[ReportReply] = asyncio.get_running_loop().create_future()
-        self._waiting.append((key, body, future))
+        self._waiting.append(_Waiting(key, body, future, contextvars.copy_context()))
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush(), name="reports")
         return await future
@@ -107,18 +118,20 @@ class ReportBatcher:
         while self._waiting:
             batch = self._take()
             if batch:
-                await asyncio.gather(*(self._send(chunk) for chunk in self._chunks(batch)))
+                chunks = self._chunks(batch)
+                # a request continues the trace of its first report (one request has one trace context)
+                await asyncio.gather(*(asyncio.create_task(self._send(c), context=c[0].context) for c in chunks))
 
     def _take(self) -> list[_Waiting]:
         """The waiting reports still wanted, each attempt once (a repeat waits for the next batch)."""
         batch: list[_Waiting] = []
         later: list[_Waiting] = []
         seen: set[str] = set()
-        for key, body, future in self._waiting:
-            if future.done():  # its caller gave up (shutdown, cancellation): the report stays spooled
+        for waiting in self._waiting:
+            if waiting.future.done():  # its caller gave up (shutdown, cancellation): the report stays spooled
                 continue
-            (later if key in seen else batch).append((key, body, future))
-            seen.add(key)
+            (later if waiting.key in seen else batch).append(waiting)
+            seen.add(waiting.key)
         self._waiting = later
         return batch
 
@@ -128,7 +141,7 @@ class ReportBatcher:
         chunk: list[_Waiting] = []
         used = _ENVELOPE_BYTES
         for waiting in batch:
-            size = len(waiting[1]) + 1  # and its comma
+            size = len(waiting.body) + 1  # and its comma
             if chunk and (len(chunk) >= self._max_batch or used + size > self._max_bytes):
                 chunks.append(chunk)
                 chunk, used = [], _ENVELOPE_BYTES
@@ -143,7 +156,7 @@ class ReportBatcher:
             await self._one_by_one(chunk)
             return
         try:
-            answers = await self._client.report_several([body for _, body, _ in chunk])
+            answers = await self._client.report_several([waiting.body for waiting in chunk])
         except Exception as exc:
             if unserved(exc):
                 if self._client.reports:
@@ -155,14 +168,15 @@ class ReportBatcher:
                 logger.warning("reports request refused whole, reporting one by one", extra={"code": exc.code})
                 await self._one_by_one(chunk)
                 return
-            for _, _, future in chunk:
-                if not future.done():
-                    future.set_exception(transient(exc))
+            for waiting in chunk:
+                if not waiting.future.done():
+                    waiting.future.set_exception(transient(exc))
             return
-        if [key for key, _ in answers] != [key for key, _, _ in chunk]:
+        if [key for key, _ in answers] != [waiting.key for waiting in chunk]:
             mismatch = "a reports reply that does not answer the reports sent, in their order"
-            answers = [(key, Internal(mismatch)) for key, _, _ in chunk]
-        for (_, _, future), (_, answer) in zip(chunk, answers, strict=True):
+            answers = [(waiting.key, Internal(mismatch)) for waiting in chunk]
+        for waiting, (_, answer) in zip(chunk, answers, strict=True):
+            future = waiting.future
             if future.done():
                 continue
             if isinstance(answer, DevschedError):
@@ -181,4 +195,5 @@ class ReportBatcher:
             if not future.done():
                 future.set_result(reply)
 
-        await asyncio.gather(*(one(body, future) for _, body, future in chunk))
+        # each in its sender's context: the request continues that report's trace, as its `report` would
+        await asyncio.gather(*(asyncio.create_task(one(w.body, w.future), context=w.context) for w in chunk))
