@@ -7,6 +7,7 @@ that are not `DevschedError`s (JetStream's) become protocol errors.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -476,14 +477,16 @@ class Api:
 
     @handles(endpoints.HOST_REPORTS)
     async def reports(self, req: m.ReportsRequest, subject: str) -> m.ReportsReply:
-        """`P.host.<id>.reports` (an addition): each report applied as `report` would, in order.
+        """`P.host.<id>.reports` (an addition): each report applied as `report` would, answered in order.
 
-        Each in its own transaction, as its `report` would be, and answered with what `report` would have
-        answered it (its reply or its error): a refused report changes nothing and the others are applied.
+        Each in its own transaction, as its `report` would be, and all at once, as the same reports sent
+        one by one would be (applied one after another, a host's reports would wait for each other's
+        commits); each is answered with what `report` would have answered it (its reply or its error): a
+        refused report changes nothing and the others are applied.
         """
         host_id = self._host_of(subject)
-        outcomes: list[m.ReportOutcome] = []
-        for item in req.reports:
+
+        async def one(item: m.ReportRequest) -> m.ReportOutcome:
             ref = LeaseRef(host_id=host_id, task_id=item.task_id, attempt=item.attempt, lease_id=item.lease_id)
             try:
                 reply = await self._report(ref, item)
@@ -495,10 +498,11 @@ class Api:
                 _REPORTED.failed(err)
                 level = logging.WARNING if err.status >= 500 else logging.INFO
                 log.log(level, "report of a reports request refused", extra=refusal_log_fields(err))
-                outcomes.append(_report_outcome(item, err))
-            else:
-                _REPORTED.ok()
-                outcomes.append(_report_outcome(item, reply))
+                return _report_outcome(item, err)
+            _REPORTED.ok()
+            return _report_outcome(item, reply)
+
+        outcomes = list(await asyncio.gather(*(one(item) for item in req.reports)))
         return m.ReportsReply(reports=fit_reports(outcomes, reply_limit(self._nc)))
 
     async def _report(self, ref: LeaseRef, req: m.ReportRequest) -> m.ReportReply:
