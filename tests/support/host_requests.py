@@ -17,7 +17,8 @@ from nats.aio.msg import Msg
 
 class HostRequests:
     """The requests heard, in order: (monotonic time, verb, body) as sent (`sent`), and as leases (`heard`:
-    a `renewals` request is one `renew` of each lease it names)."""
+    a `renewals` request is one `renew` of each lease it names, a `reports` request one `report` of each
+    report it carries)."""
 
     def __init__(self) -> None:
         self.sent: list[tuple[float, str, dict[str, object]]] = []
@@ -29,11 +30,14 @@ class HostRequests:
         self.sent.append((time.monotonic(), verb, body))
         if verb == "renewals":
             self.heard.extend(("renew", lease) for lease in body["leases"])
+        elif verb == "reports":
+            self.heard.extend(("report", report) for report in body["reports"])
         else:
             self.heard.append((verb, body))
 
     def of(self, task_id: str) -> Counter[str]:
-        """How many requests of each verb named `task_id` (each lease of a `renewals` as a `renew`)."""
+        """How many requests of each verb named `task_id` (each lease of a `renewals` as a `renew`, each
+        report of a `reports` as a `report`)."""
         return Counter(verb for verb, body in self.heard if body.get("task_id") == task_id)
 
     def since(self, start: float, verb: str) -> list[dict[str, object]]:

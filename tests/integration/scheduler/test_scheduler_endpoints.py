@@ -217,6 +217,7 @@ async def test_heartbeat_and_reregistration(
         "claim_progress": True,
         "take_next": True,
         "renewals": True,
+        "reports": True,
     }
     await host.register("d2")  # replaces the list
     listed = await call(nc, api(subject_prefix, "hosts.list"), {})

@@ -44,6 +44,7 @@ async def test_full_lifecycle_over_nats(
         "claim_progress": True,
         "take_next": True,
         "renewals": True,
+        "reports": True,
     }
     consumer = await host.js.consumer_info(Subjects(subject_prefix).assignments_stream, f"host-{host.host_id}")
     assert consumer.config.filter_subject == f"{subject_prefix}.assign.{host.host_id}"
@@ -196,6 +197,7 @@ async def test_silent_host_gets_no_new_work_until_it_speaks_again(
                 "claim_progress": True,
                 "take_next": True,
                 "renewals": True,
+                "reports": True,
             }
             await asyncio.sleep(1.7)  # 3 intervals and the store's 1 s liveness granularity
             task_id = await submit(nc, subject_prefix)

@@ -13,7 +13,7 @@ from devsched.scheduler.app import Scheduler
 pytestmark = pytest.mark.integration
 
 #: sha256 of the `$SRV.INFO` reply, the test's prefix written `P` and the instance id left out.
-INFO_SHA256 = "fd9fb13fa52391bcd21e6c26030d231ae6e00df8b07a185868ab842f6117bba3"
+INFO_SHA256 = "36ba56447a1ed4e4bdac34e358aa83debd04cc315a185a938afd3fc5cb5a550f"
 
 
 async def test_service_info_is_unchanged(scheduler: Scheduler, nc: NatsClient, subject_prefix: str) -> None:

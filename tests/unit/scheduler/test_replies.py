@@ -18,6 +18,7 @@ from devsched.scheduler.replies import (
     decode_key,
     encode_key,
     fit,
+    fit_reports,
     list_item,
     size,
     trim_view,
@@ -117,3 +118,38 @@ def test_cursors_round_trip_and_a_forged_one_is_a_400() -> None:
         with pytest.raises(InvalidRequest) as caught:
             decode_key(forged, (int, str))
         assert caught.value.details["errors"][0]["path"] == "after"
+
+
+def _outcome(n: int, plan_bytes: int = 0) -> m.ReportOutcome:
+    task_id = uuid.UUID(int=n)
+    handed = m.HandedAttempt(
+        task_id=uuid.UUID(int=1000 + n), attempt=1, lease_id=uuid.UUID(int=2000 + n), device_id=f"d{n}",
+        plan=m.Plan(steps=[m.Step(name="s", action="shell", args={"command": "x" * max(1, plan_bytes)})]),
+        ttl_s=30, expires_at=T0,
+    )  # fmt: skip
+    return m.ReportOutcome(
+        task_id=task_id, attempt=1, lease_id=uuid.UUID(int=3000 + n), status=TaskStatus.DONE, recorded_at=T0,
+        next=handed,
+    )  # fmt: skip
+
+
+def test_a_reports_reply_that_fits_is_left_whole() -> None:
+    outcomes = [_outcome(n) for n in range(5)]
+    assert fit_reports(outcomes, 64 * KiB) == outcomes
+
+
+def test_reports_past_a_replys_budget_are_answered_unavailable_in_their_place() -> None:
+    outcomes = [_outcome(n, plan_bytes=10 * KiB) for n in range(5)]
+    fitted = fit_reports(outcomes, 25 * KiB)
+    assert size(m.ReportsReply(reports=fitted)) <= 25 * KiB
+    assert fitted[:2] == outcomes[:2]
+    assert [(o.task_id, o.attempt, o.lease_id) for o in fitted] == [
+        (o.task_id, o.attempt, o.lease_id) for o in outcomes
+    ]
+    for later in fitted[2:]:
+        assert later.error is not None
+        assert later.error.code == "unavailable"
+        assert (later.status, later.next) == (None, None)
+    first_alone = fit_reports(outcomes[:2], 1 * KiB)
+    assert first_alone[0] == outcomes[0], "the first is always answered"
+    assert first_alone[1].error is not None

@@ -43,6 +43,7 @@ SERVED = [
     ("host-release", "devsched.host.*.release", True),
     ("host-artifact", "devsched.host.*.artifact", True),
     ("host-renewals", "devsched.host.*.renewals", True),
+    ("host-reports", "devsched.host.*.reports", True),
 ]
 
 #: sha256 of each endpoint's `$SRV.INFO` metadata (its request and reply JSON Schemas, as sent).
@@ -60,14 +61,15 @@ SCHEMAS = {
     "health-set": "97a136f0cf83edee865acf152f5dccb3cbed60c876085382556eeb47fce47a0b",
     "health-list": "e6008ecf034095e7585c59fde29ca9e4d0cacbe15358f27e80a97de7e7327f42",
     "health-delete": "dcd2d9e40a2f542f465622f62e7b46277a2dccddebe945003e48569fd0883a18",
-    "host-register": "d55c2964ee53242b2e9d5718da9999880874c84f68968fe71ba6d3b1fde36d94",
-    "host-heartbeat": "78d79c1ddd33f6721214168f5864d285b45539f2eb2d03a57d6a31a6042e32b9",
+    "host-register": "028cdcd2ab08d453178be5d460a15bafa8f5ec62b7f4d9ea94c7111ca422e870",
+    "host-heartbeat": "a84647e2b20be835fe2c81bf10bf02f84ef3c2a75acdd74ed5a56362daf36dc6",
     "host-claim": "8455013c4f165080b81deabb03006bff3e094685a2ec4e0e6e12c9ed8b864163",
     "host-renew": "97b1a89acdc63c33a6a29ca30a641ceb0d8644165c3e0fe89a09ba895b0de8d9",
     "host-report": "cc7e5b4fc173ffdd7de48266889079c28720d0a19be77acfb123736cbff98d5b",
     "host-release": "0bb24240a54e9b163b2254e10d4160a9fa848a517992403a53be0151d03fe250",
     "host-artifact": "af220d4541a319a891ce95371395e8fd8966b1184af61ab291fd1eabaa090997",
     "host-renewals": "0b2b2b894903162288d99452d7f6033bc83f21dcf6fb11a80395ab45c9d4b90e",
+    "host-reports": "707027e4f52df111a84c9422dd28e156c11b88662b7c4908db134c670d6412dc",
 }
 
 #: What host `bench-07` may publish to and subscribe to, and what its account imports (deploy/nats/host_user.py).

@@ -20,3 +20,6 @@ MAX_RELEASES_DEFAULT = 10
 TIMEOUT_MAX_S = 10_000_000
 #: Most leases one `renewals` request may name (a host with more sends several).
 MAX_RENEWALS_PER_REQUEST = 256
+#: Most reports one `reports` request may carry (a host with more ready at once sends several); its bytes
+#: are bounded too, by the request payload limit.
+MAX_REPORTS_PER_REQUEST = 64

@@ -105,6 +105,8 @@ HOST_RELEASE = _host(HostVerb.RELEASE, m.ReleaseRequest, m.ReleaseReply)
 HOST_ARTIFACT = _host(HostVerb.ARTIFACT, m.ArtifactCommit, m.ArtifactView)
 #: (an addition) renew several leases of the host in one request.
 HOST_RENEWALS = _host(HostVerb.RENEWALS, m.RenewalsRequest, m.RenewalsReply)
+#: (an addition) report several attempts of the host in one request.
+HOST_REPORTS = _host(HostVerb.REPORTS, m.ReportsRequest, m.ReportsReply)
 
 #: Every endpoint, in the order the service registers them (and `nats micro info` lists them).
 ENDPOINTS: tuple[Endpoint[Any, Any], ...] = tuple(_declared)

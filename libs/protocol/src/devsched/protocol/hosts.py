@@ -324,6 +324,9 @@ class RegisterReply(ReplyModel):
     renewals: bool = False
     """Whether the scheduler serves `P.host.<host_id>.renewals` (an addition): several leases renewed in one
     request. An older scheduler does not serve it, and an older agent ignores this field."""
+    reports: bool = False
+    """Whether the scheduler serves `P.host.<host_id>.reports` (an addition): several reports in one request.
+    An older scheduler does not serve it, and an older agent ignores this field."""
 
 
 class HeartbeatRequest(RequestModel):

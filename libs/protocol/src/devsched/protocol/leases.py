@@ -1,11 +1,13 @@
-"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|renewals|report|release`."""
+"""Lease endpoints of a host: `P.host.<host_id>.claim|renew|renewals|report|reports|release`."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
 
-from devsched.core.limits import MAX_RENEWALS_PER_REQUEST
+from devsched.core.limits import MAX_RENEWALS_PER_REQUEST, MAX_REPORTS_PER_REQUEST
 from devsched.core.status import Outcome, TaskStatus
 from devsched.protocol.base import Id, Lax, Reason, ReplyModel, RequestModel, Timestamp
 from devsched.protocol.events import Assignment, ErrorDetail
@@ -22,8 +24,11 @@ __all__ = [
     "RenewalOutcome",
     "RenewalsReply",
     "RenewalsRequest",
+    "ReportOutcome",
     "ReportReply",
     "ReportRequest",
+    "ReportsReply",
+    "ReportsRequest",
 ]
 
 
@@ -67,16 +72,21 @@ class RenewalsRequest(RequestModel):
     @field_validator("leases")
     @classmethod
     def _each_once(cls, leases: list[RenewRequest]) -> list[RenewRequest]:
-        seen: set[tuple[Id, int]] = set()
-        for lease in leases:
-            key = (lease.task_id, lease.attempt)
-            if key in seen:
-                raise PydanticCustomError(
-                    "duplicate_lease", "each attempt is named once; repeated: {task_id} attempt {attempt}",
-                    {"task_id": lease.task_id, "attempt": lease.attempt},
-                )  # fmt: skip
-            seen.add(key)
+        _each_attempt_once(leases, "duplicate_lease")
         return leases
+
+
+def _each_attempt_once(entries: Sequence[LeaseRequest], error_type: str) -> None:
+    """Refuse a list that names an attempt twice (its answers could not be told apart)."""
+    seen: set[tuple[Id, int]] = set()
+    for entry in entries:
+        key = (entry.task_id, entry.attempt)
+        if key in seen:
+            raise PydanticCustomError(
+                error_type, "each attempt is named once; repeated: {task_id} attempt {attempt}",
+                {"task_id": entry.task_id, "attempt": entry.attempt},
+            )  # fmt: skip
+        seen.add(key)
 
 
 class RenewalOutcome(ReplyModel):
@@ -168,6 +178,52 @@ class ReportReply(ReplyModel):
     next: HandedAttempt | None = Field(default=None, exclude_if=lambda v: v is None)
     """Addition, only for a report with `take_next`: the device's next attempt, already dispatched to this
     host. A duplicate's reply carries it again while it is still to run. Left out when null."""
+
+
+class ReportsRequest(RequestModel):
+    """`P.host.<host_id>.reports` (an addition): several of the host's reports in one request.
+
+    Each entry is what a `report` request would carry. Sent only to a scheduler whose register or heartbeat
+    reply said `reports`; an older scheduler does not serve the subject.
+    """
+
+    reports: list[ReportRequest] = Field(min_length=1, max_length=MAX_REPORTS_PER_REQUEST)
+    """The reports, each attempt named once."""
+
+    @field_validator("reports")
+    @classmethod
+    def _each_once(cls, reports: list[ReportRequest]) -> list[ReportRequest]:
+        _each_attempt_once(reports, "duplicate_report")
+        return reports
+
+
+class ReportOutcome(ReplyModel):
+    """One report's answer in a `reports` reply: what `report` would have answered it, reply or error."""
+
+    task_id: Id
+    """The task, as named in the request."""
+    attempt: int = Field(ge=1)
+    """The attempt, as named in the request."""
+    lease_id: Id
+    """The lease, as named in the request."""
+    status: Lax[TaskStatus] | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Recorded: as in `ReportReply`. Left out with `error`."""
+    recorded_at: Timestamp | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Recorded: as in `ReportReply`. Left out with `error`."""
+    duplicate: bool = False
+    """Recorded: as in `ReportReply`."""
+    next: HandedAttempt | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Recorded, for a report with `take_next`: as in `ReportReply`. Left out when null."""
+    error: ErrorDetail | None = Field(default=None, exclude_if=lambda v: v is None)
+    """Not recorded: the error `report` would have answered (`lease_expired`, `lease_foreign`, `not_found`,
+    `outcome_conflict`, ...), with nothing changed, exactly as after that reply. Left out when recorded."""
+
+
+class ReportsReply(ReplyModel):
+    """Answer to `reports`: one outcome per report, in the request's order."""
+
+    reports: list[ReportOutcome]
+    """Each report's outcome."""
 
 
 class ReleaseRequest(LeaseRequest):

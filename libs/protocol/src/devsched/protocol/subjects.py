@@ -37,6 +37,8 @@ class HostVerb(StrEnum):
     RENEWALS = "renewals"
     #: Request: the outcome of an attempt.
     REPORT = "report"
+    #: Request (an addition): the outcomes of several of the host's attempts at once.
+    REPORTS = "reports"
     #: Request (an addition): give an attempt back; it is requeued (agent shutdown, drain, restart).
     RELEASE = "release"
     #: Published by the scheduler (core NATS): renew now, a cancellation is pending; or (an addition)

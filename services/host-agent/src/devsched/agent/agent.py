@@ -46,6 +46,7 @@ from devsched.agent.orphans import StepGroups
 from devsched.agent.registration import Registration
 from devsched.agent.renewals import RenewalBatcher
 from devsched.agent.reporter import Reporter, encode_report
+from devsched.agent.reports import ReportBatcher
 from devsched.agent.shutdown import Graces, shut_down, wait_idle
 from devsched.agent.spool import Spool, SpoolLocked, SpoolUnsafe, release_key
 from devsched.agent.steps import StepUser
@@ -277,6 +278,7 @@ class Agent:
             on_not_found=registration.reregister,
             park_after_s=config.report_park_after_s,
             parked=self.parked_reports,
+            batcher=ReportBatcher(client) if config.batch_reports else None,
         )
         reports = ReportDelivery(reporter)
         logs = (

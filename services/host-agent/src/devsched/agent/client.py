@@ -17,6 +17,7 @@ import nats.errors
 from nats.aio.client import Client
 from pydantic import BaseModel
 
+from devsched.agent.spool import report_key
 from devsched.core.errors import BY_CODE, DevschedError, Internal, InvalidRequest
 from devsched.core.leases import Extension
 from devsched.protocol.codec import decode, raise_for_error
@@ -28,12 +29,14 @@ from devsched.protocol.endpoints import (
     HOST_RENEW,
     HOST_RENEWALS,
     HOST_REPORT,
+    HOST_REPORTS,
     Endpoint,
 )
 from devsched.protocol.messages import (
     ActionOffer,
     ClaimRequest,
     DeviceRegistration,
+    ErrorDetail,
     HeartbeatRequest,
     LeaseReply,
     Progress,
@@ -43,6 +46,7 @@ from devsched.protocol.messages import (
     RenewalOutcome,
     RenewalsRequest,
     RenewRequest,
+    ReportOutcome,
     ReportReply,
 )
 from devsched.protocol.subjects import Subjects
@@ -62,21 +66,46 @@ def _granted(reply: LeaseReply) -> Extension:
     )
 
 
+def _refused(error: ErrorDetail) -> DevschedError:
+    """The typed error of one entry's `error` in a batch's reply, as its own request's error reply would raise.
+
+    The class comes from core's `BY_CODE`, as for an error reply; a code this version does not know is
+    `Internal` (transient: the keeper or the reporter retries it).
+    """
+    err = BY_CODE.get(error.code, Internal)(error.message)
+    err.details = dict(error.details)
+    return err
+
+
 def renewal_answer(outcome: RenewalOutcome) -> Extension | DevschedError:
     """One lease's answer in a `renewals` reply: its grant, or the error `renew` would have raised for it.
 
-    The error class comes from core's `BY_CODE`, as for an error reply; a code this version does not know
-    is `Internal` (transient: the keeper retries it, and the lease's deadline still bounds the retries).
+    An unknown code is `Internal`: the keeper retries it, and the lease's deadline still bounds the retries.
     """
     if outcome.error is not None:
-        err = BY_CODE.get(outcome.error.code, Internal)(outcome.error.message)
-        err.details = dict(outcome.error.details)
-        return err
+        return _refused(outcome.error)
     if outcome.expires_at is None or outcome.ttl_s is None:
         return Internal("a renewals outcome with neither a grant nor an error")
     return Extension(
         expires_at=outcome.expires_at, ttl_s=outcome.ttl_s, cancel_requested=outcome.cancel_requested, stop=outcome.stop
     )
+
+
+def report_answer(outcome: ReportOutcome) -> ReportReply | DevschedError:
+    """One report's answer in a `reports` reply: its reply, or the error `report` would have raised for it."""
+    if outcome.error is not None:
+        return _refused(outcome.error)
+    if outcome.status is None or outcome.recorded_at is None:
+        return Internal("a reports outcome with neither a reply nor an error")
+    return ReportReply(
+        task_id=outcome.task_id, attempt=outcome.attempt, status=outcome.status, recorded_at=outcome.recorded_at,
+        duplicate=outcome.duplicate, next=outcome.next,
+    )  # fmt: skip
+
+
+def reports_body(bodies: Sequence[bytes]) -> bytes:
+    """The `reports` request of encoded reports: each entry the very bytes of its `report`, as spooled."""
+    return b'{"reports":[' + b",".join(bodies) + b"]}"
 
 
 class HostClient:
@@ -94,6 +123,8 @@ class HostClient:
         self.take_next = False
         #: Whether it said it serves `renewals` (several leases in one request; an older one does not).
         self.renewals = False
+        #: Whether it said it serves `reports` (several reports in one request; an older one does not).
+        self.reports = False
 
     def _subject(self, endpoint: Endpoint[Any, Any]) -> str:
         return self._subjects.endpoint(endpoint, self.host_id)
@@ -129,6 +160,7 @@ class HostClient:
         self.claim_progress = reply.claim_progress
         self.take_next = reply.take_next
         self.renewals = reply.renewals
+        self.reports = reply.reports
 
     async def heartbeat(self) -> RegisterReply:
         """A sign of life; the reply gives the heartbeat interval.
@@ -192,6 +224,19 @@ class HostClient:
             NoReply: no reply in time, or nothing serves the subject.
         """
         return await self._send_spooled(HOST_REPORT, body)
+
+    async def report_several(self, bodies: Sequence[bytes]) -> list[tuple[str, ReportReply | DevschedError]]:
+        """Send encoded reports in one `reports` request (only when `reports`); each one's answer, in order.
+
+        Each answer comes with the spool key of the attempt it names (`spool.report_key`), for the caller
+        to check against what it sent.
+
+        Raises:
+            DevschedError: the typed error of an error reply for the request as a whole.
+            NoReply: no reply in time, or nothing serves the subject (an older scheduler).
+        """
+        reply = await self._send_spooled(HOST_REPORTS, reports_body(bodies))
+        return [(report_key(str(o.task_id), o.attempt), report_answer(o)) for o in reply.reports]
 
     async def release(self, body: bytes) -> ReleaseReply:
         """Send an encoded release exactly as spooled (see `report`)."""

@@ -115,6 +115,9 @@ class AgentConfig(NatsSettings):
     #: Renew the host's leases together, about one `renewals` request per renewal interval, when the
     #: scheduler serves it (`renewals.py`); off: one `renew` request per lease, as an older scheduler needs.
     batch_renewals: bool = True
+    #: Send reports ready together in one `reports` request when the scheduler serves it (`reports.py`), each
+    #: still answered on its own; off: one `report` request per report, as an older scheduler needs.
+    batch_reports: bool = True
     #: How long a report is retried while the scheduler answers it with server errors (500 `internal`, not
     #: an outage's 503 or silence, which are waited out): then it is parked, kept in the spool and sent
     #: again at the next start.

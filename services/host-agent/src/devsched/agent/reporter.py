@@ -1,7 +1,8 @@
 """Terminal reports and releases: spooled before they are sent, resent with the identical bytes until answered.
 
 A release (`P.host.<host_id>.release`: the attempt given back, at shutdown or after a crash) takes the same
-path as a report and is answered the same way; the table holds for both.
+path as a report and is answered the same way; the table holds for both. Reports ready together may go in
+one `reports` request (`ReportBatcher`): each is still answered on its own, and handled by this table.
 
 | answer | what happens to the spooled report |
 | --- | --- |
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
 
 from devsched.agent.client import HostClient
 from devsched.agent.metrics import REPORTS_PARKED
+from devsched.agent.reports import ReportBatcher
 from devsched.agent.spool import Spool, SpooledReport, release_key, report_key
 from devsched.core.backoff import backoff_delay, retry_after
 from devsched.core.errors import (
@@ -183,8 +186,11 @@ class Reporter:
         max_backoff_s: float = 30.0,
         park_after_s: float = PARK_AFTER_S_DEFAULT,
         parked: set[str] | None = None,
+        batcher: ReportBatcher | None = None,
     ) -> None:
         self._client = client
+        #: Sends reports ready together in one `reports` request; None: each by `report`.
+        self._batcher = batcher
         self._park_after_s = park_after_s
         #: Spool keys of the reports parked in this run (kept in the spool, sent again at the next start);
         #: the agent's own set, which outlives a reconnection's reporter.
@@ -252,7 +258,13 @@ class Reporter:
             The reply when the report was recorded (or was a duplicate); None otherwise.
         """
         key, body = spooled.key, spooled.body
-        send = self._client.release if spooled.is_release else self._client.report
+        send: Callable[[bytes], Awaitable[ReportReply | ReleaseReply]]
+        if spooled.is_release:
+            send = self._client.release
+        elif self._batcher is not None:
+            send = functools.partial(self._batcher.report, key)
+        else:
+            send = self._client.report
         failures = not_found = 0
         #: When the current run of server errors began (monotonic); None while there is none.
         failing_since: float | None = None

@@ -7,6 +7,7 @@ that are not `DevschedError`s (JetStream's) become protocol errors.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import logging
@@ -21,7 +22,7 @@ from nats.js.errors import NotFoundError
 from pydantic import BaseModel
 
 from devsched.core.actions import action_labels
-from devsched.core.errors import DevschedError, InvalidRequest, Unavailable
+from devsched.core.errors import DevschedError, Internal, InvalidRequest, Unavailable
 from devsched.core.leases import Extension
 from devsched.core.records import LeaseRef
 from devsched.core.records import Selector as CoreSelector
@@ -42,7 +43,7 @@ from devsched.scheduler.jetstream import (
 from devsched.scheduler.loops import Wakeup
 from devsched.scheduler.metrics import Replies
 from devsched.scheduler.plugin_args import check_offers, check_plugin_args
-from devsched.scheduler.replies import fit, list_item, size, trim_view
+from devsched.scheduler.replies import fit, fit_reports, list_item, size, trim_view
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
 from devsched.store import ActionSpec, DeviceSpec, NewTask, Store, task_cursor
@@ -146,13 +147,28 @@ def _renewal_outcome(ref: LeaseRef, answer: Extension | DevschedError) -> m.Rene
     )  # fmt: skip
 
 
+#: The replies of `report`, by code: a report answered in a `reports` request counts there too.
+_REPORTED = Replies(endpoints.HOST_REPORT.name)
+
+
+def _report_outcome(req: m.ReportRequest, answer: m.ReportReply | DevschedError) -> m.ReportOutcome:
+    """One report's entry in a `reports` reply: the reply, or the error `report` would have answered."""
+    if isinstance(answer, DevschedError):
+        error = m.ErrorDetail(code=answer.code, message=answer.message, details=answer.details)
+        return m.ReportOutcome(task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id, error=error)
+    return m.ReportOutcome(
+        task_id=req.task_id, attempt=req.attempt, lease_id=req.lease_id, status=answer.status,
+        recorded_at=answer.recorded_at, duplicate=answer.duplicate, next=answer.next,
+    )  # fmt: skip
+
+
 def _host_reply(heartbeat_interval_s: float) -> m.RegisterReply:
     """The register and heartbeat reply: the interval and what this scheduler takes.
 
     A claim may carry the first step's progress, and a report may take the device's next attempt (`take_next`).
     """
     return m.RegisterReply(
-        heartbeat_interval_s=heartbeat_interval_s, claim_progress=True, take_next=True, renewals=True
+        heartbeat_interval_s=heartbeat_interval_s, claim_progress=True, take_next=True, renewals=True, reports=True
     )
 
 
@@ -457,7 +473,40 @@ class Api:
     @handles(endpoints.HOST_REPORT)
     async def report(self, req: m.ReportRequest, subject: str) -> m.ReportReply:
         """`P.host.<id>.report`."""
-        ref = self._lease(subject, req)
+        return await self._report(self._lease(subject, req), req)
+
+    @handles(endpoints.HOST_REPORTS)
+    async def reports(self, req: m.ReportsRequest, subject: str) -> m.ReportsReply:
+        """`P.host.<id>.reports` (an addition): each report applied as `report` would, answered in order.
+
+        Each in its own transaction, as its `report` would be, and all at once, as the same reports sent
+        one by one would be (applied one after another, a host's reports would wait for each other's
+        commits); each is answered with what `report` would have answered it (its reply or its error): a
+        refused report changes nothing and the others are applied.
+        """
+        host_id = self._host_of(subject)
+
+        async def one(item: m.ReportRequest) -> m.ReportOutcome:
+            ref = LeaseRef(host_id=host_id, task_id=item.task_id, attempt=item.attempt, lease_id=item.lease_id)
+            try:
+                reply = await self._report(ref, item)
+            except Exception as exc:
+                err = _protocol_error(exc)
+                if err is None:  # a bug: answered as `report` would be (500), the other reports still applied
+                    log.exception("report of a reports request failed", extra={"host_id": host_id})
+                    err = Internal()
+                _REPORTED.failed(err)
+                level = logging.WARNING if err.status >= 500 else logging.INFO
+                log.log(level, "report of a reports request refused", extra=refusal_log_fields(err))
+                return _report_outcome(item, err)
+            _REPORTED.ok()
+            return _report_outcome(item, reply)
+
+        outcomes = list(await asyncio.gather(*(one(item) for item in req.reports)))
+        return m.ReportsReply(reports=fit_reports(outcomes, reply_limit(self._nc)))
+
+    async def _report(self, ref: LeaseRef, req: m.ReportRequest) -> m.ReportReply:
+        """One report, as `report` and each entry of `reports` apply it (one transaction)."""
         with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
             result = req.result.model_dump(mode="json") if req.result is not None else None
             receipt = await self._store.report(

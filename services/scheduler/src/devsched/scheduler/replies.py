@@ -6,8 +6,9 @@ reply gathers many: a page of tasks each holding 400 KiB of metadata, a task who
 output tails on top of its metadata, thousands of hosts. So every list reply ends its page, with a `next`
 cursor, before the next item would pass the budget (`transport.reply_limit`: the server's `max_payload`
 less room for headers); a list shows a task's large fields cut (`LIST_FIELD_BYTES`), named in its
-`truncated`; and a task view too large for one reply is cut field by field (`trim_view`) unless the caller
-asked for the field `full`. What still does not fit is answered `reply_too_large` by the transport.
+`truncated`; a task view too large for one reply is cut field by field (`trim_view`) unless the caller
+asked for the field `full`; and a `reports` reply answers the reports past its budget 503 (`fit_reports`).
+What still does not fit is answered `reply_too_large` by the transport.
 
 Every field a request brought in fits a reply by itself (the request limit is below NATS's), so an item
 trimmed this way always fits alone, and a page always holds at least one item.
@@ -18,14 +19,17 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from devsched.core.errors import InvalidRequest
+from devsched.core.errors import InvalidRequest, Unavailable
 from devsched.protocol import messages as m
 from devsched.protocol.codec import encode
+
+log = logging.getLogger("devsched.scheduler.replies")
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -51,6 +55,24 @@ def fit(items: Sequence[BaseModel], budget: int) -> int:
         if used > budget and n > 0:
             return n
     return len(items)
+
+
+def fit_reports(outcomes: list[m.ReportOutcome], budget: int) -> list[m.ReportOutcome]:
+    """A `reports` reply's outcomes within `budget`: those past what it holds answered 503 `unavailable`.
+
+    Each report is recorded by then, and a hand-over carries its task's plan, so many may not fit in one
+    reply. Sent again, such a report is a duplicate, answered with its first answer (its hand-over
+    included) in a reply of its own; the first outcome is always kept.
+    """
+    n = fit(outcomes, budget)
+    if n == len(outcomes):
+        return outcomes
+    again = Unavailable("the answer to this report did not fit in the reply; send the report again")
+    error = m.ErrorDetail(code=again.code, message=again.message, details=again.details)
+    log.warning("reports answered in part: the reply would not fit", extra={"answered": n, "reports": len(outcomes)})
+    return outcomes[:n] + [
+        m.ReportOutcome(task_id=o.task_id, attempt=o.attempt, lease_id=o.lease_id, error=error) for o in outcomes[n:]
+    ]
 
 
 def _json_size(value: Any) -> int:
