@@ -8,6 +8,7 @@ to the locked transaction that names the conflict.
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -65,6 +66,7 @@ from devsched.store.views import (
     DeviceSpec,
     ExpiredLease,
     Handed,
+    HostReport,
     NewTask,
     OutboxMessage,
     ReleaseReceipt,
@@ -529,6 +531,56 @@ class Store:
                 self._committed("report", written, assignable=assignable)
                 return done if handed is None else replace(done, next=handed)
             return _unwrap(await self._write("report", op, assignable=False))
+
+    async def reports(self, host_id: str, batch: Sequence[HostReport]) -> list[ReportReceipt | None]:
+        """Several reports of `host_id` applied together: one transaction, one commit (group commit).
+
+        Each report is the statement `report` tries first, with its hand-over, in the order given; a report
+        it does not grant (a repeat, a conflict, a retry or anything else the locked path decides) is
+        answered None and changes nothing: `report` names it. When the transaction fails as a whole, every
+        report is None and goes through `report` on its own: nothing is lost, only the batching.
+
+        Raises:
+            InvalidRequest: a report of another host (the caller builds the refs from the subject's host).
+        """
+        if any(item.ref.host_id != host_id for item in batch):
+            raise InvalidRequest("every report of a batch must be of the host that sends it")
+        written: list[OutboxMessage] = []
+        answers: list[ReportReceipt | None] = []
+        assignable = False
+        if not batch:
+            return answers
+
+        async def granted(db: Driver, touch: bool) -> None:
+            nonlocal assignable
+            written.clear()  # a transaction run again starts over
+            answers.clear()
+            assignable = False
+            async with db.transaction():
+                for item in batch:
+                    ref = item.ref
+                    receipt = await grants.report(
+                        db, self.clock, ref, item.outcome, item.reason, item.result, written, touch=touch
+                    )
+                    touch = False  # the host's sign of life once in the transaction
+                    if receipt is not None and self.assign_inline:
+                        placed, handed = await handover.hand_over(
+                            db, self.clock, ref.task_id, ref.attempt, written, dispatch=item.take_next
+                        )
+                        assignable = assignable or not placed.settled
+                        receipt = receipt if handed is None else replace(receipt, next=handed)
+                    elif receipt is not None:
+                        assignable = True  # the device is free: a pass may give it work
+                    answers.append(receipt)
+
+        try:
+            with self._signs.signing(host_id) as touch:
+                await self._tx.statements(functools.partial(granted, touch=touch), name="reports")
+        except Exception:  # each report on its own then: `report` answers it, error and all
+            log.warning("batched reports failed as a whole", exc_info=True, extra={"host_id": host_id})
+            return [None] * len(batch)
+        self._committed("reports", written, assignable=assignable)
+        return answers
 
     async def release(
         self,

@@ -14,9 +14,9 @@ from typing import Any
 
 from devsched.core.events import AttemptAssigned, DomainEvent
 from devsched.core.limits import LEASE_TTL_DEFAULT_S, MAX_ATTEMPTS_DEFAULT, PRIORITY_DEFAULT
-from devsched.core.records import Selector
+from devsched.core.records import LeaseRef, Selector
 from devsched.core.retrying import RetryPolicy
-from devsched.core.status import TaskStatus
+from devsched.core.status import Outcome, TaskStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +93,17 @@ class ReportReceipt:
     duplicate: bool
     #: The attempt handed to the reporting host with the report (`take_next`), for a duplicate too.
     next: Handed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostReport:
+    """One report of a host's batch (`Store.reports`): what `Store.report` takes."""
+
+    ref: LeaseRef
+    outcome: Outcome
+    reason: str | None = None
+    result: Mapping[str, Any] | None = None
+    take_next: bool = False
 
 
 #: The answer to a release: the fields of a report's (`status` is the task's after the release).

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -46,7 +46,7 @@ from devsched.scheduler.plugin_args import check_offers, check_plugin_args
 from devsched.scheduler.replies import fit, fit_reports, list_item, size, trim_view
 from devsched.scheduler.settings import SchedulerSettings
 from devsched.service import bind
-from devsched.store import ActionSpec, DeviceSpec, NewTask, Store, task_cursor
+from devsched.store import ActionSpec, DeviceSpec, HostReport, NewTask, ReportReceipt, Store, task_cursor
 from devsched.store.outbox import trace_headers
 
 log = logging.getLogger("devsched.scheduler.api")
@@ -149,6 +149,11 @@ def _renewal_outcome(ref: LeaseRef, answer: Extension | DevschedError) -> m.Rene
 
 #: The replies of `report`, by code: a report answered in a `reports` request counts there too.
 _REPORTED = Replies(endpoints.HOST_REPORT.name)
+
+
+def _result_of(req: m.ReportRequest | m.ReleaseRequest) -> dict[str, Any] | None:
+    """The report's test results as the store keeps them (JSON values)."""
+    return req.result.model_dump(mode="json") if req.result is not None else None
 
 
 def _report_outcome(req: m.ReportRequest, answer: m.ReportReply | DevschedError) -> m.ReportOutcome:
@@ -477,19 +482,27 @@ class Api:
 
     @handles(endpoints.HOST_REPORTS)
     async def reports(self, req: m.ReportsRequest, subject: str) -> m.ReportsReply:
-        """`P.host.<id>.reports` (an addition): each report applied as `report` would, answered in order.
+        """`P.host.<id>.reports` (an addition): the reports applied together, each answered as `report` would.
 
-        Each in its own transaction, as its `report` would be, and all at once, as the same reports sent
-        one by one would be (applied one after another, a host's reports would wait for each other's
-        commits); each is answered with what `report` would have answered it (its reply or its error): a
-        refused report changes nothing and the others are applied.
+        Group commit: the reports the store grants at once (`Store.reports`) commit in one transaction;
+        each it leaves (a repeat, a conflict, a retry to decide) then goes through `report` on its own, all
+        at once, and is answered with what `report` would have answered it (its reply or its error): a
+        refused report changes nothing and the others are applied. Answered in order.
         """
         host_id = self._host_of(subject)
+        refs = [
+            LeaseRef(host_id=host_id, task_id=item.task_id, attempt=item.attempt, lease_id=item.lease_id)
+            for item in req.reports
+        ]
+        batch = [
+            HostReport(ref, item.outcome, item.reason, _result_of(item), item.take_next)
+            for ref, item in zip(refs, req.reports, strict=True)
+        ]
+        together = await self._store.reports(host_id, batch) if len(batch) > 1 else [None] * len(batch)
 
-        async def one(item: m.ReportRequest) -> m.ReportOutcome:
-            ref = LeaseRef(host_id=host_id, task_id=item.task_id, attempt=item.attempt, lease_id=item.lease_id)
+        async def one(ref: LeaseRef, item: m.ReportRequest, receipt: ReportReceipt | None) -> m.ReportOutcome:
             try:
-                reply = await self._report(ref, item)
+                reply = await self._report(ref, item, receipt)
             except Exception as exc:
                 err = _protocol_error(exc)
                 if err is None:  # a bug: answered as `report` would be (500), the other reports still applied
@@ -502,16 +515,17 @@ class Api:
             _REPORTED.ok()
             return _report_outcome(item, reply)
 
-        outcomes = list(await asyncio.gather(*(one(item) for item in req.reports)))
+        answers = zip(refs, req.reports, together, strict=True)
+        outcomes = list(await asyncio.gather(*(one(ref, item, receipt) for ref, item, receipt in answers)))
         return m.ReportsReply(reports=fit_reports(outcomes, reply_limit(self._nc)))
 
-    async def _report(self, ref: LeaseRef, req: m.ReportRequest) -> m.ReportReply:
-        """One report, as `report` and each entry of `reports` apply it (one transaction)."""
+    async def _report(self, ref: LeaseRef, req: m.ReportRequest, receipt: ReportReceipt | None = None) -> m.ReportReply:
+        """One report, as `report` and each entry of `reports` apply it (one transaction); `receipt` if applied."""
         with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
-            result = req.result.model_dump(mode="json") if req.result is not None else None
-            receipt = await self._store.report(
-                ref, req.outcome, reason=req.reason, result=result, take_next=req.take_next
-            )
+            if receipt is None:
+                receipt = await self._store.report(
+                    ref, req.outcome, reason=req.reason, result=_result_of(req), take_next=req.take_next
+                )
             if not receipt.duplicate:
                 self._relay.set()
                 if receipt.next is None:
@@ -527,8 +541,7 @@ class Api:
         """`P.host.<id>.release` (an addition): the attempt is given back, its device free at once."""
         ref = self._lease(subject, req)
         with bind(host_id=ref.host_id, task_id=ref.task_id, attempt=ref.attempt, lease_id=ref.lease_id):
-            result = req.result.model_dump(mode="json") if req.result is not None else None
-            receipt = await self._store.release(ref, reason=req.reason, result=result)
+            receipt = await self._store.release(ref, reason=req.reason, result=_result_of(req))
             if not receipt.duplicate:
                 self._relay.set()
                 self._assign.set()  # the device is free, and the task is queued again
