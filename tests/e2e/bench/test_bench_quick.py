@@ -151,6 +151,15 @@ def test_the_floor_runs_each_round_and_its_cpu_is_split_by_process(document: dic
         # each side's processes, by CPU: devsched's scheduler and agent, the floor's client
         ours, _, floor = cpu["note"].removeprefix("devsched: ").partition("; the floor: ")
         assert {"scheduler", "agent"} <= {part.split(" ")[0] for part in ours.split(", ")}, cpu["note"]
+        # each round runs an agent of its own (`agent bench-c16-r2`): the agent's figure is their median
+        agents = [
+            sum(s for name, s in r["devsched"]["run_cpu_s"].items() if name.startswith("agent "))
+            * 1000
+            / r["devsched"]["tasks"]
+            for r in at_c
+        ]
+        (agent,) = [part for part in ours.removesuffix(" ms").split(", ") if part.startswith("agent ")]
+        assert float(agent.split(" ")[1]) == pytest.approx(statistics.median(agents), abs=0.006), cpu["note"]
         assert "client" in {part.split(" ")[0] for part in floor.split(", ")}, cpu["note"]
 
 

@@ -284,16 +284,28 @@ def _floor_figures(ctx: Context, runs: list[DevschedRun], floors: list[FloorRun]
 
 
 def _split(runs: list[DevschedRun] | list[FloorRun]) -> str:
-    """Each process's CPU ms per task, the median of the rounds: `agent 2.10, scheduler 3.05, ...`."""
-    names = sorted(
-        {name for r in runs for name in r.run_cpu_s}, key=lambda n: -sum(r.run_cpu_s.get(n, 0) for r in runs)
-    )
+    """Each process's CPU ms per task, the median of the rounds: `agent 2.10, scheduler 3.05, ...`.
+
+    By the process's kind (`agent`, not `agent bench-c16-r2`): each round runs an agent of its own.
+    """
+    per_run = [_by_kind(r.run_cpu_s) for r in runs]
+    tasks = [r.tasks for r in runs]
+    names = sorted({name for cpu in per_run for name in cpu}, key=lambda n: -sum(cpu.get(n, 0) for cpu in per_run))
     parts = []
     for name in names:
-        ms = median([1000 * r.run_cpu_s.get(name, 0.0) / r.tasks for r in runs])
+        ms = median([1000 * cpu.get(name, 0.0) / n for n, cpu in zip(tasks, per_run, strict=True)])
         if ms >= 0.005:
-            parts.append(f"{name.split(' ')[0]} {ms:.2f}")
+            parts.append(f"{name} {ms:.2f}")
     return ", ".join(parts) + " ms"
+
+
+def _by_kind(cpu_s: dict[str, float]) -> dict[str, float]:
+    """CPU seconds by the first word of each process's name."""
+    kinds: dict[str, float] = {}
+    for name, seconds in cpu_s.items():
+        kind = name.split(" ")[0]
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
+    return kinds
 
 
 def _submit_figures(
